@@ -1,0 +1,33 @@
+# Two commands set up a fresh machine (see README): `make run` and `make test`.
+# Each creates the virtual environment it needs in .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU machines must pin torch==2.13.0 (a CPU build on local disk); anything else pulls a CUDA build.
+STAMP := $(VENV)/.meshplan-installed
+
+.PHONY: run test lint validate-report clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,train]'
+	touch $(STAMP)
+
+# The main job on built-in defaults.
+run: $(STAMP)
+	$(BIN)/meshplan estimate
+
+# The whole test suite (lint first; slow tests included).
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Regenerates the accuracy table in README.md from ../shared/ground_truth/runs.csv.
+validate-report: $(STAMP)
+	$(BIN)/python benchmarks/validate_report.py --write-readme
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,25 @@
+"""meshplan's analytical estimator: per-GPU memory, host RAM and step time for a training configuration.
+
+Pure Python + numpy: no torch, no UI. Units are stated in every name or docstring (bytes, GiB, seconds,
+tokens). The public entry points are :func:`estimator.estimate.estimate` (one configuration) and
+:func:`estimator.batch.estimate_batch` (many configurations at once, vectorised).
+"""
+
+from estimator.config import TrainConfig
+from estimator.errors import MeshplanError
+from estimator.estimate import estimate
+from estimator.hardware import HardwareProfile, load_hardware
+from estimator.model_spec import ModelSpec, load_model
+from estimator.stack import StackProfile, load_stack
+
+__all__ = [
+    "HardwareProfile",
+    "MeshplanError",
+    "ModelSpec",
+    "StackProfile",
+    "TrainConfig",
+    "estimate",
+    "load_hardware",
+    "load_model",
+    "load_stack",
+]

@@ -1,0 +1,122 @@
+"""One training configuration: parallel degrees (torchtitan's names), batch, AC, compile, Float8.
+
+`TrainConfig.resolve()` checks it against a model and hardware profile and fills inferred fields
+(`dp_shard = -1`, `vpp`, `gpus`), raising :class:`MeshplanError` with a one-line reason otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from estimator.errors import MeshplanError
+from estimator.hardware import HardwareProfile
+from estimator.model_spec import ModelSpec
+
+PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
+AC_MODES = ("none", "selective", "full")
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise", "mxfp8")
+
+
+class TrainConfig(BaseModel):
+    """Field names follow torchtitan's job config so a plan maps one-to-one onto a launch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int | None = Field(default=None, description="world size; default: product of the degrees")
+    gpus_per_node: int | None = Field(default=None, description="default: the hardware profile's")
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    pp_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    vpp: int | None = Field(default=None, description="stages per pipeline rank; Interleaved1F1B default 2")
+    seq_len: int = 8192
+    global_batch_size: int = Field(default=0, description="sequences per optimizer step; 0: one per DP rank")
+    micro_batch_size: int = 1
+    ac: Literal["none", "selective", "full"] = "selective"
+    compile: bool = False
+    float8: Literal["none", "tensorwise", "rowwise", "mxfp8"] = "none"
+    async_tp: bool = False
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per optimizer step on one DP rank (gradient accumulation or pipeline microbatches)."""
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    def resolve(self, model: ModelSpec, hw: HardwareProfile) -> TrainConfig:
+        """Return a copy with inferred fields set; raise MeshplanError naming the first problem."""
+        c = self.model_copy()
+        for name in ("dp_replicate", "tp", "pp", "cp", "micro_batch_size", "seq_len"):
+            if getattr(c, name) < 1:
+                raise MeshplanError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(c, name)}")
+        if c.gpus is not None and c.gpus < 1:
+            raise MeshplanError(f"--gpus must be a positive integer, got {c.gpus}")
+        if c.gpus_per_node is None:
+            c.gpus_per_node = hw.gpus_per_node
+        if c.gpus_per_node < 1:
+            raise MeshplanError(f"--gpus-per-node must be a positive integer, got {c.gpus_per_node}")
+        others = c.dp_replicate * c.tp * c.pp * c.cp
+        if c.dp_shard == -1:
+            world = c.gpus if c.gpus is not None else c.gpus_per_node
+            if world % others:
+                raise MeshplanError(
+                    f"cannot infer dp_shard: dp_replicate*tp*pp*cp = {others} does not divide {world} GPUs"
+                )
+            c.dp_shard = world // others
+        elif c.dp_shard < 1:
+            raise MeshplanError(f"--dp-shard must be a positive integer or -1 (infer), got {c.dp_shard}")
+        product = others * c.dp_shard
+        if c.gpus is None:
+            c.gpus = product
+        if product != c.gpus:
+            raise MeshplanError(
+                f"degrees multiply to {product} (dp_replicate {c.dp_replicate} x dp_shard {c.dp_shard} x cp {c.cp}"
+                f" x tp {c.tp} x pp {c.pp}) but the world size is {c.gpus} GPUs"
+            )
+        if c.gpus > c.gpus_per_node and c.gpus % c.gpus_per_node:
+            raise MeshplanError(f"{c.gpus} GPUs is not a whole number of {c.gpus_per_node}-GPU nodes")
+        if model.heads % c.tp or model.kv_heads % c.tp:
+            raise MeshplanError(
+                f"tp {c.tp} must divide the attention heads ({model.heads}) and KV heads ({model.kv_heads})"
+            )
+        if model.ffn_hidden % c.tp:
+            raise MeshplanError(f"tp {c.tp} must divide the MLP width ({model.ffn_hidden})")
+        if c.seq_len % (2 * c.cp) and c.cp > 1:
+            raise MeshplanError(f"cp {c.cp} needs seq_len divisible by 2*cp = {2 * c.cp} (load-balanced causal CP)")
+        if c.vpp is None:
+            c.vpp = 2 if c.pp_schedule == "Interleaved1F1B" else 1
+        if c.vpp < 1:
+            raise MeshplanError(f"--vpp must be a positive integer, got {c.vpp}")
+        if c.pp_schedule != "Interleaved1F1B" and c.vpp != 1:
+            raise MeshplanError(f"vpp {c.vpp} > 1 needs --pp-schedule Interleaved1F1B")
+        if c.pp * c.vpp > model.layers:
+            raise MeshplanError(f"pp {c.pp} x vpp {c.vpp} stages exceed the model's {model.layers} layers")
+        dp = c.dp_replicate * c.dp_shard
+        if c.global_batch_size == 0:
+            c.global_batch_size = dp * c.micro_batch_size * max(1, c.pp if c.pp > 1 else 1)
+        if c.global_batch_size < 0:
+            raise MeshplanError(f"--global-batch-size must be positive, got {c.global_batch_size}")
+        if c.global_batch_size % (dp * c.micro_batch_size):
+            raise MeshplanError(
+                f"global batch {c.global_batch_size} does not divide into dp {dp} x micro-batch {c.micro_batch_size}"
+            )
+        if c.pp > 1 and c.microbatches < c.pp:
+            raise MeshplanError(
+                f"{c.microbatches} microbatches per step < pp {c.pp}: the pipeline cannot fill; "
+                "raise --global-batch-size or lower --micro-batch-size"
+            )
+        if c.float8 != "none":
+            if not hw.supports_fp8:
+                raise MeshplanError(f"--float8 {c.float8} needs fp8 tensor cores; {hw.id} has none")
+            if c.float8 == "mxfp8" and not hw.mx_formats:
+                raise MeshplanError(f"--float8 mxfp8 needs hardware MX formats (Blackwell); {hw.id} lacks them")
+        if c.async_tp and c.tp == 1:
+            raise MeshplanError("--async-tp needs --tp > 1")
+        return c

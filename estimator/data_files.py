@@ -1,0 +1,69 @@
+"""Where meshplan's data files live: `data/` in a checkout, the package `meshplan_data` once installed."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from estimator.errors import MeshplanError
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def data_dir(kind: str) -> Path:
+    """Folder of one kind of data file (`hardware_profiles`, `models`, `stacks`)."""
+    return Path(str(resources.files("meshplan_data") / kind))
+
+
+def names(kind: str) -> list[str]:
+    """Built-in names of one kind, sorted (file stems)."""
+    return sorted(p.stem for p in data_dir(kind).glob("*.yaml"))
+
+
+def read_yaml(path: Path) -> dict:
+    """Parse a YAML mapping, turning every failure into a one-line MeshplanError."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise MeshplanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        obj = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise MeshplanError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(obj, dict):
+        raise MeshplanError(f"{path} must hold a YAML mapping of fields, not {type(obj).__name__}")
+    return obj
+
+
+def one_line(exc: ValidationError, what: str) -> MeshplanError:
+    """Condense a pydantic ValidationError to one line naming the first bad field."""
+    errs = exc.errors()
+    parts = []
+    for err in errs[:3]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        parts.append(f"{loc}: {err['msg']}")
+    more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
+    return MeshplanError(f"invalid {what}: " + "; ".join(parts) + more)
+
+
+def load_named(kind: str, name_or_path: str, cls: type[T], what: str) -> T:
+    """Load a built-in entry by name, or a YAML file by path, into `cls`."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = data_dir(kind) / f"{name_or_path}.yaml"
+        if not path.exists():
+            known = ", ".join(names(kind))
+            raise MeshplanError(f"unknown {what} '{name_or_path}'; choose one of: {known}, or pass a path to a YAML file")
+    elif not path.exists():
+        raise MeshplanError(f"{what} file not found: {path}")
+    raw = read_yaml(path)
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        raise one_line(exc, f"{what} {path.name}") from None

@@ -1,0 +1,108 @@
+"""One configuration in, one report out: the object `meshplan estimate --json` prints."""
+
+from __future__ import annotations
+
+from estimator.batch import GIB, MEMORY_CATEGORIES, TIME_CATEGORIES, ConfigArrays, estimate_arrays
+from estimator.config import TrainConfig
+from estimator.hardware import HardwareProfile
+from estimator.model_spec import ModelSpec
+from estimator.stack import StackProfile, load_stack
+
+FLOP_CONVENTION = "6*(N - N_embedding) + 12*L*h*s per token (torchtitan; full attention, no recompute)"
+
+
+def _r(x: float, nd: int = 3) -> float:
+    return round(float(x), nd)
+
+
+def estimate(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    config: TrainConfig,
+    stack: StackProfile | None = None,
+    memory_margin: float = 1.0,
+) -> dict:
+    """Estimate one configuration. `config` is resolved here (MeshplanError on invalid input).
+
+    `memory_margin`: fraction of usable HBM that the peak may reach for `memory.fits` (1.0: all of it).
+    Returns a JSON-ready dict (GiB, seconds, tokens/s, MFU as a fraction 0..1).
+    """
+    stack = stack or load_stack("torchtitan")
+    cfg = config.resolve(model, hw)
+    r = {k: float(v[0]) for k, v in estimate_arrays(model, hw, stack, ConfigArrays.from_configs([cfg])).items()}
+    usable = hw.usable_hbm_gib
+    peak = r["peak_bytes"] / GIB
+    host = r["host_bytes_per_node"] / GIB
+    warnings: list[str] = []
+    if peak > usable * memory_margin:
+        warnings.append(
+            f"peak {peak:.1f} GiB exceeds {memory_margin * 100:.0f}% of usable HBM ({usable * memory_margin:.1f} GiB): OOM"
+        )
+    elif peak > 0.9 * usable:
+        warnings.append(f"peak {peak:.1f} GiB is within 10% of usable HBM ({usable:.1f} GiB): little headroom")
+    if host > hw.host_ram_gib_per_node:
+        warnings.append(f"host RAM {host:.0f} GiB per node exceeds the node's {hw.host_ram_gib_per_node:.0f} GiB")
+    full_load = r["host_full_load_bytes_per_node"] / GIB
+    if full_load > hw.host_ram_gib_per_node:
+        warnings.append(
+            f"loading a full fp32 checkpoint on every rank would need {full_load:.0f} GiB host RAM per node; "
+            "load sharded (DCP) or from a seed checkpoint"
+        )
+    if cfg.tp > cfg.gpus_per_node:
+        warnings.append(f"tp {cfg.tp} spans nodes ({cfg.gpus_per_node} GPUs per node): TP traffic crosses the network")
+    if cfg.compile is False and stack.id == "torchtitan":
+        pass
+    return {
+        "model": {
+            "name": model.name,
+            "params": int(model.params),
+            "layers": model.layers,
+            "hidden": model.hidden,
+            "flops_per_token": float(model.flops_per_token(cfg.seq_len)),
+        },
+        "hardware": {"id": hw.id, "name": hw.name, "peak_tflops_bf16": hw.peak_tflops_bf16},
+        "stack": stack.id,
+        "config": config_dict(cfg),
+        "memory": {
+            "peak_gib": _r(peak),
+            "allocated_gib": _r(r["allocated_bytes"] / GIB),
+            "usable_gib": _r(usable),
+            "fits": bool(peak <= usable * memory_margin),
+            "breakdown_gib": {k: _r(r[k] / GIB) for k in MEMORY_CATEGORIES},
+            "worst_rank": "last pipeline stage" if r["worst_stage"] > 0.5 else "first pipeline stage",
+            "host_ram_gib_per_node": _r(host, 1),
+            "host_ram_full_load_gib_per_node": _r(full_load, 1),
+        },
+        "throughput": {
+            "tokens_per_sec_per_gpu": _r(r["tokens_per_sec_per_gpu"], 1),
+            "step_time_s": _r(r["step_time_s"], 4),
+            "mfu": _r(r["mfu"], 4),
+            "microbatches": int(round(r["microbatches"])),
+            "breakdown_s": {k: _r(r[k], 4) for k in TIME_CATEGORIES},
+            "flop_convention": FLOP_CONVENTION,
+            "mfu_peak_tflops": hw.peak_tflops_bf16,
+        },
+        "warnings": warnings,
+    }
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    """A resolved config with torchtitan's names, as plans and `--json` print it."""
+    return {
+        "gpus": cfg.gpus,
+        "gpus_per_node": cfg.gpus_per_node,
+        "dp_replicate": cfg.dp_replicate,
+        "dp_shard": cfg.dp_shard,
+        "cp": cfg.cp,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "pp_schedule": cfg.pp_schedule,
+        "vpp": cfg.vpp,
+        "seq_len": cfg.seq_len,
+        "global_batch_size": cfg.global_batch_size,
+        "micro_batch_size": cfg.micro_batch_size,
+        "ac": cfg.ac,
+        "float8": cfg.float8,
+        "compile": cfg.compile,
+        "async_tp": cfg.async_tp,
+    }

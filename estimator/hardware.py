@@ -1,0 +1,95 @@
+"""Hardware profiles: one YAML file per accelerator in `data/hardware_profiles/`, every number sourced.
+
+A user adds a profile by dropping a YAML file there or by passing its path wherever a name is taken.
+Units: TFLOP/s are dense, decimal (1e12); memory in GiB (2**30 bytes); HBM bandwidth in TB/s (1e12 B/s);
+link bandwidths in GB/s (1e9 B/s) per GPU per direction; network in Gb/s per GPU.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from estimator import data_files
+
+GIB = 2**30
+
+
+class Price(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    usd_per_gpu_hour: float = Field(gt=0)
+    date: str = Field(description="when the list price was read, YYYY-MM-DD")
+    offering: str = ""
+
+
+class Efficiency(BaseModel):
+    """Fractions of peak that the time model uses; each comes with its source in `sources`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gemm_bf16: float = Field(gt=0, le=1, description="best-shape bf16 matmul throughput / bf16 peak (MAMF)")
+    gemm_fp8: float | None = Field(default=None, gt=0, le=1, description="best-shape fp8 matmul / fp8 peak")
+    attention: float = Field(gt=0, le=1, description="flash-attention fwd+bwd throughput / bf16 peak")
+    hbm: float = Field(default=0.8, gt=0, le=1, description="achieved / peak HBM bandwidth, memory-bound ops")
+    clock: float = Field(default=1.0, gt=0, le=1, description="sustained clock under the power cap / boost")
+
+
+class HardwareProfile(BaseModel):
+    """One accelerator as deployed in a node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)
+    name: str
+    vendor: str
+    peak_tflops_bf16: float = Field(gt=0, description="dense bf16 tensor TFLOP/s")
+    peak_tflops_fp8: float | None = Field(default=None, gt=0, description="dense fp8 tensor TFLOP/s; null: no fp8")
+    mx_formats: bool = Field(default=False, description="hardware MX (block-scaled) fp8 support, e.g. Blackwell")
+    hbm_total_gib: float = Field(gt=0, description="device-reported total memory, GiB")
+    runtime_reserve_gib: float = Field(
+        default=1.0, ge=0, description="CUDA/ROCm context, NCCL and library workspaces outside torch's allocator"
+    )
+    hbm_bandwidth_tbs: float = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    intra_node_gbs: float = Field(gt=0, description="per-GPU unidirectional scale-up bandwidth, GB/s")
+    intra_node_efficiency: float = Field(gt=0, le=1.2, description="ring-collective busbw / intra_node_gbs")
+    inter_node_gbps: float = Field(gt=0, description="per-GPU scale-out line rate, Gb/s")
+    inter_node_efficiency: float = Field(gt=0, le=1, description="NCCL busbw / line rate across nodes")
+    host_ram_gib_per_node: float = Field(default=2048, gt=0, description="typical host DRAM per node, GiB")
+    price: Price | None = None
+    efficiency: Efficiency
+    sources: dict[str, str] = Field(default_factory=dict, description="field -> where the number comes from")
+
+    @model_validator(mode="after")
+    def _check(self) -> HardwareProfile:
+        if self.peak_tflops_fp8 is not None and self.efficiency.gemm_fp8 is None:
+            raise ValueError("efficiency.gemm_fp8 is required when peak_tflops_fp8 is set")
+        return self
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.peak_tflops_fp8 is not None
+
+    @property
+    def usable_hbm_gib(self) -> float:
+        """What torch's caching allocator can reserve: device total minus the runtime's own reserve."""
+        return self.hbm_total_gib - self.runtime_reserve_gib
+
+    @property
+    def intra_bw(self) -> float:
+        """Achievable ring-collective bandwidth inside a node, bytes/s per GPU."""
+        return self.intra_node_gbs * 1e9 * self.intra_node_efficiency
+
+    @property
+    def inter_bw(self) -> float:
+        """Achievable ring-collective bandwidth across nodes, bytes/s per GPU."""
+        return self.inter_node_gbps / 8 * 1e9 * self.inter_node_efficiency
+
+
+def hardware_names() -> list[str]:
+    return data_files.names("hardware_profiles")
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """A built-in profile id (`h100-sxm`) or a path to a profile YAML."""
+    return data_files.load_named("hardware_profiles", name_or_path, HardwareProfile, "hardware profile")

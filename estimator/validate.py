@@ -1,0 +1,235 @@
+"""Predict published runs from their configuration columns and compare with what they measured.
+
+Reads a CSV in the schema of `shared/ground_truth/runs.csv`. Predictions use only the configuration
+columns (model dimensions, hardware, degrees, batch, precision, compile, AC); the measured columns are
+read afterwards, for the comparison only.
+
+Defaults for cells a source left empty (documented in the README):
+- `compile` empty: the stack profile's `default_compile` (llm-foundry: false);
+- `pp_schedule` empty with pp > 1: 1F1B; `vpp` empty: 2 for Interleaved1F1B, else 1;
+- `float8_recipe` empty with precision fp8: tensorwise.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from estimator.config import TrainConfig
+from estimator.errors import MeshplanError
+from estimator.estimate import estimate
+from estimator.hardware import load_hardware
+from estimator.model_spec import ModelSpec
+from estimator.stack import load_stack
+
+CONFIG_COLUMNS = (
+    "id", "framework", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+    "tied_embeddings", "mlp", "seq_len", "hardware", "gpus", "gpus_per_node", "dp_replicate", "dp_shard",
+    "tp", "pp", "pp_schedule", "vpp", "cp", "global_batch_size", "micro_batch_size", "precision",
+    "float8_recipe", "compile", "ac", "async_tp",
+)
+MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
+
+
+@dataclass
+class RowResult:
+    id: str
+    framework: str
+    model: str
+    hardware: str
+    predicted_tps_per_gpu: float | None
+    measured_tps_per_gpu: float | None
+    predicted_mem_gib: float | None
+    measured_mem_gib: float | None
+    error: str | None = None
+
+    @property
+    def tps_err(self) -> float | None:
+        if self.predicted_tps_per_gpu is None or not self.measured_tps_per_gpu:
+            return None
+        return self.predicted_tps_per_gpu / self.measured_tps_per_gpu - 1
+
+    @property
+    def mem_err(self) -> float | None:
+        if self.predicted_mem_gib is None or not self.measured_mem_gib:
+            return None
+        return self.predicted_mem_gib / self.measured_mem_gib - 1
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "framework": self.framework,
+            "model": self.model,
+            "hardware": self.hardware,
+            "predicted_tps_per_gpu": self.predicted_tps_per_gpu,
+            "measured_tps_per_gpu": self.measured_tps_per_gpu,
+            "predicted_mem_gib": self.predicted_mem_gib,
+            "measured_mem_gib": self.measured_mem_gib,
+            "tps_error": None if self.tps_err is None else round(self.tps_err, 4),
+            "mem_error": None if self.mem_err is None else round(self.mem_err, 4),
+            "error": self.error,
+        }
+
+
+def _int(row: dict, key: str, default: int | None = None) -> int:
+    cell = (row.get(key) or "").strip()
+    if not cell:
+        if default is None:
+            raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is empty")
+        return default
+    try:
+        value = float(cell)
+    except ValueError:
+        raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is not a number: {cell!r}") from None
+    if not value.is_integer():
+        raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' must be a whole number, got {cell}")
+    return int(value)
+
+
+def _bool(cell: str | None) -> bool | None:
+    cell = (cell or "").strip().lower()
+    if not cell:
+        return None
+    if cell in ("true", "1", "yes"):
+        return True
+    if cell in ("false", "0", "no"):
+        return False
+    raise MeshplanError(f"not a boolean: {cell!r}")
+
+
+def _float(cell: str | None) -> float | None:
+    cell = (cell or "").strip()
+    return float(cell) if cell else None
+
+
+def row_inputs(row: dict) -> tuple[ModelSpec, str, str, TrainConfig]:
+    """Model, hardware id, stack id and config of one row, from its configuration columns only."""
+    mlp = (row.get("mlp") or "swiglu").strip()
+    try:
+        model = ModelSpec(
+            name=(row.get("model") or row.get("id") or "model").strip(),
+            layers=_int(row, "layers"), hidden=_int(row, "hidden"), heads=_int(row, "heads"),
+            kv_heads=_int(row, "kv_heads", _int(row, "heads")), ffn_hidden=_int(row, "ffn_hidden"),
+            vocab=_int(row, "vocab"), tied_embeddings=bool(_bool(row.get("tied_embeddings"))),
+            mlp=mlp, norm="layernorm" if mlp == "gelu" else "rmsnorm",
+        )
+    except ValidationError as exc:
+        raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['msg']}") from None
+    stack_id = (row.get("framework") or "torchtitan").strip()
+    stack = _stack(stack_id)
+    pp = _int(row, "pp", 1)
+    schedule = (row.get("pp_schedule") or "").strip() or "1F1B"
+    vpp = (row.get("vpp") or "").strip()
+    precision = (row.get("precision") or "bf16").strip()
+    recipe = (row.get("float8_recipe") or "").strip() or ("tensorwise" if precision == "fp8" else "none")
+    compile_ = _bool(row.get("compile"))
+    try:
+        cfg = TrainConfig(
+            gpus=_int(row, "gpus"), gpus_per_node=_int(row, "gpus_per_node", 8),
+            dp_replicate=_int(row, "dp_replicate", 1), dp_shard=_int(row, "dp_shard", -1),
+            tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1),
+            pp_schedule=schedule, vpp=int(float(vpp)) if vpp else None,
+            seq_len=_int(row, "seq_len"), global_batch_size=_int(row, "global_batch_size"),
+            micro_batch_size=_int(row, "micro_batch_size", 1),
+            ac=(row.get("ac") or "none").strip(),
+            compile=stack.default_compile if compile_ is None else compile_,
+            float8=recipe if precision == "fp8" else "none",
+            async_tp=bool(_bool(row.get("async_tp"))),
+        )
+    except ValidationError as exc:
+        raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+    return model, (row.get("hardware") or "").strip(), stack_id, cfg
+
+
+def read_rows(path: Path) -> list[dict]:
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in CONFIG_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise MeshplanError(f"{path} lacks the ground-truth column(s): {', '.join(missing)}")
+            return list(reader)
+    except OSError as exc:
+        raise MeshplanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except csv.Error as exc:
+        raise MeshplanError(f"{path} is not a valid CSV: {exc}") from None
+
+
+@lru_cache(maxsize=64)
+def _hardware(hw_id: str):
+    return load_hardware(hw_id)
+
+
+@lru_cache(maxsize=16)
+def _stack(stack_id: str):
+    return load_stack(stack_id)
+
+
+def predict_row(row: dict) -> tuple[float, float]:
+    """(tokens/s/GPU, peak reserved GiB) predicted from the row's configuration columns."""
+    model, hw_id, stack_id, cfg = row_inputs(row)
+    est = estimate(model, _hardware(hw_id), cfg, _stack(stack_id))
+    return est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
+
+
+def validate_rows(rows: list[dict]) -> list[RowResult]:
+    """Predict every row; a row that cannot be predicted is reported with its error, never skipped."""
+    results = []
+    for row in rows:
+        base = dict(
+            id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
+            hardware=row.get("hardware", ""),
+            measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu")),
+            measured_mem_gib=_float(row.get("measured_mem_gib")),
+        )
+        try:
+            tps, mem = predict_row({k: row.get(k) for k in CONFIG_COLUMNS})
+            results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, **base))
+        except MeshplanError as exc:
+            results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))
+    return results
+
+
+def _stats(errors: list[float]) -> dict:
+    if not errors:
+        return {"n": 0, "mape": None, "max_ape": None, "bias": None}
+    return {
+        "n": len(errors),
+        "mape": round(sum(abs(e) for e in errors) / len(errors), 4),
+        "max_ape": round(max(abs(e) for e in errors), 4),
+        "bias": round(sum(errors) / len(errors), 4),
+    }
+
+
+def summarize(results: list[RowResult]) -> dict:
+    """Mean absolute percentage error of tokens/s/GPU and memory, by framework and overall."""
+    out: dict = {"by_framework": {}}
+    groups = sorted({r.framework for r in results})
+    for fw in groups + ["all"]:
+        rs = [r for r in results if fw == "all" or r.framework == fw]
+        tps = [r.tps_err for r in rs if r.tps_err is not None]
+        mem = [r.mem_err for r in rs if r.mem_err is not None]
+        worst = max((r for r in rs if r.tps_err is not None), key=lambda r: abs(r.tps_err), default=None)
+        worst_mem = max((r for r in rs if r.mem_err is not None), key=lambda r: abs(r.mem_err), default=None)
+        entry = {
+            "rows": len(rs),
+            "failed": sum(r.error is not None for r in rs),
+            "tps": _stats(tps),
+            "mem": _stats(mem),
+            "worst_tps_row": worst.id if worst else None,
+            "worst_mem_row": worst_mem.id if worst_mem else None,
+        }
+        if fw == "all":
+            out["all"] = entry
+        else:
+            out["by_framework"][fw] = entry
+    return out
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:+.1f}%"

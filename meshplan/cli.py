@@ -1,0 +1,49 @@
+"""`meshplan`: plan distributed LLM training before spending a GPU-hour.
+
+Errors in the user's input print one line (`meshplan: error: ...`) and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer._click import exceptions as click_exc
+
+from estimator.errors import MeshplanError
+from meshplan.commands import catalog, estimate, validate
+
+app = typer.Typer(
+    name="meshplan",
+    help="Plan distributed LLM training (FSDP2/HSDP, TP, PP, CP, Float8, compile, AC) before you launch.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command("estimate")(estimate.estimate_cmd)
+app.command("validate")(validate.validate_cmd)
+app.command("models")(catalog.models_cmd)
+app.command("hardware")(catalog.hardware_cmd)
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"meshplan: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        rv = app(args=argv, prog_name="meshplan", standalone_mode=False)
+    except click_exc.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click_exc.Abort:
+        fail("aborted", 130)
+    except click_exc.ClickException as exc:
+        fail(exc.format_message().replace("\n", " "), exc.exit_code or 2)
+    except MeshplanError as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    sys.exit(rv if isinstance(rv, int) else 0)

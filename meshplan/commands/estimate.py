@@ -1,0 +1,119 @@
+"""`meshplan estimate`: memory, host RAM and throughput of one configuration."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from estimator.config import TrainConfig
+from estimator.estimate import estimate
+from estimator.hardware import load_hardware
+from estimator.model_spec import load_model
+from estimator.stack import load_stack
+
+
+class Schedule(StrEnum):
+    gpipe = "GPipe"
+    one_f_one_b = "1F1B"
+    interleaved = "Interleaved1F1B"
+
+
+class AC(StrEnum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Float8(StrEnum):
+    none = "none"
+    tensorwise = "tensorwise"
+    rowwise = "rowwise"
+    mxfp8 = "mxfp8"
+
+
+def estimate_cmd(
+    model: str = typer.Option("llama3-8b", "--model", "-m", help="preset name, meshplan model YAML, or HF config.json"),
+    hardware: str = typer.Option("h100-sxm", "--hardware", help="hardware profile id or YAML path"),
+    gpus: int = typer.Option(None, "--gpus", min=1, help="world size [default: product of the degrees, or one node]"),
+    gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="[default: the hardware profile's]"),
+    dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="HSDP replicas (DDP when dp-shard is 1)"),
+    dp_shard: int = typer.Option(-1, "--dp-shard", help="FSDP shard degree; -1 infers it from the world size"),
+    tp: int = typer.Option(1, "--tp", min=1, help="tensor parallel degree (with sequence parallel)"),
+    pp: int = typer.Option(1, "--pp", min=1, help="pipeline parallel degree"),
+    cp: int = typer.Option(1, "--cp", min=1, help="context parallel degree"),
+    pp_schedule: Schedule = typer.Option(Schedule.one_f_one_b, "--pp-schedule", help="pipeline schedule"),
+    vpp: int = typer.Option(None, "--vpp", min=1, help="stages per pipeline rank [default: 2 for Interleaved1F1B]"),
+    seq_len: int = typer.Option(8192, "--seq-len", min=1, help="tokens per sequence"),
+    global_batch_size: int = typer.Option(
+        None, "--global-batch-size", min=1, help="sequences per optimizer step [default: one micro-batch per DP rank]"
+    ),
+    micro_batch_size: int = typer.Option(1, "--micro-batch-size", min=1, help="sequences per forward per DP rank"),
+    ac: AC = typer.Option(AC.selective, "--ac", help="activation checkpointing"),
+    compile_: bool = typer.Option(False, "--compile/--no-compile", help="per-block torch.compile"),
+    float8: Float8 = typer.Option(Float8.none, "--float8", help="torchao Float8 recipe for Linear layers"),
+    async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help="asynchronous TP (needs --tp > 1)"),
+    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan, llm-foundry"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of tables"),
+) -> None:
+    """Estimate per-GPU peak memory (worst rank, peak reserved), host RAM and tokens/s/GPU of ONE configuration.
+
+    Example: meshplan estimate --model llama3-70b --hardware h100-sxm --gpus 64 --tp 8 --seq-len 8192
+    --global-batch-size 64 --ac full --compile --float8 tensorwise
+    """
+    spec = load_model(model)
+    hw = load_hardware(hardware)
+    cfg = TrainConfig(
+        gpus=gpus, gpus_per_node=gpus_per_node, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
+        cp=cp, pp_schedule=pp_schedule.value, vpp=vpp, seq_len=seq_len, global_batch_size=global_batch_size or 0,
+        micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
+    )
+    result = estimate(spec, hw, cfg, load_stack(stack))
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    render(result)
+
+
+def render(result: dict, console: Console | None = None) -> None:
+    """Readable report: configuration, memory by category, time by category, warnings."""
+    console = console or Console()
+    c, mem, thr = result["config"], result["memory"], result["throughput"]
+    console.print(
+        f"[bold]{result['model']['name']}[/] ({result['model']['params'] / 1e9:.2f} B params) on "
+        f"[bold]{c['gpus']} x {result['hardware']['id']}[/] ({c['gpus_per_node']} per node), stack {result['stack']}"
+    )
+    console.print(
+        f"dp_replicate {c['dp_replicate']} x dp_shard {c['dp_shard']} x cp {c['cp']} x tp {c['tp']} x pp {c['pp']}"
+        + (f" ({c['pp_schedule']}, vpp {c['vpp']})" if c["pp"] > 1 else "")
+        + f" | seq {c['seq_len']}, global batch {c['global_batch_size']}, micro-batch {c['micro_batch_size']}"
+        f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {'on' if c['compile'] else 'off'}, "
+        f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "")
+    )
+    table = Table(title=f"memory per GPU, {mem['worst_rank']} (peak reserved)", show_footer=True)
+    table.add_column("category", footer="peak")
+    fits = "[green]fits[/]" if mem["fits"] else "[red]does not fit[/]"
+    table.add_column("GiB", justify="right", footer=f"{mem['peak_gib']:.1f} / {mem['usable_gib']:.1f} usable: {fits}")
+    for k, v in mem["breakdown_gib"].items():
+        table.add_row(k.replace("_", " "), f"{v:.2f}")
+    console.print(table)
+    console.print(
+        f"host RAM per node: {mem['host_ram_gib_per_node']:.0f} GiB with sharded (DCP) checkpoints; "
+        f"{mem['host_ram_full_load_gib_per_node']:.0f} GiB if every rank loaded the full fp32 model"
+    )
+    ttable = Table(title="time per optimizer step", show_footer=True)
+    ttable.add_column("category", footer="step")
+    ttable.add_column("seconds", justify="right", footer=f"{thr['step_time_s']:.3f}")
+    for k, v in thr["breakdown_s"].items():
+        if v > 0:
+            ttable.add_row(k.replace("_", " "), f"{v:.4f}")
+    console.print(ttable)
+    console.print(
+        f"[bold]{thr['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU[/], MFU {thr['mfu'] * 100:.1f}% "
+        f"(vs {thr['mfu_peak_tflops']:g} dense bf16 TFLOP/s; FLOPs/token = {thr['flop_convention']})"
+    )
+    for w in result["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")

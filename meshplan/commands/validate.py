@@ -1,0 +1,67 @@
+"""`meshplan validate`: predict published runs from their configuration and compare with measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from estimator.errors import MeshplanError
+from estimator.validate import pct, read_rows, summarize, validate_rows
+
+DEFAULT_CSV = Path("../shared/ground_truth/runs.csv")
+
+
+def validate_cmd(
+    csv_path: Path = typer.Argument(
+        None, metavar="CSV", help="runs in the ground-truth schema [default: ../shared/ground_truth/runs.csv]"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object: rows and summary"),
+    framework: str = typer.Option(None, "--framework", help="only rows of this framework"),
+) -> None:
+    """Predict every row of a runs CSV from its configuration columns only; print predicted vs measured
+    tokens/s/GPU and peak memory, and the mean absolute percentage error by framework."""
+    if csv_path is None:
+        csv_path = DEFAULT_CSV
+        if not csv_path.exists():
+            raise MeshplanError("give the runs CSV to validate (no ../shared/ground_truth/runs.csv here)")
+    rows = read_rows(csv_path)
+    if framework:
+        rows = [r for r in rows if r.get("framework") == framework]
+        if not rows:
+            raise MeshplanError(f"no rows with framework '{framework}' in {csv_path}")
+    results = validate_rows(rows)
+    summary = summarize(results)
+    if as_json:
+        print(json.dumps({"rows": [r.as_dict() for r in results], "summary": summary}, indent=2))
+        return
+    console = Console()
+    table = Table(title=f"{csv_path}: predicted vs measured")
+    for col in ("id", "framework", "model", "hardware", "tok/s/GPU pred", "meas", "err", "GiB pred", "meas", "err"):
+        table.add_column(col, justify="right" if col not in ("id", "framework", "model", "hardware") else "left")
+    for r in results:
+        if r.error:
+            table.add_row(r.id, r.framework, r.model, r.hardware, f"[red]{r.error}[/]", "", "", "", "", "")
+            continue
+        table.add_row(
+            r.id, r.framework, r.model[:24], r.hardware,
+            f"{r.predicted_tps_per_gpu:,.0f}", f"{r.measured_tps_per_gpu:,.0f}" if r.measured_tps_per_gpu else "-",
+            pct(r.tps_err), f"{r.predicted_mem_gib:.1f}",
+            f"{r.measured_mem_gib:.1f}" if r.measured_mem_gib else "-", pct(r.mem_err),
+        )
+    console.print(table)
+    stable = Table(title="summary: mean absolute percentage error (MAPE)")
+    for col in ("framework", "rows", "failed", "tok/s MAPE", "worst", "row", "memory MAPE", "worst", "row"):
+        stable.add_column(col)
+    for fw, s in list(summary["by_framework"].items()) + [("all", summary["all"])]:
+        stable.add_row(
+            fw, str(s["rows"]), str(s["failed"]),
+            f"{s['tps']['mape'] * 100:.1f}%" if s["tps"]["n"] else "-",
+            f"{s['tps']['max_ape'] * 100:.1f}%" if s["tps"]["n"] else "-", s["worst_tps_row"] or "-",
+            f"{s['mem']['mape'] * 100:.1f}% (n={s['mem']['n']})" if s["mem"]["n"] else "-",
+            f"{s['mem']['max_ape'] * 100:.1f}%" if s["mem"]["n"] else "-", s["worst_mem_row"] or "-",
+        )
+    console.print(stable)
