@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 import typer
-from typer._click import exceptions as click_exc
+from typer import _click
 
 from estimator.errors import MeshplanError
 from meshplan.commands import catalog, estimate, validate
@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:
         rv = app(args=argv, prog_name="meshplan", standalone_mode=False)
-    except click_exc.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click_exc.Abort:
+    except typer.Abort:
         fail("aborted", 130)
-    except click_exc.ClickException as exc:
+    except _click.exceptions.ClickException as exc:
         fail(exc.format_message().replace("\n", " "), exc.exit_code or 2)
     except MeshplanError as exc:
         fail(str(exc))
