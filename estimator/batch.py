@@ -397,4 +397,5 @@ def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, 
     result["tokens_per_sec_per_gpu"] = tps
     result["mfu"] = mfu
     result["microbatches"] = m
+    result["microbatch_time_s"] = t_mb
     return result

@@ -1,0 +1,33 @@
+"""Shared fixtures: paths and a helper that runs the real `meshplan` console script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUND_TRUTH = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m meshplan ARGS` as a user would, capturing output."""
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=120
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def ground_truth() -> Path:
+    if not GROUND_TRUTH.exists():
+        pytest.skip(f"ground truth not found at {GROUND_TRUTH}")
+    return GROUND_TRUTH

@@ -1,0 +1,132 @@
+"""The estimator's physics, pinned against hand computations and monotonic behaviour."""
+
+import pytest
+
+from estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
+from estimator.batch import ConfigArrays, estimate_arrays
+
+M8 = load_model("llama3-8b")
+H100 = load_hardware("h100-sxm")
+TT = load_stack("torchtitan")
+
+
+def raw(cfg: TrainConfig, model=M8, hw=H100, stack=TT) -> dict:
+    c = cfg.resolve(model, hw)
+    return {k: float(v[0]) for k, v in estimate_arrays(model, hw, stack, ConfigArrays.from_configs([c])).items()}
+
+
+def test_fsdp_model_state_is_16_bytes_per_param_over_dp_shard():
+    r = raw(TrainConfig(gpus=8, seq_len=4096))
+    assert r["params_fp32"] + r["grads_fp32"] + r["optimizer_states"] == pytest.approx(16 * M8.params / 8)
+    assert r["optimizer_states"] == pytest.approx(8 * M8.params / 8)
+
+
+def test_hsdp_shards_only_within_replica_group():
+    r = raw(TrainConfig(gpus=16, gpus_per_node=8, dp_replicate=2, dp_shard=8, seq_len=4096))
+    assert r["params_fp32"] + r["grads_fp32"] + r["optimizer_states"] == pytest.approx(16 * M8.params / 8)
+
+
+def test_tp_pp_shard_model_state():
+    r = raw(TrainConfig(gpus=32, tp=4, pp=2, dp_shard=4, seq_len=4096, global_batch_size=8))
+    # first stage: 16 blocks + embedding, split 4 ways by TP and 4 ways by FSDP
+    first = (16 * M8.block_params + M8.embedding_params) / 4
+    last = (16 * M8.block_params + M8.output_params) / 4
+    assert r["params_fp32"] == pytest.approx(4 * max(first, last) / 4)
+
+
+def test_activation_bytes_by_hand():
+    h, kv, f, L, s = 4096, 1024, 14336, 32, 8192
+    full = raw(TrainConfig(gpus=1, seq_len=s, ac="full"))
+    assert full["activations"] == pytest.approx(2 * h * s * L)  # block inputs only
+    sel = raw(TrainConfig(gpus=1, seq_len=s, ac="selective"))
+    # op-SAC: block input, wq, wv, attention output + fp32 logsumexp, w1 and w2 outputs
+    assert sel["activations"] == pytest.approx((2 * h + 2 * h + 2 * kv + 2 * h + 4 * 32 + 2 * f + 2 * h) * s * L)
+    none = raw(TrainConfig(gpus=1, seq_len=s, ac="none"))
+    # no AC: norm inputs and outputs (4 x 2h), q + repeated k, v (3 x 2h), SDPA out + its contiguous copy
+    # (2 x 2h), lse, and SwiGLU's four F-wide tensors
+    assert none["activations"] == pytest.approx((18 * h + 4 * 32 + 8 * f) * s * L)
+
+
+def test_logits_buffer_scales_with_vocab_and_tokens():
+    r = raw(TrainConfig(gpus=1, seq_len=4096, micro_batch_size=2))
+    assert r["logits_loss"] == pytest.approx(TT.logits_bytes_per_element * 2 * 4096 * M8.vocab)
+
+
+@pytest.mark.parametrize(
+    "schedule,vpp,pp,gbs",
+    [("1F1B", 1, 4, 64), ("GPipe", 1, 4, 64), ("Interleaved1F1B", 2, 4, 64), ("Interleaved1F1B", 4, 2, 128)],
+)
+def test_pp_bubble_fraction(schedule, vpp, pp, gbs):
+    r = raw(TrainConfig(gpus=8 * pp, pp=pp, pp_schedule=schedule, vpp=vpp, seq_len=4096, global_batch_size=gbs))
+    m = r["microbatches"]
+    assert m == gbs / 8
+    # idle time relative to the pipeline's useful work: (p - 1) / (m * v)
+    assert r["pp_bubble"] / (m * r["microbatch_time_s"]) == pytest.approx((pp - 1) / (m * vpp))
+
+
+def _peak(cfg, model=M8, hw=H100):
+    return estimate(model, hw, cfg, TT)["memory"]["peak_gib"]
+
+
+def test_memory_falls_with_dp_shard():
+    peaks = [_peak(TrainConfig(gpus=g, seq_len=8192, micro_batch_size=1)) for g in (8, 16, 32, 64)]
+    assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1]
+
+
+def test_memory_falls_with_tp_cp_and_ac():
+    m70 = load_model("llama3-70b")
+    tps = [_peak(TrainConfig(gpus=64, tp=t, seq_len=8192), m70) for t in (1, 2, 4, 8)]
+    assert tps == sorted(tps, reverse=True) and tps[0] > tps[-1]
+    cps = [_peak(TrainConfig(gpus=8, cp=c, seq_len=65536)) for c in (1, 2, 4, 8)]
+    assert cps == sorted(cps, reverse=True) and cps[0] > cps[-1]
+    acs = [_peak(TrainConfig(gpus=8, seq_len=8192, micro_batch_size=2, ac=a)) for a in ("none", "selective", "full")]
+    assert acs[0] > acs[1] > acs[2]
+
+
+def test_time_rises_as_bandwidth_falls():
+    cfg = TrainConfig(gpus=64, seq_len=4096, micro_batch_size=1)
+    fast = estimate(M8, H100, cfg, TT)["throughput"]["step_time_s"]
+    slow_net = H100.model_copy(update={"inter_node_gbps": 25})
+    slow = estimate(M8, slow_net, cfg, TT)["throughput"]["step_time_s"]
+    assert slow > fast
+    tp_cfg = TrainConfig(gpus=8, tp=8, seq_len=8192, micro_batch_size=4, global_batch_size=4)
+    slow_nvlink = H100.model_copy(update={"intra_node_gbs": 100})
+    assert (
+        estimate(M8, slow_nvlink, tp_cfg, TT)["throughput"]["step_time_s"]
+        > estimate(M8, H100, tp_cfg, TT)["throughput"]["step_time_s"]
+    )
+
+
+def test_knobs_move_throughput_the_right_way():
+    base = TrainConfig(gpus=8, seq_len=8192, micro_batch_size=2, global_batch_size=16)
+    tps = lambda **kw: estimate(M8, H100, base.model_copy(update=kw), TT)["throughput"]["tokens_per_sec_per_gpu"]  # noqa: E731
+    assert tps(compile=True) > tps()
+    assert tps(compile=True, float8="tensorwise") > tps(compile=True)
+    assert tps(ac="full") < tps(ac="selective") < tps(ac="none")
+    m70 = load_model("llama3-70b")
+    tp_base = TrainConfig(gpus=64, tp=8, seq_len=8192, micro_batch_size=4, global_batch_size=32)
+    a = estimate(m70, H100, tp_base.model_copy(update={"async_tp": True}), TT)["throughput"]["tokens_per_sec_per_gpu"]
+    b = estimate(m70, H100, tp_base, TT)["throughput"]["tokens_per_sec_per_gpu"]
+    assert a > b
+
+
+def test_batch_equals_single():
+    cfgs = [
+        TrainConfig(gpus=64, tp=8, seq_len=8192, micro_batch_size=2, global_batch_size=32, ac="full"),
+        TrainConfig(gpus=64, pp=4, pp_schedule="Interleaved1F1B", seq_len=4096, global_batch_size=64),
+        TrainConfig(gpus=16, cp=2, seq_len=32768, compile=True, float8="rowwise"),
+    ]
+    resolved = [c.resolve(M8, H100) for c in cfgs]
+    batch = estimate_arrays(M8, H100, TT, ConfigArrays.from_configs(resolved))
+    for i, c in enumerate(cfgs):
+        single = estimate(M8, H100, c, TT)
+        assert single["throughput"]["tokens_per_sec_per_gpu"] == pytest.approx(
+            batch["tokens_per_sec_per_gpu"][i], rel=1e-3
+        )
+        assert single["memory"]["peak_gib"] == pytest.approx(batch["peak_bytes"][i] / 2**30, abs=1e-3)
+
+
+def test_breakdowns_add_up():
+    e = estimate(M8, H100, TrainConfig(gpus=64, tp=2, pp=2, seq_len=8192, global_batch_size=64), TT)
+    assert sum(e["memory"]["breakdown_gib"].values()) == pytest.approx(e["memory"]["peak_gib"], abs=0.02)
+    assert sum(e["throughput"]["breakdown_s"].values()) == pytest.approx(e["throughput"]["step_time_s"], rel=1e-3)
