@@ -26,10 +26,10 @@ DEFAULT_CSV = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
 
 # (stack id, field path, lower bound, upper bound)
 PARAMS = [
-    ("torchtitan", "gemm_efficiency", 0.55, 1.0),
+    ("torchtitan", "gemm_efficiency", 0.7, 1.0),
     ("torchtitan", "attention_factor", 0.5, 1.3),
-    ("torchtitan", "elementwise_passes", 10, 80),
-    ("torchtitan", "launch_overhead_s_per_layer", 0.0002, 0.004),
+    ("torchtitan", "elementwise_passes", 10, 150),
+    ("torchtitan", "launch_overhead_s_per_layer", 0.0002, 0.008),
     ("torchtitan", "compile_elementwise_factor", 0.1, 0.9),
     ("torchtitan", "compile_overhead_factor", 0.1, 0.9),
     ("torchtitan", "cp_attention_penalty", 0.0, 0.3),
@@ -39,7 +39,7 @@ PARAMS = [
     ("torchtitan", "float8.tensorwise.cast_bytes_per_element", 1, 16),
     ("torchtitan", "float8.rowwise.gemm_factor", 0.3, 1.0),
     ("torchtitan", "float8.rowwise.cast_bytes_per_element", 2, 24),
-    ("llm-foundry", "gemm_efficiency", 0.55, 1.0),
+    ("llm-foundry", "gemm_efficiency", 0.7, 1.0),
     ("llm-foundry", "attention_factor", 0.4, 1.2),
     ("llm-foundry", "elementwise_passes", 5, 80),
     ("llm-foundry", "launch_overhead_s_per_layer", 0.0002, 0.004),
