@@ -1,0 +1,222 @@
+"""The plan file: the one artefact everything downstream consumes (exports, launcher, UIs).
+
+A plan is YAML with a `version` field, validated by pydantic. It embeds the model spec and the
+hardware profile it was made with, so it stays reproducible when presets change:
+`meshplan estimate --plan plan.yaml` gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from estimator import data_files
+from estimator.config import TrainConfig
+from estimator.errors import MeshplanError
+from estimator.hardware import HardwareProfile
+from estimator.model_spec import ModelSpec
+
+PLAN_VERSION = 1
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class Cluster(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class Parallel(BaseModel):
+    """Parallel configuration with torchtitan's names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dp_replicate: int = Field(default=1, ge=1)
+    dp_shard: int = Field(ge=1)
+    cp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    pp_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    vpp: int = Field(default=1, ge=1)
+    micro_batch_size: int = Field(default=1, ge=1)
+    ac: Literal["none", "selective", "full"] = "selective"
+    float8: Literal["none", "tensorwise", "rowwise", "mxfp8"] = "none"
+    compile: bool = False
+    async_tp: bool = False
+
+
+class Optimizer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(default=3e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+
+
+class LRSchedule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    warmup_steps: int = Field(default=200, ge=0)
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+
+
+class Training(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq_len: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1, description="sequences per optimizer step")
+    steps: int = Field(default=1000, ge=1)
+    tokens: int | None = Field(default=None, ge=1, description="token budget the steps were derived from")
+    grad_clip: float = Field(default=1.0, gt=0)
+    seed: int = 0
+    checkpoint_interval: int = Field(default=500, ge=1, description="steps between DCP checkpoints")
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    lr_schedule: LRSchedule = Field(default_factory=LRSchedule)
+
+
+class Plan(BaseModel):
+    """A launchable training plan (schema version 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = PLAN_VERSION
+    name: str = Field(default="meshplan-run", pattern=SAFE_NAME, description="job name: letters, digits, . _ -")
+    model_source: str = Field(description="the preset name or path the model came from")
+    model: ModelSpec
+    hardware: HardwareProfile
+    stack: str = "torchtitan"
+    cluster: Cluster
+    parallel: Parallel
+    training: Training
+    estimate: dict | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Plan:
+        if self.version != PLAN_VERSION:
+            raise ValueError(f"plan version {self.version} is not supported (this meshplan reads {PLAN_VERSION})")
+        p = self.parallel
+        product = p.dp_replicate * p.dp_shard * p.cp * p.tp * p.pp
+        if product != self.cluster.gpus:
+            raise ValueError(
+                f"parallel degrees multiply to {product} but the cluster has {self.cluster.gpus} GPUs"
+            )
+        return self
+
+    def train_config(self) -> TrainConfig:
+        """The estimator's view of this plan (resolved against the embedded model and hardware)."""
+        p = self.parallel
+        cfg = TrainConfig(
+            gpus=self.cluster.gpus, gpus_per_node=self.cluster.gpus_per_node, dp_replicate=p.dp_replicate,
+            dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, cp=p.cp, pp_schedule=p.pp_schedule, vpp=p.vpp,
+            seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
+            micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
+        )
+        return cfg.resolve(self.model, self.hardware)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.training.seq_len
+
+
+def make_plan(
+    model: ModelSpec,
+    model_source: str,
+    hardware: HardwareProfile,
+    cfg: TrainConfig,
+    estimate: dict | None = None,
+    stack: str = "torchtitan",
+    tokens: int | None = None,
+    steps: int | None = None,
+    name: str | None = None,
+) -> Plan:
+    """A plan for one resolved configuration; `tokens` (a budget) sets the steps when `steps` is not given."""
+    cfg = cfg.resolve(model, hardware)
+    tokens_per_step = cfg.global_batch_size * cfg.seq_len
+    if steps is None:
+        steps = max(1, -(-tokens // tokens_per_step)) if tokens else 1000
+    gpn = cfg.gpus_per_node or hardware.gpus_per_node
+    nodes = max(1, cfg.gpus // gpn) if cfg.gpus >= gpn else 1
+    gpn = gpn if cfg.gpus >= gpn else cfg.gpus
+    return Plan(
+        name=name or _default_name(model.name, cfg.gpus),
+        model_source=model_source,
+        model=model,
+        hardware=hardware,
+        stack=stack,
+        cluster=Cluster(nodes=nodes, gpus_per_node=gpn),
+        parallel=Parallel(
+            dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp, pp=cfg.pp,
+            pp_schedule=cfg.pp_schedule, vpp=cfg.vpp or 1, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
+            float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp,
+        ),
+        training=Training(
+            seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens,
+            lr_schedule=LRSchedule(warmup_steps=min(200, max(0, steps // 10))),
+        ),
+        estimate=estimate,
+    )
+
+
+def _default_name(model_name: str, gpus: int) -> str:
+    import re
+
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-._") or "model"
+    return f"{base[:48]}-{gpus}gpu"
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file; one-line MeshplanError on any problem."""
+    path = Path(path)
+    if not path.exists():
+        raise MeshplanError(f"plan file not found: {path}")
+    raw = data_files.read_yaml(path)
+    try:
+        return Plan.model_validate(raw)
+    except ValidationError as exc:
+        raise data_files.one_line(exc, f"plan {path.name}") from None
+
+
+def plan_yaml(plan: Plan) -> str:
+    header = (
+        f"# meshplan plan (schema version {plan.version}): {plan.model.name} on {plan.cluster.nodes} x "
+        f"{plan.cluster.gpus_per_node} {plan.hardware.id}\n"
+        "# Launch: meshplan launch PLAN.yaml --backend torchrun|slurm|mpirun; export: meshplan export PLAN.yaml\n"
+    )
+    return header + yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False, width=110)
+
+
+def write_atomic(path: str | Path, text: str, mode: int = 0o644) -> Path:
+    """Write `text` to `path` via a temporary file and rename: never a half-written file."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise MeshplanError(f"output folder does not exist: {parent}")
+    if path.is_dir():
+        raise MeshplanError(f"output path is a folder: {path}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    return write_atomic(path, plan_yaml(plan))
