@@ -13,9 +13,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,train]'
 	touch $(STAMP)
 
-# The main job on built-in defaults.
+# The main job on built-in defaults: plan Llama 3.1 70B on 8 nodes of H100 SXM and write plan.yaml.
 run: $(STAMP)
-	$(BIN)/meshplan estimate
+	$(BIN)/meshplan plan --model llama3-70b -o plan.yaml
 
 # The whole test suite (lint first; slow tests included).
 test: $(STAMP)

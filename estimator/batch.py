@@ -104,10 +104,12 @@ def _ring_time(nbytes, n, bw, latency_s):
     return np.where(n > 1, nbytes * (n - 1) / n / bw + (n - 1) * latency_s, 0.0)
 
 
-def _group_bandwidth(hw: HardwareProfile, ranks_per_node, spans_nodes):
+def _group_bandwidth(hw: HardwareProfile, ranks_per_node, spans_nodes, nodes=2.0):
     """Per-rank ring bandwidth (B/s): NVLink inside a node; across nodes each rank drives its own NIC,
-    so `ranks_per_node` parallel rings share the node's NICs and NVLink caps the total."""
-    inter = np.minimum(hw.intra_bw, hw.inter_bw * _f(ranks_per_node))
+    so `ranks_per_node` parallel rings share the node's NICs and NVLink caps the total. Achieved network
+    bandwidth falls as a collective spans more nodes (`inter_node_scaling` per doubling beyond two)."""
+    scale = 1.0 / (1.0 + hw.inter_node_scaling * np.log2(np.maximum(_f(nodes), 2.0) / 2.0))
+    inter = np.minimum(hw.intra_bw, hw.inter_bw * scale * _f(ranks_per_node))
     return np.where(spans_nodes, inter, hw.intra_bw)
 
 
@@ -325,7 +327,8 @@ def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, 
     # FSDP all-gather (bf16 or fp8) and reduce-scatter over the dp_shard x cp group
     ranks_node_fsdp = np.maximum(1.0, np.minimum(fsdp_n, gpn / t))
     fsdp_spans = fsdp_n * t > gpn
-    fsdp_bw = _group_bandwidth(hw, ranks_node_fsdp, fsdp_spans)
+    nodes_fsdp = np.ceil(fsdp_n / ranks_node_fsdp)
+    fsdp_bw = _group_bandwidth(hw, ranks_node_fsdp, fsdp_spans, nodes_fsdp)
     fp8_ag = np.zeros(len(c), dtype=bool)
     for code, name in enumerate(FLOAT8_RECIPES):
         if name in stack.float8 and stack.float8[name].fp8_all_gather:
@@ -335,7 +338,6 @@ def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, 
     rs_bytes = p_rank * stack.reduce_bytes
     n_units = layers_rank + 2
     # latency per collective: one hop per node crossed plus the hops inside a node
-    nodes_fsdp = np.ceil(fsdp_n / ranks_node_fsdp)
     hop_lat = np.where(fsdp_n > 1, (nodes_fsdp - 1) * lat_inter + (ranks_node_fsdp - 1) * lat_intra, 0.0)
     ag_time = _ring_time(ag_bytes, fsdp_n, fsdp_bw, 0) + n_units * hop_lat
     rs_time = _ring_time(rs_bytes, fsdp_n, fsdp_bw, 0) + n_units * hop_lat
@@ -361,7 +363,7 @@ def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, 
     pp_spans = p * t * cp * ds * dr > gpn
     p2p_bytes = tok * h / t * 2.0 * 2  # activation forward + gradient backward per stage boundary
     p2p_bw = np.where(pp_spans, hw.inter_bw, hw.intra_bw)
-    pp_p2p = np.where(single, 0.0, m * v * p2p_bytes / p2p_bw * 0.5)
+    pp_p2p = np.where(single, 0.0, m * v * (p2p_bytes / p2p_bw * 0.5 + stack.pp_overhead_s_per_microbatch))
 
     # DP replicate (HSDP / DDP) gradient all-reduce across replicas, once per step, mostly overlapped
     dr_spans = world > gpn

@@ -55,6 +55,15 @@ class HardwareProfile(BaseModel):
     intra_node_efficiency: float = Field(gt=0, le=1.2, description="ring-collective busbw / intra_node_gbs")
     inter_node_gbps: float = Field(gt=0, description="per-GPU scale-out line rate, Gb/s")
     inter_node_efficiency: float = Field(gt=0, le=1, description="NCCL busbw / line rate across nodes")
+    inter_node_scaling: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "loss of achieved network bandwidth per doubling of nodes beyond two; 0 by default: the published"
+            " torchtitan runs up to 64 nodes show no measurable loss; raise it for fabrics like the Ultra-Scale"
+            " Playbook's (all-gather busbw 185 -> 11 GB/s from 2 to 64 nodes)"
+        ),
+    )
     host_ram_gib_per_node: float = Field(default=2048, gt=0, description="typical host DRAM per node, GiB")
     price: Price | None = None
     efficiency: Efficiency

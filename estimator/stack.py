@@ -50,6 +50,7 @@ class StackProfile(BaseModel):
     tp_overlap: float = Field(ge=0, le=1)
     async_tp_overlap: float = Field(ge=0, le=1)
     async_tp_gemm_factor: float = Field(gt=0, le=1)
+    pp_overhead_s_per_microbatch: float = Field(ge=0, description="schedule + P2P wait per stage per microbatch")
     cp_overlap: float = Field(ge=0, le=1)
     cp_attention_penalty: float = Field(ge=0, description="attention slowdown per extra CP rank")
     attention_factor: float = Field(gt=0, le=1.5, description="attention kernel vs flash-attention 2")

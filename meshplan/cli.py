@@ -8,10 +8,11 @@ from __future__ import annotations
 import sys
 
 import typer
+from pydantic import ValidationError
 from typer import _click
 
 from estimator.errors import MeshplanError
-from meshplan.commands import catalog, estimate, validate
+from meshplan.commands import capacity, catalog, estimate, plan, validate
 
 app = typer.Typer(
     name="meshplan",
@@ -23,6 +24,8 @@ app = typer.Typer(
 )
 app.command("estimate")(estimate.estimate_cmd)
 app.command("validate")(validate.validate_cmd)
+app.command("plan")(plan.plan_cmd)
+app.command("capacity")(capacity.capacity_cmd)
 app.command("models")(catalog.models_cmd)
 app.command("hardware")(catalog.hardware_cmd)
 
@@ -44,6 +47,11 @@ def main(argv: list[str] | None = None) -> None:
         fail(exc.format_message().replace("\n", " "), exc.exit_code or 2)
     except MeshplanError as exc:
         fail(str(exc))
+    except ValidationError as exc:  # a boundary model rejected a value the command did not pre-check
+        err = exc.errors()[0]
+        fail(f"invalid {'.'.join(str(x) for x in err['loc'])}: {err['msg']}")
+    except OSError as exc:
+        fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
     except KeyboardInterrupt:
         fail("interrupted", 130)
     sys.exit(rv if isinstance(rv, int) else 0)

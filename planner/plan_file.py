@@ -8,6 +8,7 @@ hardware profile it was made with, so it stays reproducible when presets change:
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -150,6 +151,8 @@ def make_plan(
     gpn = cfg.gpus_per_node or hardware.gpus_per_node
     nodes = max(1, cfg.gpus // gpn) if cfg.gpus >= gpn else 1
     gpn = gpn if cfg.gpus >= gpn else cfg.gpus
+    if name is not None and not re.match(SAFE_NAME, name):
+        raise MeshplanError(f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (no spaces or shell characters)")
     return Plan(
         name=name or _default_name(model.name, cfg.gpus),
         model_source=model_source,
@@ -171,8 +174,6 @@ def make_plan(
 
 
 def _default_name(model_name: str, gpus: int) -> str:
-    import re
-
     base = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-._") or "model"
     return f"{base[:48]}-{gpus}gpu"
 
@@ -183,6 +184,10 @@ def load_plan(path: str | Path) -> Plan:
     if not path.exists():
         raise MeshplanError(f"plan file not found: {path}")
     raw = data_files.read_yaml(path)
+    if raw.get("version", PLAN_VERSION) != PLAN_VERSION:
+        raise MeshplanError(
+            f"{path}: plan version {raw.get('version')!r} is not supported (this meshplan reads version {PLAN_VERSION})"
+        )
     try:
         return Plan.model_validate(raw)
     except ValidationError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -14,6 +15,7 @@ from estimator.estimate import estimate
 from estimator.hardware import load_hardware
 from estimator.model_spec import load_model
 from estimator.stack import load_stack
+from planner.plan_file import load_plan, make_plan, save_plan
 
 
 class Schedule(StrEnum):
@@ -58,12 +60,23 @@ def estimate_cmd(
     async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help="asynchronous TP (needs --tp > 1)"),
     stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan, llm-foundry"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of tables"),
+    plan_path: Path = typer.Option(None, "--plan", help="estimate the configuration of this plan file instead"),
+    output: Path = typer.Option(None, "--output", "-o", help="write a plan file for exactly this configuration"),
+    tokens: float = typer.Option(None, "--tokens", min=1, help="token budget recorded in the plan (sets steps)"),
+    name: str = typer.Option(None, "--name", help="job name in the plan (letters, digits, . _ -)"),
 ) -> None:
     """Estimate per-GPU peak memory (worst rank, peak reserved), host RAM and tokens/s/GPU of ONE configuration.
 
     Example: meshplan estimate --model llama3-70b --hardware h100-sxm --gpus 64 --tp 8 --seq-len 8192
     --global-batch-size 64 --ac full --compile --float8 tensorwise
     """
+    if plan_path is not None:
+        plan = load_plan(plan_path)
+        result = estimate(plan.model, plan.hardware, plan.train_config(), load_stack(plan.stack))
+        if output is not None:
+            save_plan(plan.model_copy(update={"estimate": result}), output)
+        print(json.dumps(result, indent=2)) if as_json else render(result)
+        return
     spec = load_model(model)
     hw = load_hardware(hardware)
     cfg = TrainConfig(
@@ -72,6 +85,9 @@ def estimate_cmd(
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
     )
     result = estimate(spec, hw, cfg, load_stack(stack))
+    if output is not None:
+        plan = make_plan(spec, model, hw, cfg, result, stack=stack, tokens=int(tokens) if tokens else None, name=name)
+        save_plan(plan, output)
     if as_json:
         print(json.dumps(result, indent=2))
         return

@@ -1,0 +1,159 @@
+"""Run configuration of the training core: parallel degrees named as torchtitan names them, plus training settings.
+
+A config is a JSON or YAML mapping (`RunConfig.load(path)`); the model is a `ModelSpec` given inline, or a preset
+name / model YAML / Hugging Face `config.json` path resolved by `estimator.model_spec.load_model`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from estimator.model_spec import ModelSpec, load_model
+
+
+class RunConfig(BaseModel):
+    """Everything one training run needs. Degrees multiply to the world size (checked by `check_world`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSpec
+    # --- parallelism (torchtitan names) ---------------------------------------------------------------
+    dp_replicate: int = Field(1, ge=1, description="HSDP replicas (data_parallel_replicate_degree)")
+    dp_shard: int = Field(1, ge=1, description="FSDP shards (data_parallel_shard_degree)")
+    cp: int = Field(1, ge=1, description="context parallel degree")
+    tp: int = Field(1, ge=1, description="tensor parallel degree (with sequence and loss parallel)")
+    pp: int = Field(1, ge=1, description="pipeline parallel degree")
+    pp_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    vpp: int = Field(1, ge=1, description="pipeline stages per rank (>1 needs Interleaved1F1B)")
+    micro_batch_size: int = Field(1, ge=1, description="sequences per microbatch per data-parallel rank")
+    global_batch_size: int = Field(8, ge=1, description="sequences per optimizer step, all ranks together")
+    seq_len: int = Field(64, ge=2)
+    ac: Literal["none", "selective", "full"] = "none"
+    compile: bool = False
+    float8: Literal["none", "tensorwise", "rowwise", "mxfp8"] = "none"
+    async_tp: bool = False
+    # --- training -------------------------------------------------------------------------------------
+    steps: int = Field(10, ge=1, description="total optimizer steps (sets the LR schedule)")
+    stop_at_step: int | None = Field(None, ge=1, description="checkpoint and exit after this step")
+    lr: float = Field(3e-4, gt=0)
+    warmup_steps: int = Field(2, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
+    seed: int = 0
+    checkpoint_interval: int = Field(0, ge=0, description="save every N steps; 0 saves only on stop/signal")
+    checkpoint_dir: str | None = Field(None, description="defaults to RUN_DIR/checkpoints")
+    keep_checkpoints: int = Field(2, ge=1)
+    resume: bool = True
+    data: str = Field("synthetic", description="'synthetic' or the path of a local text file")
+    tokenizer: str | None = Field(None, description="local Hugging Face tokenizer.json (byte-level by default)")
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    run_dir: str = "runs/latest"
+    log_every: int = Field(1, ge=1)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _resolve_model(cls, value: Any) -> Any:
+        if isinstance(value, str | Path):
+            return load_model(str(value))
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        m = self.model
+        if m.heads % self.tp or m.kv_heads % self.tp:
+            raise ValueError(f"tp ({self.tp}) must divide heads ({m.heads}) and kv_heads ({m.kv_heads})")
+        if self.tp > 1 and (m.ffn_hidden % self.tp or m.vocab % self.tp):
+            raise ValueError(f"tp ({self.tp}) must divide ffn_hidden ({m.ffn_hidden}) and vocab ({m.vocab})")
+        if self.vpp > 1 and self.pp_schedule != "Interleaved1F1B":
+            raise ValueError(f"vpp={self.vpp} needs pp_schedule Interleaved1F1B, not {self.pp_schedule}")
+        if self.pp_schedule == "Interleaved1F1B" and self.pp > 1 and self.vpp < 2:
+            raise ValueError("pp_schedule Interleaved1F1B needs vpp >= 2 stages per rank")
+        stages = self.pp * self.vpp
+        if stages > m.layers:
+            raise ValueError(f"pp*vpp = {stages} pipeline stages exceed the model's {m.layers} layers")
+        if self.pp > 1 and m.tied_embeddings:
+            raise ValueError("tied embeddings cannot be split across pipeline stages (pp > 1)")
+        if self.tp > 1 and m.tied_embeddings:
+            raise ValueError("tied embeddings are not supported with tp > 1 in this training core")
+        dp = self.dp_replicate * self.dp_shard
+        if self.global_batch_size % (dp * self.micro_batch_size):
+            raise ValueError(f"global_batch_size ({self.global_batch_size}) must divide by "
+                             f"dp_replicate*dp_shard*micro_batch_size ({dp * self.micro_batch_size})")
+        if self.pp > 1 and self.microbatches % self.pp:
+            raise ValueError(f"pipeline microbatches ({self.microbatches}) must be a multiple of pp ({self.pp})")
+        if self.seq_len % (self.cp * self.tp):
+            raise ValueError(f"seq_len ({self.seq_len}) must divide by cp*tp ({self.cp * self.tp})")
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise ValueError(f"seq_len ({self.seq_len}) must divide by 2*cp ({2 * self.cp}) for load balancing")
+        if self.async_tp and not self.compile:
+            raise ValueError("async_tp needs compile: true (it is a torch.compile pass)")
+        if self.float8 != "none" and self.tp > 1:
+            raise ValueError("float8 with tp > 1 is not supported by this training core; use FSDP with float8")
+        if self.stop_at_step is not None and self.stop_at_step > self.steps:
+            raise ValueError(f"stop_at_step ({self.stop_at_step}) is past steps ({self.steps})")
+        return self
+
+    # --- derived ---------------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def local_batch_size(self) -> int:
+        """Sequences each data-parallel rank takes per optimizer step."""
+        return self.global_batch_size // self.dp
+
+    @property
+    def microbatches(self) -> int:
+        """Gradient-accumulation microbatches per step (the pipeline microbatches when pp > 1)."""
+        return self.global_batch_size // (self.dp * self.micro_batch_size)
+
+    def check_world(self, world_size: int) -> None:
+        """Raise ValueError when the degrees do not multiply to the number of processes."""
+        if self.world_size != world_size:
+            raise ValueError(
+                f"dp_replicate*dp_shard*cp*tp*pp = {self.dp_replicate}*{self.dp_shard}*{self.cp}*{self.tp}*{self.pp}"
+                f" = {self.world_size}, but WORLD_SIZE is {world_size}")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.run_dir) / "checkpoints"
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> RunConfig:
+        """Validate a mapping, turning pydantic's report into a one-line ValueError."""
+        try:
+            return cls.model_validate(obj)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "config"
+            msg = err["msg"].removeprefix("Value error, ")
+            raise ValueError(f"invalid run config: {where}: {msg}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        """Read a JSON (`.json`) or YAML run config."""
+        path = Path(path)
+        text = path.read_text()
+        if path.suffix == ".json":
+            obj = json.loads(text)
+        else:
+            import yaml
+
+            obj = yaml.safe_load(text)
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path} must hold a mapping of fields")
+        return cls.from_dict(obj)
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

@@ -1,0 +1,215 @@
+"""`meshplan plan`: search every valid configuration, rank what fits, explain the choice, write the plan."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from estimator.errors import MeshplanError
+from estimator.estimate import estimate
+from estimator.hardware import load_hardware
+from estimator.model_spec import load_model
+from estimator.stack import load_stack
+from planner.capacity import train_time
+from planner.plan_file import make_plan, save_plan, write_atomic
+from planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
+from planner.space import SearchSpace
+from planner.tree import decision_tree, tree_text
+
+
+def _int_list(text: str | None, name: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MeshplanError(f"--{name} takes comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise MeshplanError(f"--{name} values must be positive integers, got {text!r}")
+    return values
+
+
+def _str_list(text: str | None, name: str, allowed: tuple[str, ...]) -> list[str] | None:
+    if not text:
+        return None
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise MeshplanError(f"--{name} takes a comma-separated list of {', '.join(allowed)}; got {text!r}")
+    return values
+
+
+def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | None, seq_len: int,
+               global_batch_size: int | None, global_batch_tokens: int | None, memory_margin: float,
+               objective: str, stack_name: str, space: SearchSpace, show_progress: bool) -> SearchResult:
+    """Load inputs, check the batch arguments, and run the search (with a progress bar on big spaces)."""
+    if nodes < 1:
+        raise MeshplanError(f"--nodes must be at least 1, got {nodes}")
+    model, hw, stack = load_model(model_name), load_hardware(hardware), load_stack(stack_name)
+    gpn = gpus_per_node or hw.gpus_per_node
+    if global_batch_size and global_batch_tokens:
+        raise MeshplanError("give either --global-batch-size (sequences) or --global-batch-tokens, not both")
+    if global_batch_size is None:
+        tokens = global_batch_tokens or 4 * 1024 * 1024
+        if tokens % seq_len:
+            raise MeshplanError(f"--global-batch-tokens {tokens} is not a whole number of {seq_len}-token sequences")
+        global_batch_size = tokens // seq_len
+    if global_batch_size < 1:
+        raise MeshplanError("the global batch must hold at least one sequence")
+    if not show_progress:
+        return plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch_size, memory_margin,
+                           objective, space)
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("evaluating configurations", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch_size, memory_margin,
+                           objective, space, progress)
+
+
+def plan_cmd(
+    model: str = typer.Option("llama3-70b", "--model", "-m", help="preset name, meshplan model YAML, or HF config.json"),
+    hardware: str = typer.Option("h100-sxm", "--hardware", help="hardware profile id or YAML path"),
+    nodes: int = typer.Option(8, "--nodes", help="number of nodes"),
+    gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="[default: the hardware profile's]"),
+    seq_len: int = typer.Option(8192, "--seq-len", min=1, help="tokens per sequence"),
+    global_batch_size: int = typer.Option(None, "--global-batch-size", min=1, help="sequences per optimizer step"),
+    global_batch_tokens: int = typer.Option(
+        None, "--global-batch-tokens", min=1, help="tokens per optimizer step [default: 4Mi tokens]"
+    ),
+    tokens: float = typer.Option(None, "--tokens", min=1, help="token budget: adds time-to-train and cost"),
+    top: int = typer.Option(10, "--top", min=1, help="how many ranked plans to show"),
+    memory_margin: float = typer.Option(0.9, "--memory-margin", help="fraction of usable HBM a plan may use"),
+    objective: str = typer.Option("throughput", "--objective", help="throughput | time | cost"),
+    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile"),
+    tp: str = typer.Option(None, "--tp", help="pin TP degrees, e.g. 4,8"),
+    pp: str = typer.Option(None, "--pp", help="pin PP degrees"),
+    cp: str = typer.Option(None, "--cp", help="pin CP degrees"),
+    ac: str = typer.Option(None, "--ac", help="pin AC modes: none,selective,full"),
+    float8: str = typer.Option(None, "--float8", help="pin Float8 recipes: none,tensorwise,rowwise,mxfp8"),
+    allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes", help="let TP span nodes"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    csv_path: Path = typer.Option(None, "--csv", help="write the whole sweep (rejected rows too) to this CSV"),
+    output: Path = typer.Option(None, "--output", "-o", help="write the best plan to this YAML file"),
+    name: str = typer.Option(None, "--name", help="job name in the plan (letters, digits, . _ -)"),
+) -> None:
+    """Search every valid configuration, rank what fits, explain the decision tree, write the plan.
+
+    Example: meshplan plan --model llama3-70b --hardware h100-sxm --nodes 8 --seq-len 8192
+    --global-batch-tokens 4194304 --tokens 2e12 -o plan.yaml
+    """
+    if objective not in OBJECTIVES:
+        raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    space = SearchSpace(
+        tp=_int_list(tp, "tp"), pp=_int_list(pp, "pp"), cp=_int_list(cp, "cp"),
+        ac=_str_list(ac, "ac", ("none", "selective", "full")),
+        float8=_str_list(float8, "float8", ("none", "tensorwise", "rowwise", "mxfp8")),
+        allow_tp_across_nodes=allow_tp_across_nodes,
+    )
+    res = run_search(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
+                     memory_margin, objective, stack, space,
+                     show_progress=not as_json and Console(stderr=True).is_terminal)
+    if csv_path is not None:
+        write_atomic(csv_path, sweep_csv(res))
+    if len(res.ranked) == 0:
+        raise MeshplanError(explain_empty(res))
+    tree = decision_tree(res)
+    best = int(res.ranked[0])
+    plans = []
+    for i in res.ranked[:top]:
+        est = estimate(res.model, res.hw, res.train_config(int(i)), res.stack, memory_margin)
+        plans.append({"config": est["config"], "estimate": est})
+    if output is not None:
+        plan = make_plan(res.model, model, res.hw, res.train_config(best), plans[0]["estimate"], stack=stack,
+                         tokens=int(tokens) if tokens else None, name=name)
+        save_plan(plan, output)
+    if as_json:
+        out = {
+            "plans": plans, "tree": tree, "evaluated": res.evaluated, "rejected": res.rejected,
+            "rejected_by_reason": res.reason_counts(),
+            "pareto": [{"config": res.config(int(i)), "peak_gib": round(float(res.peak_gib[i]), 2),
+                        "tokens_per_sec_per_gpu": round(float(res.tps[i]), 1)} for i in res.pareto],
+        }
+        if tokens:
+            price = res.hw.price.usd_per_gpu_hour if res.hw.price else None
+            out["time_to_train"] = train_time(tokens, float(res.tps[best]), res.world, price)
+        print(json.dumps(out, indent=2))
+        return
+    render(res, plans, tree, tokens, output)
+
+
+def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float | None, output: Path | None) -> None:
+    console = Console()
+    console.print(
+        f"[bold]{res.model.name}[/] on {res.world // res.gpus_per_node} x {res.gpus_per_node} {res.hw.id}, "
+        f"seq {res.seq_len}, global batch {res.global_batch} sequences ({res.global_batch * res.seq_len:,} tokens): "
+        f"{res.evaluated:,} configurations, {len(res.ranked):,} fit, {res.rejected:,} rejected "
+        f"({', '.join(f'{k} {v:,}' for k, v in res.reason_counts().items())})"
+    )
+    price = res.hw.price.usd_per_gpu_hour if res.hw.price else None
+    table = Table(title=f"top {len(plans)} (peak <= {res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f} GiB usable)")
+    for col in ("#", "configuration", "peak GiB", "tok/s/GPU", "MFU", "step s"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    if tokens:
+        table.add_column("days", justify="right")
+        table.add_column("cost $", justify="right")
+    for k, p in enumerate(plans, 1):
+        e = p["estimate"]
+        row = [str(k), short_config(p["config"]), f"{e['memory']['peak_gib']:.1f}",
+               f"{e['throughput']['tokens_per_sec_per_gpu']:,.0f}", f"{e['throughput']['mfu'] * 100:.1f}%",
+               f"{e['throughput']['step_time_s']:.2f}"]
+        if tokens:
+            t = train_time(tokens, e["throughput"]["tokens_per_sec_per_gpu"], res.world, price)
+            row += [f"{t['days']:.1f}", f"{t['cost_usd']:,.0f}" if t["cost_usd"] is not None else "-"]
+        table.add_row(*row, style="bold green" if k == 1 else None)
+    console.print(table)
+    console.print("[bold]decision tree[/]")
+    console.print(tree_text(tree), highlight=False, markup=False)
+    if output is not None:
+        console.print(f"wrote {output} (launch: meshplan launch {output} --backend torchrun|slurm|mpirun)")
+
+
+def sweep_csv(res: SearchResult) -> str:
+    """The whole sweep as CSV: every configuration, its estimate or why it was rejected."""
+    buf = io.StringIO()
+    c = res.configs
+    cols = ["dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size", "ac", "float8",
+            "compile", "async_tp", "status", "peak_gib", "tokens_per_sec_per_gpu", "mfu", "step_time_s", "reason"]
+    w = csv.writer(buf)
+    w.writerow(cols)
+    from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+
+    reasons_cache: dict = {}
+    for i in range(res.evaluated):
+        code = int(res.reason[i])
+        if code == 0:
+            status, reason = "fits", ""
+        else:
+            status = "oom" if code == 9 else "invalid"
+            key = (code, i) if code == 9 else (code, int(c.tp[i]), int(c.pp[i]), int(c.cp[i]), int(c.vpp[i]),
+                                               int(c.micro_batch[i]), int(c.float8[i]), int(c.dp_shard[i]))
+            reason = reasons_cache.get(key)
+            if reason is None:
+                reason = res.reason_text(i)
+                if code != 9:
+                    reasons_cache[key] = reason
+        w.writerow([
+            int(c.dp_replicate[i]), int(c.dp_shard[i]), int(c.cp[i]), int(c.tp[i]), int(c.pp[i]),
+            PP_SCHEDULES[int(c.schedule[i])], int(c.vpp[i]), int(c.micro_batch[i]), AC_MODES[int(c.ac[i])],
+            FLOAT8_RECIPES[int(c.float8[i])], bool(c.compile[i]), bool(c.async_tp[i]), status,
+            "" if np.isnan(res.peak_gib[i]) else round(float(res.peak_gib[i]), 3),
+            "" if np.isnan(res.tps[i]) else round(float(res.tps[i]), 1),
+            "" if np.isnan(res.mfu[i]) else round(float(res.mfu[i]), 4),
+            "" if np.isnan(res.step_s[i]) else round(float(res.step_s[i]), 4), reason,
+        ])
+    return buf.getvalue()

@@ -1,0 +1,118 @@
+"""Helpers shared by the exporters: comment-safe text, shell quoting, the header every export carries."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import textwrap
+
+from estimator.errors import MeshplanError
+from planner.export.env import EnvVar
+from planner.plan_file import Plan
+
+# llama3 presets that torchtitan ships under the same shapes: preset name -> (0.2 flavor, 0.3 config function)
+LLAMA3_PRESETS = {
+    "llama3-8b": ("8B", "llama3_8b", "./assets/hf/Llama-3.1-8B"),
+    "llama3-70b": ("70B", "llama3_70b", "./assets/hf/Llama-3.1-70B"),
+    "llama3-405b": ("405B", "llama3_405b", "./assets/hf/Llama-3.1-405B"),
+}
+
+
+def q(value: object) -> str:
+    """Shell-quote one value (str() first); the result is always a single inert word."""
+    return shlex.quote(str(value))
+
+
+def one_line(text: object) -> str:
+    """Text safe inside a `#` comment: control and other non-printable characters (newlines!) become spaces."""
+    return re.sub(r"\s+", " ", "".join(ch if ch.isprintable() else " " for ch in str(text))).strip()
+
+
+def comment(text: object, width: int = 108, prefix: str = "# ") -> list[str]:
+    return [prefix + line for line in textwrap.wrap(one_line(text), width) or [""]]
+
+
+def safe_token(text: str) -> str:
+    """A name restricted to letters, digits and . _ - (for places like #SBATCH lines that are not shell)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "meshplan"
+
+
+def preset_of(plan: Plan) -> str | None:
+    """The torchtitan llama3 preset this plan's model IS (same shapes as meshplan's preset), else None."""
+    from estimator.model_spec import load_model
+
+    for name in (plan.model_source, plan.model.name):
+        if name in LLAMA3_PRESETS:
+            try:
+                ref = load_model(name)
+            except MeshplanError:
+                return None
+            ignore = {"name", "description"}
+            if ref.model_dump(exclude=ignore) == plan.model.model_dump(exclude=ignore):
+                return name
+    return None
+
+
+def dp_degree(plan: Plan) -> int:
+    return plan.parallel.dp_replicate * plan.parallel.dp_shard
+
+
+def check_batch(plan: Plan) -> int:
+    """Microbatches per optimizer step per DP rank; MeshplanError when the batch does not divide."""
+    dp, mbs, gbs = dp_degree(plan), plan.parallel.micro_batch_size, plan.training.global_batch_size
+    if gbs % (dp * mbs):
+        raise MeshplanError(
+            f"global batch {gbs} does not divide into data-parallel degree {dp} x micro-batch {mbs}; fix the plan"
+        )
+    return gbs // (dp * mbs)
+
+
+def describe(plan: Plan) -> list[str]:
+    """Plain-text lines describing the plan (used in every export's header)."""
+    c, p, t = plan.cluster, plan.parallel, plan.training
+    m = plan.model
+    pp = f" ({p.pp_schedule}, {p.vpp} stages per rank)" if p.pp > 1 else ""
+    feats = [f"AC {p.ac}", f"compile {'on' if p.compile else 'off'}", f"float8 {p.float8}"]
+    if p.async_tp:
+        feats.append("async TP")
+    lines = [
+        f"plan: {plan.name}",
+        f"model: {m.name} ({m.params / 1e9:.2f} B params, {m.layers} layers) from {plan.model_source}",
+        f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {plan.hardware.id} = {c.gpus} GPUs",
+        f"parallel: dp_replicate {p.dp_replicate} x dp_shard {p.dp_shard} x cp {p.cp} x tp {p.tp} x pp {p.pp}"
+        f"{pp}; {', '.join(feats)}",
+        f"training: seq_len {t.seq_len}, global batch {t.global_batch_size} sequences "
+        f"({plan.tokens_per_step:,} tokens), micro-batch {p.micro_batch_size}, {t.steps} steps",
+        estimate_line(plan),
+    ]
+    return lines
+
+
+def estimate_line(plan: Plan) -> str:
+    est = plan.estimate or {}
+    mem, thr = est.get("memory") or {}, est.get("throughput") or {}
+    parts = []
+    if isinstance(mem.get("peak_gib"), int | float):
+        usable = mem.get("usable_gib")
+        of = f" of {usable:.1f} usable" if isinstance(usable, int | float) else ""
+        parts.append(f"peak {mem['peak_gib']:.1f} GiB/GPU{of}")
+    if isinstance(thr.get("tokens_per_sec_per_gpu"), int | float):
+        parts.append(f"{thr['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU")
+    if isinstance(thr.get("mfu"), int | float):
+        parts.append(f"MFU {thr['mfu'] * 100:.1f}%")
+    if not parts:
+        return "estimate: none stored in the plan (run `meshplan estimate --plan PLAN`)"
+    return "estimate: " + ", ".join(parts)
+
+
+def env_lines(envs: list[EnvVar]) -> list[str]:
+    out = [
+        "# Environment defaults (meshplan's data/launch/env.yaml). A value already set in the environment wins.",
+    ]
+    for e in envs:
+        value = q(e.value)
+        if value != e.value:  # validated on load; never let a quoted value land inside double quotes
+            raise MeshplanError(f"environment default {e.name} has a value that is not shell-inert")
+        out += comment(f"{e.name}: {e.why}")
+        out.append(f'export {e.name}="${{{e.name}:-{value}}}"')
+    return out

@@ -1,0 +1,212 @@
+"""Search: evaluate every configuration through the estimator's batched path, keep what fits, rank it.
+
+`plan_search` returns a :class:`SearchResult` holding the whole sweep as arrays (valid and rejected,
+with reasons), the ranking of what fits, and the Pareto front of throughput against memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from estimator.batch import GIB, ConfigArrays, estimate_arrays
+from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
+from estimator.errors import MeshplanError
+from estimator.hardware import HardwareProfile
+from estimator.model_spec import ModelSpec
+from estimator.stack import StackProfile
+from planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
+
+OBJECTIVES = ("throughput", "time", "cost")
+CHUNK = 250_000
+
+
+@dataclass
+class SearchResult:
+    model: ModelSpec
+    hw: HardwareProfile
+    stack: StackProfile
+    world: int
+    gpus_per_node: int
+    seq_len: int
+    global_batch: int
+    memory_margin: float
+    objective: str
+    configs: ConfigArrays
+    reason: np.ndarray  # 0 = fits, 1..8 rule broken, 9 = does not fit in memory
+    peak_gib: np.ndarray  # NaN where a rule was broken
+    tps: np.ndarray  # tokens/s/GPU, NaN where a rule was broken
+    step_s: np.ndarray
+    mfu: np.ndarray
+    ranked: np.ndarray  # indices of fitting configurations, best first
+    pareto: np.ndarray  # indices on the throughput-vs-memory Pareto front (fitting only)
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.reason)
+
+    @property
+    def rejected(self) -> int:
+        return int((self.reason != 0).sum())
+
+    @property
+    def limit_gib(self) -> float:
+        return self.hw.usable_hbm_gib * self.memory_margin
+
+    def config(self, i: int) -> dict:
+        """Configuration `i` with torchtitan's names (the plan's `parallel` block plus batch and world)."""
+        c = self.configs
+        return {
+            "gpus": self.world,
+            "gpus_per_node": self.gpus_per_node,
+            "dp_replicate": int(c.dp_replicate[i]),
+            "dp_shard": int(c.dp_shard[i]),
+            "cp": int(c.cp[i]),
+            "tp": int(c.tp[i]),
+            "pp": int(c.pp[i]),
+            "pp_schedule": PP_SCHEDULES[int(c.schedule[i])],
+            "vpp": int(c.vpp[i]),
+            "seq_len": self.seq_len,
+            "global_batch_size": self.global_batch,
+            "micro_batch_size": int(c.micro_batch[i]),
+            "ac": AC_MODES[int(c.ac[i])],
+            "float8": FLOAT8_RECIPES[int(c.float8[i])],
+            "compile": bool(c.compile[i]),
+            "async_tp": bool(c.async_tp[i]),
+        }
+
+    def train_config(self, i: int) -> TrainConfig:
+        return TrainConfig(**self.config(i))
+
+    def reason_text(self, i: int) -> str:
+        code = int(self.reason[i])
+        extra = {}
+        if code == 9:
+            extra = dict(peak_gib=float(self.peak_gib[i]), limit_gib=self.limit_gib, margin=self.memory_margin,
+                         usable_gib=self.hw.usable_hbm_gib)
+        return describe_reason(code, self.model, self.hw, self.config(i), extra)
+
+    def reason_counts(self) -> dict[str, int]:
+        codes, counts = np.unique(self.reason[self.reason > 0], return_counts=True)
+        return {REASON_KEYS[int(k)]: int(v) for k, v in zip(codes, counts, strict=True)}
+
+
+RANK_BAND = 0.01  # configurations within 1 % throughput of each other rank by lower memory
+
+
+def _order(tps: np.ndarray, peak: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Best first: highest tokens/s/GPU in 1 % bands (the estimate is not finer than that), then lowest
+    memory, then highest exact throughput. With the world size and hardware fixed, time-to-train and
+    cost order the same way as throughput."""
+    if len(idx) == 0:
+        return idx
+    band = np.floor(np.log(tps[idx]) / np.log1p(RANK_BAND))
+    return idx[np.lexsort((-tps[idx], peak[idx], -band))]
+
+
+def pareto_front(tps: np.ndarray, peak: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Indices in `idx` not dominated in (higher tokens/s/GPU, lower memory), by increasing memory."""
+    if len(idx) == 0:
+        return idx
+    order = idx[np.lexsort((-tps[idx], peak[idx]))]
+    best = -np.inf
+    keep = []
+    for i in order:
+        if tps[i] > best:
+            keep.append(i)
+            best = tps[i]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def plan_search(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    stack: StackProfile,
+    world: int,
+    gpus_per_node: int,
+    seq_len: int,
+    global_batch: int,
+    memory_margin: float = 0.9,
+    objective: str = "throughput",
+    space: SearchSpace | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """Evaluate every configuration; `progress(done, total)` is called per chunk on large spaces."""
+    if world < 1 or gpus_per_node < 1:
+        raise MeshplanError("the cluster needs at least one node of at least one GPU")
+    if seq_len < 1 or global_batch < 1:
+        raise MeshplanError("seq_len and the global batch must be positive")
+    if not 0 < memory_margin <= 1:
+        raise MeshplanError(f"--memory-margin must be in (0, 1], got {memory_margin}")
+    if objective not in OBJECTIVES:
+        raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+    configs, reason = enumerate_space(model, hw, world, gpus_per_node, seq_len, global_batch, space)
+    n = len(reason)
+    peak = np.full(n, np.nan)
+    tps = np.full(n, np.nan)
+    step = np.full(n, np.nan)
+    mfu = np.full(n, np.nan)
+    valid = np.flatnonzero(reason == 0)
+    for start in range(0, len(valid), CHUNK):
+        idx = valid[start : start + CHUNK]
+        sub = ConfigArrays(**{k: v[idx] for k, v in vars(configs).items()})
+        r = estimate_arrays(model, hw, stack, sub)
+        peak[idx] = r["peak_bytes"] / GIB
+        tps[idx] = r["tokens_per_sec_per_gpu"]
+        step[idx] = r["step_time_s"]
+        mfu[idx] = r["mfu"]
+        if progress:
+            progress(min(start + CHUNK, len(valid)), len(valid))
+    limit = hw.usable_hbm_gib * memory_margin
+    reason[(reason == 0) & (peak > limit)] = 9
+    fits = np.flatnonzero(reason == 0)
+    ranked = _order(tps, peak, fits)
+    return SearchResult(
+        model=model, hw=hw, stack=stack, world=world, gpus_per_node=gpus_per_node, seq_len=seq_len,
+        global_batch=global_batch, memory_margin=memory_margin, objective=objective, configs=configs,
+        reason=reason, peak_gib=peak, tps=tps, step_s=step, mfu=mfu, ranked=ranked,
+        pareto=pareto_front(tps, peak, fits),
+    )
+
+
+def explain_empty(res: SearchResult) -> str:
+    """Why nothing fits: the closest configuration and what the rules rejected."""
+    counts = res.reason_counts()
+    mem = np.flatnonzero(res.reason == 9)
+    if len(mem):
+        i = mem[np.nanargmin(res.peak_gib[mem])]
+        return (
+            f"no configuration of {res.model.name} fits on {res.world} x {res.hw.id}: the smallest peak is "
+            f"{res.peak_gib[i]:.1f} GiB > {res.limit_gib:.1f} GiB ({res.memory_margin:.0%} of usable) with "
+            f"{_short(res.config(i))}; add nodes, pick a larger-memory GPU, or shorten the sequence"
+        )
+    if not counts:
+        return "the search space is empty"
+    worst = max(counts, key=counts.get)
+    return (
+        f"no configuration of {res.model.name} is valid on {res.world} GPUs: every candidate breaks a rule "
+        f"(most often {worst}: e.g. {res.reason_text(int(np.flatnonzero(res.reason > 0)[0]))})"
+    )
+
+
+def _short(cfg: dict) -> str:
+    parts = [f"dp {cfg['dp_replicate']}x{cfg['dp_shard']}"]
+    for k in ("tp", "pp", "cp"):
+        if cfg[k] > 1:
+            parts.append(f"{k} {cfg[k]}")
+    if cfg["pp"] > 1:
+        parts.append(cfg["pp_schedule"] + (f"/v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
+    parts.append(f"mbs {cfg['micro_batch_size']}")
+    parts.append(f"AC {cfg['ac']}")
+    if cfg["float8"] != "none":
+        parts.append(f"fp8 {cfg['float8']}")
+    if cfg["compile"]:
+        parts.append("compile")
+    if cfg["async_tp"]:
+        parts.append("async TP")
+    return ", ".join(parts)
+
+
+short_config = _short

@@ -1,0 +1,175 @@
+"""The search space: every configuration of one model on one cluster, as arrays, with the reason each
+rejected configuration breaks a rule.
+
+Degrees are enumerated so that dp_replicate x dp_shard x cp x tp x pp equals the world size; the other
+knobs (schedule, stages per rank, micro-batch, AC, Float8, compile, async TP) are crossed with them.
+Rule violations are kept, not dropped, so a user can see why a configuration is not on the list.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from estimator.batch import ConfigArrays
+from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+from estimator.hardware import HardwareProfile
+from estimator.model_spec import ModelSpec
+
+# Rejection reasons, by code (0 = valid). The text is formatted with the configuration's values.
+REASONS = {
+    1: "tp {tp} does not divide the {heads} attention heads and {kv_heads} KV heads",
+    2: "tp {tp} spans nodes of {gpus_per_node} GPUs (TP traffic would cross the network)",
+    3: "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers",
+    4: "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill",
+    5: "cp {cp} does not divide seq_len {seq_len} into 2*cp load-balanced chunks",
+    6: "global batch {global_batch} does not divide into dp {dp} x micro-batch {micro_batch}",
+    7: "float8 needs fp8 tensor cores; {hardware} has none",
+    8: "mxfp8 needs MX formats (Blackwell); {hardware} lacks them",
+    9: "does not fit: peak {peak_gib:.1f} GiB > {limit_gib:.1f} GiB ({margin:.0%} of {usable_gib:.1f} usable)",
+}
+REASON_KEYS = {1: "tp_heads", 2: "tp_across_nodes", 3: "pp_layers", 4: "pp_microbatches", 5: "cp_seq",
+               6: "batch_divides", 7: "float8_unsupported", 8: "mxfp8_unsupported", 9: "memory"}
+
+
+@dataclass
+class SearchSpace:
+    """Which values each knob may take; a field left None takes every valid value."""
+
+    tp: list[int] | None = None
+    pp: list[int] | None = None
+    cp: list[int] | None = None
+    dp_replicate: list[int] | None = None
+    pp_schedule: list[str] | None = None
+    vpp: list[int] | None = None
+    micro_batch_size: list[int] | None = None
+    ac: list[str] | None = None
+    float8: list[str] | None = None
+    compile: list[bool] | None = None
+    async_tp: list[bool] | None = None
+    allow_tp_across_nodes: bool = False
+    pins: dict = field(default_factory=dict)
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_space(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    world: int,
+    gpus_per_node: int,
+    seq_len: int,
+    global_batch: int,
+    space: SearchSpace | None = None,
+) -> tuple[ConfigArrays, np.ndarray]:
+    """All configurations (ConfigArrays) and a reason code per configuration (0 = passes every rule)."""
+    sp = space or SearchSpace()
+    big = max(world, gpus_per_node)
+    tps = sp.tp or [t for t in _pow2_upto(min(big, 64)) if t <= world]
+    pps = sp.pp or [p for p in _pow2_upto(min(world, 128)) if p <= max(model.layers, 1) * 2]
+    cps = sp.cp or [c for c in _pow2_upto(min(world, 32))]
+    structural = []  # (dr, ds, cp, tp, pp)
+    for tp, pp, cp in itertools.product(tps, pps, cps):
+        if world % (tp * pp * cp):
+            continue
+        dp = world // (tp * pp * cp)
+        drs = sp.dp_replicate or sorted({d for d in _divisors(dp) if d & (d - 1) == 0 or d == dp})
+        for dr in drs:
+            if dp % dr:
+                continue
+            structural.append((dr, dp // dr, cp, tp, pp))
+    sched_opts = []  # (schedule code, vpp) for pp > 1
+    for name in sp.pp_schedule or list(PP_SCHEDULES):
+        code = PP_SCHEDULES.index(name)
+        vpps = (sp.vpp or [2, 4]) if name == "Interleaved1F1B" else [1]
+        for v in vpps:
+            if name == "Interleaved1F1B" and v < 2:
+                continue
+            sched_opts.append((code, v))
+    ac_codes = [AC_MODES.index(a) for a in (sp.ac or list(AC_MODES))]
+    f8_names = sp.float8 or (["none", "tensorwise", "rowwise"] + (["mxfp8"] if hw.mx_formats else []))
+    f8_codes = [FLOAT8_RECIPES.index(f) for f in f8_names]
+    comp = [int(c) for c in (sp.compile if sp.compile is not None else [False, True])]
+    mbs_all = sp.micro_batch_size or [1, 2, 4, 8, 16]
+
+    rows = []
+    for dr, ds, cp, tp, pp in structural:
+        local = global_batch // (dr * ds) if global_batch % (dr * ds) == 0 else 0
+        mbs_opts = [m for m in mbs_all if local == 0 or m <= local] or [1]
+        scheds = sched_opts if pp > 1 else [(PP_SCHEDULES.index("1F1B"), 1)]
+        atps = [int(a) for a in (sp.async_tp if sp.async_tp is not None else [False, True])] if tp > 1 else [0]
+        for (sc, v), mb in itertools.product(scheds, mbs_opts):
+            rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps))
+    # cross the per-structure rows with AC x float8 x compile (x async TP) in numpy
+    base = []
+    for dr, ds, cp, tp, pp, v, sc, mb, atps in rows:
+        for a in atps:
+            base.append((dr, ds, cp, tp, pp, v, sc, mb, a))
+    if not base:
+        base = [(1, world, 1, 1, 1, 1, 1, 1, 0)]
+    b = np.asarray(base, dtype=np.int64)
+    knobs = np.asarray(list(itertools.product(ac_codes, f8_codes, comp)), dtype=np.int64)
+    nb, nk = len(b), len(knobs)
+    bi = np.repeat(np.arange(nb), nk)
+    ki = np.tile(np.arange(nk), nb)
+    n = nb * nk
+    col = lambda j: b[bi, j]  # noqa: E731
+    arrays = ConfigArrays(
+        dp_replicate=col(0), dp_shard=col(1), cp=col(2), tp=col(3), pp=col(4), vpp=col(5), schedule=col(6),
+        micro_batch=col(7), async_tp=col(8), ac=knobs[ki, 0], float8=knobs[ki, 1], compile=knobs[ki, 2],
+        seq_len=np.full(n, seq_len, dtype=np.int64), global_batch=np.full(n, global_batch, dtype=np.int64),
+        gpus_per_node=np.full(n, gpus_per_node, dtype=np.int64),
+    )
+    return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
+
+
+def rule_reasons(model: ModelSpec, hw: HardwareProfile, c: ConfigArrays, allow_tp_across_nodes: bool) -> np.ndarray:
+    """Reason code per configuration for the first rule it breaks (0: none), in REASONS order."""
+    reason = np.zeros(len(c), dtype=np.int64)
+
+    def mark(code: int, bad: np.ndarray) -> None:
+        reason[(reason == 0) & bad] = code
+
+    dp = c.dp_replicate * c.dp_shard
+    mark(1, (model.heads % c.tp != 0) | (model.kv_heads % c.tp != 0) | (model.ffn_hidden % c.tp != 0))
+    if not allow_tp_across_nodes:
+        mark(2, c.tp > c.gpus_per_node)
+    mark(3, c.pp * c.vpp > model.layers)
+    divisible = c.global_batch % (dp * c.micro_batch) == 0
+    micro = np.where(divisible, c.global_batch // np.maximum(dp * c.micro_batch, 1), 0)
+    mark(4, (c.pp > 1) & divisible & (micro < c.pp))
+    mark(5, (c.cp > 1) & (c.seq_len % (2 * c.cp) != 0))
+    mark(6, ~divisible)
+    if not hw.supports_fp8:
+        mark(7, c.float8 > 0)
+    elif not hw.mx_formats:
+        mark(8, c.float8 == FLOAT8_RECIPES.index("mxfp8"))
+    return reason
+
+
+def describe_reason(code: int, model: ModelSpec, hw: HardwareProfile, cfg: dict, extra: dict | None = None) -> str:
+    """Human text for one configuration's reason code."""
+    if code == 0:
+        return ""
+    values = dict(cfg)
+    values.update(
+        heads=model.heads, kv_heads=model.kv_heads, layers=model.layers, hardware=hw.id,
+        stages=cfg.get("pp", 1) * cfg.get("vpp", 1), dp=cfg.get("dp_replicate", 1) * cfg.get("dp_shard", 1),
+        global_batch=cfg.get("global_batch_size"), micro_batch=cfg.get("micro_batch_size"),
+    )
+    dp_mb = values["dp"] * max(1, values["micro_batch"] or 1)
+    values.setdefault("microbatches", (values["global_batch"] or 0) // dp_mb)
+    values.update(extra or {})
+    return REASONS[code].format(**values)
