@@ -10,7 +10,7 @@ STAMP := $(VENV)/.meshplan-installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,train]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,train,ui]'
 	touch $(STAMP)
 
 # The main job on built-in defaults: plan Llama 3.1 70B on 8 nodes of H100 SXM and write plan.yaml.
