@@ -113,12 +113,16 @@ def _group_bandwidth(hw: HardwareProfile, ranks_per_node, spans_nodes, nodes=2.0
     return np.where(spans_nodes, inter, hw.intra_bw)
 
 
-def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, c: ConfigArrays) -> dict:
+def estimate_arrays(
+    model: ModelSpec, hw: HardwareProfile, stack: StackProfile, c: ConfigArrays, stage=None
+) -> dict:
     """Estimate every configuration in `c`. Returns a dict of float arrays (bytes, seconds, tokens/s).
 
+    Memory is for the worst pipeline stage (the first or the last), or for pipeline stage `stage`
+    (an int or an array of ints, 0-based) when given.
     Keys: one per MEMORY_CATEGORIES entry (bytes, worst rank), `peak_bytes`, `allocated_bytes`,
     `host_bytes_per_node`, `host_full_load_bytes_per_node`, one per TIME_CATEGORIES entry (seconds per
-    optimizer step), `step_time_s`, `tokens_per_sec_per_gpu`, `mfu`, `worst_stage` (0 first, 1 last).
+    optimizer step), `step_time_s`, `tokens_per_sec_per_gpu`, `mfu`, `worst_stage` (0-based pipeline stage index).
     """
     h, L, V = float(model.hidden), float(model.layers), float(model.vocab)
     q, kv, F = float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
@@ -170,20 +174,17 @@ def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, 
     act_tok = np.where(full_ac, a_full, np.where(sel_ac, a_sel, a_none))
     act_tok = act_tok * np.where(comp & ~full_ac, stack.compile_activation_factor, 1.0)
 
-    # microbatch-layers in flight on the worst (first) stage
+    # microbatch-layers in flight on pipeline stage k: 1F1B keeps min(m, p - k) microbatches on stage k,
+    # interleaved 1F1B adds (p - 1 - k) / v more chunk-microbatches, GPipe keeps all m.
     sched = c.schedule
     per_stage_layers = L / (p * v)
-    inflight_1f1b = np.minimum(m, p) * per_stage_layers * v
-    inflight_inter = per_stage_layers * v * (np.minimum(m, p) + (p - 1) / v)
-    inflight_gpipe = m * layers_rank
-    inflight = np.where(
-        single,
-        L,
-        np.where(sched == 0, inflight_gpipe, np.where(sched == 2, inflight_inter, inflight_1f1b)),
-    )
-    activations = act_tok * tok * inflight
-    # the last stage holds only the in-flight microbatches that reached it (one at a time in 1F1B)
-    act_last = np.where(single, activations, act_tok * tok * layers_rank * np.where(sched == 0, m, 1.0))
+
+    def inflight(k):
+        ahead = np.minimum(m, p - k)
+        one_f = ahead * per_stage_layers * v
+        inter = per_stage_layers * v * (ahead + (p - 1 - k) / v)
+        gpipe = m * layers_rank
+        return np.where(single, L, np.where(sched == 0, gpipe, np.where(sched == 2, inter, one_f)))
 
     # ---- model state and unsharded buffers --------------------------------------------------------
     def state_and_buffers(prank):
@@ -208,17 +209,26 @@ def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, 
     logits_el = np.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
     logits = logits_el * tok * vocab_rank
 
-    stage_alloc = []
-    stage_parts = []
-    for prank, acts, has_logits in ((p_first, activations, single), (p_last, act_last, np.ones_like(single))):
+    def stage_memory(k):
+        """(allocated bytes, parts in MEMORY_CATEGORIES order without fragmentation) of stage k."""
+        first, last = k == 0, k == p - 1
+        prank = blocks + np.where(first, emb, 0.0) + np.where(last, out, 0.0)
         pf, gf, opt, up, ug = state_and_buffers(prank)
-        lg = np.where(has_logits, logits, 0.0)
+        acts = act_tok * tok * inflight(k)
+        lg = np.where(last, logits, 0.0)
         alloc = pf + gf + opt + up + ug + acts + np.maximum(lg, transient)
-        stage_alloc.append(alloc)
-        stage_parts.append((pf, gf, opt, up, ug, acts, lg, np.where(lg > transient, 0.0, transient)))
-    worst_last = stage_alloc[1] > stage_alloc[0]
-    parts = [np.where(worst_last, b, a) for a, b in zip(*stage_parts, strict=True)]
-    allocated = np.maximum(stage_alloc[0], stage_alloc[1])
+        return alloc, (pf, gf, opt, up, ug, acts, lg, np.where(lg > transient, 0.0, transient))
+
+    if stage is None:
+        (a0, parts0), (a1, parts1) = stage_memory(np.zeros_like(p)), stage_memory(p - 1)
+        worst_last = a1 > a0
+        parts = [np.where(worst_last, b, a) for a, b in zip(parts0, parts1, strict=True)]
+        allocated = np.maximum(a0, a1)
+        worst_stage = np.where(worst_last, p - 1, 0.0)
+    else:
+        k = np.minimum(_f(stage), p - 1)
+        allocated, parts = stage_memory(k)
+        worst_stage = k
     usable = hw.usable_hbm_gib * GIB
     reserved = allocated * (1 + stack.fragmentation)
     # near the limit the caching allocator frees cached blocks and retries instead of growing
@@ -227,7 +237,7 @@ def estimate_arrays(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, 
     out_mem["fragmentation"] = reserved - allocated
     out_mem["peak_bytes"] = reserved
     out_mem["allocated_bytes"] = allocated
-    out_mem["worst_stage"] = worst_last.astype(np.float64)
+    out_mem["worst_stage"] = worst_stage
 
     # ---- host RAM per node: DCP loads/saves each rank's shard; plus each process's own footprint ---
     ranks_node = np.minimum(gpn, world)

@@ -69,7 +69,8 @@ def estimate(
             "usable_gib": _r(usable),
             "fits": bool(peak <= usable * memory_margin),
             "breakdown_gib": {k: _r(r[k] / GIB) for k in MEMORY_CATEGORIES},
-            "worst_rank": "last pipeline stage" if r["worst_stage"] > 0.5 else "first pipeline stage",
+            "worst_rank": _stage_name(int(r["worst_stage"]), cfg.pp),
+            "per_stage": per_stage(model, hw, stack, cfg) if cfg.pp > 1 else [],
             "host_ram_gib_per_node": _r(host, 1),
             "host_ram_full_load_gib_per_node": _r(full_load, 1),
         },
@@ -84,6 +85,32 @@ def estimate(
         },
         "warnings": warnings,
     }
+
+
+MAX_STAGES_LISTED = 64
+
+
+def _stage_name(k: int, pp: int) -> str:
+    if pp == 1:
+        return "every rank (no pipeline)"
+    return {0: "first pipeline stage", pp - 1: "last pipeline stage"}.get(k, f"pipeline stage {k}")
+
+
+def per_stage(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, cfg: TrainConfig) -> list[dict]:
+    """Peak reserved memory and its breakdown (GiB) for each pipeline stage of a resolved config."""
+    import numpy as np
+
+    n = min(cfg.pp, MAX_STAGES_LISTED)
+    arrays = ConfigArrays.from_configs([cfg] * n)
+    r = estimate_arrays(model, hw, stack, arrays, stage=np.arange(n))
+    return [
+        {
+            "stage": k,
+            "peak_gib": _r(r["peak_bytes"][k] / GIB),
+            "breakdown_gib": {c: _r(r[c][k] / GIB) for c in MEMORY_CATEGORIES},
+        }
+        for k in range(n)
+    ]
 
 
 def config_dict(cfg: TrainConfig) -> dict:

@@ -130,3 +130,19 @@ def test_breakdowns_add_up():
     e = estimate(M8, H100, TrainConfig(gpus=64, tp=2, pp=2, seq_len=8192, global_batch_size=64), TT)
     assert sum(e["memory"]["breakdown_gib"].values()) == pytest.approx(e["memory"]["peak_gib"], abs=0.02)
     assert sum(e["throughput"]["breakdown_s"].values()) == pytest.approx(e["throughput"]["step_time_s"], rel=1e-3)
+
+
+def test_per_stage_memory_worst_is_the_peak():
+    m405 = load_model("llama3-405b")
+    cfg = TrainConfig(gpus=512, tp=8, pp=8, seq_len=8192, global_batch_size=256, ac="full")
+    e = estimate(m405, H100, cfg, TT)
+    stages = e["memory"]["per_stage"]
+    assert len(stages) == 8 and [s["stage"] for s in stages] == list(range(8))
+    assert max(s["peak_gib"] for s in stages) == pytest.approx(e["memory"]["peak_gib"], abs=1e-3)
+    # 1F1B: earlier stages hold more microbatches in flight
+    acts = [s["breakdown_gib"]["activations"] for s in stages]
+    assert acts == sorted(acts, reverse=True) and acts[0] > acts[-1]
+    # only the last stage carries the logits
+    assert stages[-1]["breakdown_gib"]["logits_loss"] > 0 and stages[0]["breakdown_gib"]["logits_loss"] == 0
+    for s in stages:
+        assert sum(s["breakdown_gib"].values()) == pytest.approx(s["peak_gib"], abs=0.02)
