@@ -1,0 +1,169 @@
+"""Measured next to predicted: read a run directory and set its metrics beside the plan's estimate.
+
+A run directory holds `plan.yaml` (copied there by `meshplan launch`) and `metrics.jsonl` (one object per
+optimizer step, written by rank 0 of the training core). Optionally appends the run to a CSV in the
+ground-truth schema (`shared/ground_truth/runs.csv`), so measured runs can check the estimator later.
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from estimator.errors import MeshplanError
+from estimator.estimate import estimate
+from estimator.stack import load_stack
+from estimator.validate import CONFIG_COLUMNS, MEASURED_COLUMNS
+from planner.plan_file import Plan, load_plan
+
+WARMUP_STEPS = 2  # the first steps include compilation and allocator warm-up; medians skip them
+GROUND_TRUTH_COLUMNS = (
+    "id", "source", "framework", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+    "tied_embeddings", "mlp", "seq_len", "hardware", "gpus", "gpus_per_node", "dp_replicate", "dp_shard", "tp",
+    "pp", "pp_schedule", "vpp", "cp", "global_batch_size", "micro_batch_size", "precision", "float8_recipe",
+    "compile", "ac", "async_tp", "measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status", "notes",
+)
+assert set(CONFIG_COLUMNS) | set(MEASURED_COLUMNS) <= set(GROUND_TRUTH_COLUMNS)
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    plan: Plan
+    steps: int
+    device: str
+    measured_tps_per_gpu: float
+    measured_step_time_s: float
+    measured_peak_gib: float
+    measured_mfu: float | None
+    final_loss: float
+    predicted: dict
+
+    @property
+    def tps_error(self) -> float:
+        return self.predicted["throughput"]["tokens_per_sec_per_gpu"] / self.measured_tps_per_gpu - 1
+
+    @property
+    def mem_error(self) -> float:
+        return self.predicted["memory"]["peak_gib"] / self.measured_peak_gib - 1
+
+    def as_dict(self) -> dict:
+        p = self.predicted
+        return {
+            "run_dir": str(self.run_dir),
+            "device": self.device,
+            "steps": self.steps,
+            "predicted": {
+                "hardware": self.plan.hardware.id,
+                "tokens_per_sec_per_gpu": p["throughput"]["tokens_per_sec_per_gpu"],
+                "step_time_s": p["throughput"]["step_time_s"],
+                "peak_gib": p["memory"]["peak_gib"],
+                "mfu": p["throughput"]["mfu"],
+            },
+            "measured": {
+                "tokens_per_sec_per_gpu": self.measured_tps_per_gpu,
+                "step_time_s": self.measured_step_time_s,
+                "peak_gib": self.measured_peak_gib,
+                "mfu": self.measured_mfu,
+                "final_loss": self.final_loss,
+            },
+            "error": {"tokens_per_sec_per_gpu": round(self.tps_error, 4), "peak_gib": round(self.mem_error, 4)},
+        }
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        raise MeshplanError(f"no metrics in {path.parent}: {path.name} is missing (did the run start?)")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise MeshplanError(f"{path}:{n} is not a JSON object") from None
+        if not isinstance(obj, dict) or "step" not in obj:
+            raise MeshplanError(f"{path}:{n} has no 'step'")
+        rows.append(obj)
+    if not rows:
+        raise MeshplanError(f"{path} holds no steps yet")
+    return rows
+
+
+def summarize_run(run_dir: str | Path) -> RunSummary:
+    """Median throughput after warm-up, peak memory over all steps, and the plan's prediction."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise MeshplanError(f"run directory not found: {run_dir}")
+    plan = load_plan(run_dir / "plan.yaml")
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    steady = rows[WARMUP_STEPS:] or rows
+    for key in ("tokens_per_sec_per_gpu", "step_time_s", "peak_mem_gib", "loss"):
+        if any(key not in r for r in rows):
+            raise MeshplanError(f"{run_dir / 'metrics.jsonl'}: some steps lack '{key}'")
+    mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
+    predicted = plan.estimate or estimate(plan.model, plan.hardware, plan.train_config(), load_stack(plan.stack))
+    return RunSummary(
+        run_dir=run_dir,
+        plan=plan,
+        steps=len(rows),
+        device=str(rows[-1].get("device", "unknown")),
+        measured_tps_per_gpu=statistics.median(r["tokens_per_sec_per_gpu"] for r in steady),
+        measured_step_time_s=statistics.median(r["step_time_s"] for r in steady),
+        measured_peak_gib=max(r["peak_mem_gib"] for r in rows),
+        measured_mfu=statistics.median(mfus) if mfus else None,
+        final_loss=float(rows[-1]["loss"]),
+        predicted=predicted,
+    )
+
+
+def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
+    """The run as one row of the ground-truth schema (the hardware is the device it ran on)."""
+    plan, p, m = s.plan, s.plan.parallel, s.plan.model
+    hardware = plan.hardware.id if s.device.startswith("cuda") else s.device
+    return {
+        "id": run_id or f"meshplan-{s.run_dir.name}",
+        "source": f"meshplan run {s.run_dir.name} ({datetime.now(UTC).date().isoformat()})",
+        "framework": "meshplan",
+        "model": m.name,
+        "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
+        "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "tied_embeddings": str(m.tied_embeddings).lower(),
+        "mlp": m.mlp, "seq_len": plan.training.seq_len, "hardware": hardware, "gpus": plan.cluster.gpus,
+        "gpus_per_node": plan.cluster.gpus_per_node, "dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard,
+        "tp": p.tp, "pp": p.pp, "pp_schedule": p.pp_schedule if p.pp > 1 else "", "vpp": p.vpp if p.pp > 1 else "",
+        "cp": p.cp, "global_batch_size": plan.training.global_batch_size, "micro_batch_size": p.micro_batch_size,
+        "precision": "fp8" if p.float8 != "none" else "bf16", "float8_recipe": "" if p.float8 == "none" else p.float8,
+        "compile": str(p.compile).lower(), "ac": p.ac, "async_tp": str(p.async_tp).lower(),
+        "measured_tps_per_gpu": round(s.measured_tps_per_gpu, 2), "measured_mem_gib": round(s.measured_peak_gib, 3),
+        "measured_mfu": "" if s.measured_mfu is None else round(100 * s.measured_mfu, 2), "status": "ok",
+        "notes": (
+            f"{s.steps} steps on {s.device}; median after {WARMUP_STEPS} warm-up steps; memory = "
+            + ("max reserved" if s.device.startswith("cuda") else "peak RSS")
+            + f"; predicted {s.predicted['throughput']['tokens_per_sec_per_gpu']:.1f} tok/s/GPU and "
+            f"{s.predicted['memory']['peak_gib']:.2f} GiB for {plan.hardware.id}"
+        ),
+    }
+
+
+def append_measurement(csv_path: str | Path, row: dict) -> Path:
+    """Append one row, writing the header when the file is new; refuses a file with another schema."""
+    csv_path = Path(csv_path)
+    exists = csv_path.exists() and csv_path.stat().st_size > 0
+    if exists:
+        with csv_path.open(newline="") as fh:
+            header = next(csv.reader(fh), [])
+        if tuple(header) != GROUND_TRUTH_COLUMNS:
+            raise MeshplanError(f"{csv_path} is not in the ground-truth schema (its header differs)")
+    elif not csv_path.parent.exists():
+        raise MeshplanError(f"output folder does not exist: {csv_path.parent}")
+    with csv_path.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=GROUND_TRUTH_COLUMNS)
+        if not exists:
+            w.writeheader()
+        w.writerow(row)
+    return csv_path
