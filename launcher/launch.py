@@ -138,8 +138,8 @@ def build_launch(
     return Launch(backend, run_dir, plan_copy, argv, script=script)
 
 
-def run_launch(launch: Launch, device: str) -> int:
-    """Start the launch in the foreground and return its exit status."""
+def preflight(launch: Launch, device: str) -> None:
+    """Everything that can be checked before starting: torch, the device, the scheduler's tools."""
     if launch.backend == "local":
         check_device(device)
         if not _torch_available():
@@ -147,5 +147,10 @@ def run_launch(launch: Launch, device: str) -> int:
     tool = {"slurm": "sbatch", "mpirun": "mpirun"}.get(launch.backend)
     if tool and shutil.which(tool) is None:
         raise MeshplanError(f"{tool} is not on PATH here; run the script {launch.script} where {tool} is available")
+
+
+def run_launch(launch: Launch, device: str) -> int:
+    """Start the launch in the foreground and return its exit status."""
+    preflight(launch, device)
     env = {**os.environ, **launch.env}
     return subprocess.call(launch.argv, env=env)

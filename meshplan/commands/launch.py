@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from launcher.launch import BACKENDS, build_launch, run_launch
+from launcher.launch import BACKENDS, build_launch, preflight, run_launch
 
 
 def launch_cmd(
@@ -44,6 +44,7 @@ def launch_cmd(
             print(render(load_plan(plan), backend, str(launch.plan_path.resolve()), max_restarts=max_restarts,
                          partition=partition, time=time, account=account), end="")
         return
+    preflight(launch, device)
     console.print(f"run directory: {launch.run_dir}  (metrics: {launch.run_dir / 'metrics.jsonl'})")
     console.print(f"$ {launch.describe()}")
     rc = run_launch(launch, device)

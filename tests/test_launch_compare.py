@@ -1,0 +1,128 @@
+"""`meshplan launch --dry-run` and `meshplan compare` on a run directory (no training run needed here;
+tests/launcher runs the real core)."""
+
+import csv
+import json
+
+import pytest
+
+from estimator import TrainConfig, estimate, load_hardware, load_model
+from estimator.validate import read_rows, validate_rows
+from launcher.compare import GROUND_TRUTH_COLUMNS
+from planner.plan_file import make_plan, save_plan
+
+
+@pytest.fixture
+def plan_path(tmp_path):
+    m, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
+    cfg = TrainConfig(gpus=16, seq_len=8192, global_batch_size=32, compile=True)
+    return save_plan(make_plan(m, "llama3-8b", hw, cfg, estimate(m, hw, cfg)), tmp_path / "plan.yaml")
+
+
+def test_local_dry_run_prints_torchrun_and_writes_nothing(cli, plan_path, tmp_path):
+    run = tmp_path / "run dir"
+    out = cli("launch", str(plan_path), "--backend", "local", "--device", "cpu", "--dry-run", "--run-dir", str(run))
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert "-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=16" in line
+    assert "-m launcher.core.train --plan" in line and "'" in line  # the path with a space is quoted
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("backend,first", [("slurm", "sbatch"), ("mpirun", "bash"), ("torchrun", "bash")])
+def test_script_backends_dry_run(cli, plan_path, tmp_path, backend, first):
+    out = cli("launch", str(plan_path), "--backend", backend, "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(first) and "#!/usr/bin/env bash" in out.stdout
+    assert "launcher.core.train --plan" in out.stdout
+
+
+def test_launch_writes_run_dir_and_fails_clearly_without_sbatch(cli, plan_path, tmp_path):
+    run = tmp_path / "r"
+    out = cli("launch", str(plan_path), "--backend", "slurm", "--run-dir", str(run), "--steps", "7")
+    assert out.returncode == 2 and "sbatch is not on PATH" in out.stderr and out.stderr.count("\n") <= 3
+    assert (run / "launch.sbatch").exists() and (run / "launch.sbatch").stat().st_mode & 0o111
+    from planner.plan_file import load_plan
+
+    assert load_plan(run / "plan.yaml").training.steps == 7
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--backend", "k8s"], "unknown backend"),
+        (["--device", "tpu"], "--device must be cpu or cuda"),
+        (["--backend", "local", "--nproc-per-node", "4"], "world size is 16"),
+    ],
+)
+def test_launch_bad_input(cli, plan_path, args, needle):
+    out = cli("launch", str(plan_path), "--dry-run", *args)
+    assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_launch_cuda_on_cpu_machine_fails_early(cli, plan_path, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = cli("launch", str(plan_path), "--backend", "local", "--device", "cuda", "--run-dir", str(tmp_path / "r"))
+    assert out.returncode == 2 and "no CUDA GPU is visible" in out.stderr
+
+
+def _fake_run(run_dir, plan_path, steps=6):
+    run_dir.mkdir()
+    (run_dir / "plan.yaml").write_text(plan_path.read_text())
+    with (run_dir / "metrics.jsonl").open("w") as fh:
+        for s in range(1, steps + 1):
+            tps = 100.0 if s <= 2 else 1000.0 + s
+            fh.write(json.dumps({"step": s, "loss": 5.0 - 0.1 * s, "tokens_per_sec_per_gpu": tps,
+                                 "step_time_s": 16 * 8192 / tps, "peak_mem_gib": 40.0 + s, "mfu": 0.3,
+                                 "device": "cuda"}) + "\n")
+
+
+def test_compare_reports_median_after_warmup_and_errors(cli, plan_path, tmp_path):
+    run = tmp_path / "run1"
+    _fake_run(run, plan_path)
+    out = cli("compare", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["measured"]["tokens_per_sec_per_gpu"] == pytest.approx(1004.5)  # median of steps 3..6
+    assert d["measured"]["peak_gib"] == 46.0
+    pred = d["predicted"]["tokens_per_sec_per_gpu"]
+    assert d["error"]["tokens_per_sec_per_gpu"] == pytest.approx(pred / 1004.5 - 1, abs=1e-4)
+    table = cli("compare", str(run))
+    assert table.returncode == 0 and "predicted" in table.stdout and "measured" in table.stdout
+
+
+def test_compare_appends_ground_truth_rows_that_validate_reads(cli, plan_path, tmp_path):
+    run = tmp_path / "run2"
+    _fake_run(run, plan_path)
+    csv_path = tmp_path / "measurements.csv"
+    for rid in ("a1", "a2"):
+        out = cli("compare", str(run), "--append-csv", str(csv_path), "--id", rid)
+        assert out.returncode == 0, out.stderr
+    with csv_path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["id"] for r in rows] == ["a1", "a2"] and tuple(rows[0]) == GROUND_TRUTH_COLUMNS
+    assert rows[0]["hardware"] == "h100-sxm" and rows[0]["framework"] == "meshplan"
+    res = validate_rows(read_rows(csv_path))
+    assert res[0].error and "meshplan" in res[0].error  # no stack profile named after meshplan's own core yet
+
+
+def test_compare_bad_run_dirs(cli, plan_path, tmp_path):
+    out = cli("compare", str(tmp_path / "nope"))
+    assert out.returncode == 2 and "not found" in out.stderr
+    run = tmp_path / "run3"
+    run.mkdir()
+    (run / "plan.yaml").write_text(plan_path.read_text())
+    out = cli("compare", str(run))
+    assert out.returncode == 2 and "metrics.jsonl is missing" in out.stderr
+    (run / "metrics.jsonl").write_text("{bad\n")
+    out = cli("compare", str(run))
+    assert out.returncode == 2 and "not a JSON object" in out.stderr
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    _fake_run(tmp_path / "run4", plan_path)
+    out = cli("compare", str(tmp_path / "run4"), "--append-csv", str(other))
+    assert out.returncode == 2 and "ground-truth schema" in out.stderr
+    assert other.read_text() == "a,b\n1,2\n"
