@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from typer import _click
 
 from estimator.errors import MeshplanError
-from meshplan.commands import capacity, catalog, compare, estimate, launch, plan, validate
+from meshplan.commands import capacity, catalog, compare, estimate, export, launch, plan, validate
 
 app = typer.Typer(
     name="meshplan",
@@ -26,6 +26,7 @@ app.command("estimate")(estimate.estimate_cmd)
 app.command("validate")(validate.validate_cmd)
 app.command("plan")(plan.plan_cmd)
 app.command("capacity")(capacity.capacity_cmd)
+app.command("export")(export.export_cmd)
 app.command("launch")(launch.launch_cmd)
 app.command("compare")(compare.compare_cmd)
 app.command("models")(catalog.models_cmd)

@@ -195,8 +195,9 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def plan_yaml(plan: Plan) -> str:
+    model_name = " ".join(plan.model.name.split())  # one line: a name is free text
     header = (
-        f"# meshplan plan (schema version {plan.version}): {plan.model.name} on {plan.cluster.nodes} x "
+        f"# meshplan plan (schema version {plan.version}): {model_name} on {plan.cluster.nodes} x "
         f"{plan.cluster.gpus_per_node} {plan.hardware.id}\n"
         "# Launch: meshplan launch PLAN.yaml --backend torchrun|slurm|mpirun; export: meshplan export PLAN.yaml\n"
     )

@@ -23,6 +23,13 @@ def q(value: object) -> str:
     return shlex.quote(str(value))
 
 
+def assign(name: str, value: object) -> list[str]:
+    """`name=<quoted value>`, with a shellcheck note when the literal value looks like an expansion."""
+    quoted = q(value)
+    note = ["# shellcheck disable=SC2016  # a literal value, not an expansion"] if re.search(r"[$`]", quoted) else []
+    return note + [f"{name}={quoted}"]
+
+
 def one_line(text: object) -> str:
     """Text safe inside a `#` comment: control and other non-printable characters (newlines!) become spaces."""
     return re.sub(r"\s+", " ", "".join(ch if ch.isprintable() else " " for ch in str(text))).strip()

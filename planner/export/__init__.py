@@ -1,0 +1,78 @@
+"""Exports of a plan: torchtitan job configs and launch scripts (torchrun, Slurm, OpenMPI mpirun).
+
+`render(plan, fmt, plan_path)` is pure: it returns the text and touches nothing. Scripts run meshplan's
+training core, `python -m launcher.core.train --plan PLAN_PATH`, with `PLAN_PATH` shell-quoted.
+
+    >>> text = render(plan, "slurm", "/shared/plans/llama3-70b.yaml", partition="train", time="2-00:00:00")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from estimator.errors import MeshplanError
+from planner.export.env import BACKENDS, EnvDefaults, EnvVar, default_env_path, load_env_defaults
+from planner.export.scripts import TRAIN_MODULE, render_mpirun, render_slurm, render_torchrun
+from planner.export.torchtitan import CLI_VERSION, TOML_VERSION, cli_overrides, render_cli, render_toml
+from planner.plan_file import Plan
+
+_RENDERERS: dict[str, Callable[..., str]] = {
+    "torchtitan-toml": render_toml,
+    "torchtitan-cli": render_cli,
+    "torchrun": render_torchrun,
+    "slurm": render_slurm,
+    "mpirun": render_mpirun,
+}
+FORMATS: tuple[str, ...] = tuple(_RENDERERS)
+SCRIPT_FORMATS: frozenset[str] = frozenset({"torchtitan-cli", "torchrun", "slurm", "mpirun"})
+SUFFIX = {"torchtitan-toml": ".toml", "torchtitan-cli": ".sh", "torchrun": ".sh", "slurm": ".sbatch", "mpirun": ".sh"}
+
+
+def render(
+    plan: Plan,
+    fmt: str,
+    plan_path: str | Path = "plan.yaml",
+    *,
+    env: EnvDefaults | None = None,
+    env_file: str | Path | None = None,
+    max_restarts: int = 0,
+    partition: str | None = None,
+    time: str | None = None,
+    account: str | None = None,
+) -> str:
+    """The export of `plan` in format `fmt` (see FORMATS), as text.
+
+    plan_path: the plan file as the nodes will see it (scripts pass it to the training core).
+    env / env_file: environment defaults (default: meshplan's data/launch/env.yaml).
+    max_restarts: torchrun --max-restarts default (scripts read MESHPLAN_MAX_RESTARTS at run time).
+    partition / time / account: optional #SBATCH values for `slurm`.
+    """
+    renderer = _RENDERERS.get(fmt)
+    if renderer is None:
+        raise MeshplanError(f"unknown export format '{fmt}'; choose one of: {', '.join(FORMATS)}")
+    if env is None:
+        env = load_env_defaults(env_file)
+    plan_path = str(plan_path)
+    if not plan_path or "\x00" in plan_path:
+        raise MeshplanError("the plan path must be a non-empty path")
+    return renderer(
+        plan, plan_path, env, max_restarts=max_restarts, partition=partition, time=time, account=account
+    )
+
+
+__all__ = [
+    "BACKENDS",
+    "CLI_VERSION",
+    "FORMATS",
+    "SCRIPT_FORMATS",
+    "SUFFIX",
+    "TOML_VERSION",
+    "TRAIN_MODULE",
+    "EnvDefaults",
+    "EnvVar",
+    "cli_overrides",
+    "default_env_path",
+    "load_env_defaults",
+    "render",
+]
