@@ -15,8 +15,11 @@ T = TypeVar("T", bound=BaseModel)
 
 
 def data_dir(kind: str) -> Path:
-    """Folder of one kind of data file (`hardware_profiles`, `models`, `stacks`)."""
-    return Path(str(resources.files("meshplan_data") / kind))
+    """Folder of one kind of data file (`hardware_profiles`, `models`, `stacks`, `launch`)."""
+    try:
+        return Path(str(resources.files("meshplan_data") / kind))
+    except ModuleNotFoundError:  # running from a checkout that was not pip-installed
+        return Path(__file__).resolve().parents[1] / "data" / kind
 
 
 def names(kind: str) -> list[str]:
