@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from typer import _click
 
 from estimator.errors import MeshplanError
-from meshplan.commands import capacity, catalog, compare, estimate, export, launch, plan, validate
+from meshplan.commands import capacity, catalog, compare, estimate, export, launch, plan, validate, web
 
 app = typer.Typer(
     name="meshplan",
@@ -29,6 +29,7 @@ app.command("capacity")(capacity.capacity_cmd)
 app.command("export")(export.export_cmd)
 app.command("launch")(launch.launch_cmd)
 app.command("compare")(compare.compare_cmd)
+app.command("web")(web.web_cmd)
 app.command("models")(catalog.models_cmd)
 app.command("hardware")(catalog.hardware_cmd)
 

@@ -1,0 +1,204 @@
+"""The web app under Streamlit's AppTest: every preset and several hardware profiles run without an
+exception, widgets update the ranked table, uploads work or fail with a message, downloads carry the plan."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+import yaml
+
+from estimator.model_spec import preset_names
+from planner.plan_file import Plan
+
+pytest.importorskip("streamlit")
+VIEWS = ["Plans & memory", "Sweep", "Decision tree", "Time & cost", "Compare", "Export", "Assumptions"]
+
+
+def ranked(at):
+    df = next(d for d in at.dataframe if "configuration" in getattr(d.value, "columns", []))
+    return df.value
+
+
+def no_errors(at):
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_runs(web_app, preset):
+    nodes = 16 if preset == "llama3-405b" else 8  # 405B does not fit on 64 H100s
+    at = web_app(model=preset, nodes=nodes)
+    no_errors(at)
+    assert at.title[0].value.startswith(f"{preset} on {nodes} × 8 h100-sxm")
+    df = ranked(at)
+    assert len(df) > 0 and df["rank"].iloc[0] == 1
+    assert len(at.get("plotly_chart")) == 2  # memory bars and step time of the chosen plan
+
+
+@pytest.mark.parametrize("hardware", ["h200-sxm", "b200", "mi300x", "a100-sxm-80g"])
+def test_hardware_profiles_run(web_app, hardware):
+    at = web_app(model="llama3-8b", hardware=hardware, nodes=2, gpn=8)
+    no_errors(at)
+    assert hardware in at.title[0].value
+    assert len(ranked(at)) > 0
+
+
+def test_every_view_renders(web_app):
+    at = web_app(model="llama3-8b", nodes=2)
+    charts = {"Plans & memory": 2, "Sweep": 1, "Decision tree": 1, "Time & cost": 1, "Compare": 2, "Export": 0,
+              "Assumptions": 0}
+    for view in VIEWS:
+        at.session_state["view"] = view
+        at.run()
+        no_errors(at)
+        assert len(at.get("plotly_chart")) == charts[view], view  # only the open view is computed
+    assert "FLOPs per token" in at.markdown[-1].value and "peak reserved" in at.markdown[-1].value
+
+
+def test_widget_change_updates_the_ranked_table(web_app):
+    at = web_app(model="llama3-70b")
+    before = ranked(at)
+    at.selectbox(key="model").set_value("llama3-8b").run()
+    no_errors(at)
+    after = ranked(at)
+    assert "llama3-8b" in at.title[0].value
+    assert list(after["configuration"]) != list(before["configuration"])
+    # fewer nodes: every plan now spans 16 GPUs
+    at.number_input(key="nodes").set_value(2).run()
+    no_errors(at)
+    df = ranked(at)
+    assert ((df.dp_replicate * df.dp_shard * df.tp * df.pp * df.cp) == 16).all()
+    # pin TP to 8 in the advanced expander
+    at.multiselect(key="pin_tp").set_value([8]).run()
+    no_errors(at)
+    assert (ranked(at).tp == 8).all()
+    # a stricter memory margin keeps only plans under the new limit
+    at.slider(key="margin").set_value(0.6).run()
+    no_errors(at)
+    assert (ranked(at).peak_gib <= 0.6 * 78.65 + 1e-6).all()
+
+
+def test_chosen_plan_is_highlighted_and_drives_the_metrics(web_app):
+    at = web_app(model="llama3-8b")
+    at.selectbox(key="chosen").set_value(3).run()
+    no_errors(at)
+    df = ranked(at)
+    styled = at.dataframe[0].proto.arrow_data.styler  # the Styler's CSS marks one row
+    assert "255, 215, 0" in styled.styles
+    peak = at.metric[0].value
+    assert peak == f"{df.peak_gib.iloc[2]:.1f} GiB"
+
+
+HF_CONFIG = {
+    "_name_or_path": "Qwen/Qwen2.5-7B", "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+    "hidden_act": "silu", "tie_word_embeddings": False,
+}
+
+
+def test_uploading_a_config_json(web_app):
+    at = web_app(model_src="upload")
+    assert "Upload a Hugging Face config.json" in at.info[0].value
+    assert not at.exception and not at.error
+    at.file_uploader(key="upload").upload("config.json", json.dumps(HF_CONFIG).encode(), "application/json")
+    at.run()
+    no_errors(at)
+    assert at.title[0].value.startswith("Qwen2.5-7B on 8 × 8")
+    assert len(ranked(at)) > 0
+
+
+def test_uploading_a_meshplan_yaml(web_app):
+    from estimator.model_spec import load_model
+
+    spec = load_model("llama2-7b").model_dump(mode="json") | {"name": "my-7b"}
+    at = web_app(model_src="upload")
+    at.file_uploader(key="upload").upload("my-7b.yaml", yaml.safe_dump(spec).encode(), "application/x-yaml")
+    at.run()
+    no_errors(at)
+    assert at.title[0].value.startswith("my-7b on")
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "needle"),
+    [("config.json", b'{"hidden_size": 4096,', "not valid JSON"),
+     ("config.json", b'{"hidden_size": 4096}', "lacks"),
+     ("model.yaml", b"layers: 0\nhidden: 1\n", "invalid model")],
+)
+def test_malformed_upload_shows_an_error_not_a_traceback(web_app, name, data, needle):
+    at = web_app(model_src="upload")
+    at.file_uploader(key="upload").upload(name, data, "application/octet-stream")
+    at.run()
+    assert not at.exception
+    assert any(needle in e.value for e in at.error), [e.value for e in at.error]
+    assert "Traceback" not in " ".join(e.value for e in at.error)
+
+
+def test_bad_inputs_show_errors(web_app):
+    at = web_app(model="llama3-8b", batch_unit="tokens", batch_tokens=1000)
+    assert not at.exception
+    assert "whole number" in at.error[0].value
+    at = web_app(model="llama3-405b", hardware="l40s", nodes=1, gpn=8)
+    assert not at.exception
+    assert "no configuration of llama3-405b fits" in at.error[0].value
+    for view in VIEWS:  # every view copes with an empty ranking
+        at.session_state["view"] = view
+        at.run()
+        assert not at.exception, view
+
+
+@pytest.mark.parametrize("view", ["Time & cost", "Compare", "Plans & memory"])
+def test_no_token_budget(web_app, view):
+    at = web_app(model="llama3-8b", view=view, tokens_b=0.0, hardware="mi300x", gpn=8)
+    no_errors(at)
+    assert at.metric[4].value == "—" and at.metric[5].value == "—"
+    if view == "Plans & memory":
+        assert "days" not in ranked(at).columns
+
+
+def test_custom_hardware_values(web_app):
+    at = web_app(model="llama3-70b", hw_custom=True, hw_hbm_total_gib=192.0)
+    no_errors(at)
+    assert "h100-sxm-custom" in at.title[0].value
+    assert "191.0 GiB usable" in at.caption[0].value
+
+
+def test_downloads_carry_the_plan_and_exports(web_app, web_downloads):
+    at = web_app(model="llama3-8b", view="Export", tokens_b=100.0)
+    no_errors(at)
+    labels = [b.label for b in at.download_button]
+    assert len(labels) == 7 and any("Sweep as CSV" in label for label in labels)
+    plan_files = [f for f in web_downloads if f.endswith(".yaml")]
+    assert plan_files == ["llama3-8b-64gpu.yaml"]
+    plan = Plan.model_validate(yaml.safe_load(web_downloads[plan_files[0]]))
+    df_first = None
+    at.session_state["view"] = "Plans & memory"
+    at.run()
+    df_first = ranked(at).iloc[0]
+    p = plan.parallel
+    assert (p.tp, p.pp, p.cp, p.dp_shard, p.micro_batch_size, p.ac) == (
+        df_first.tp, df_first.pp, df_first.cp, df_first.dp_shard, df_first.micro_batch_size, df_first.ac)
+    assert plan.training.tokens == 100_000_000_000 and plan.cluster.gpus == 64
+    toml = web_downloads["llama3-8b-64gpu.toml"].decode()
+    assert f"tensor_parallel_degree = {p.tp}" in toml
+    for suffix, needle in (("-torchrun.sh", "torchrun"), (".sbatch", "#SBATCH"), ("-mpirun.sh", "mpirun")):
+        text = web_downloads[f"llama3-8b-64gpu{suffix}"].decode()
+        assert text.startswith("#!") and needle in text and "llama3-8b-64gpu.yaml" in text
+    # the sweep CSV is generated on click: call the button's generator
+    gen = next(v for k, v in web_downloads.items() if k.endswith("-sweep.csv"))
+    rows = list(csv.DictReader(io.StringIO(gen())))
+    assert rows and {"tp", "pp", "status", "peak_gib", "reason"} <= rows[0].keys()
+    assert {r["status"] for r in rows} >= {"fits", "oom"}
+
+
+def test_downloads_follow_the_chosen_plan_and_plan_path(web_app, web_downloads):
+    at = web_app(model="llama3-70b", view="Export", plan_path="/shared/plans/run.yaml")
+    at.selectbox(key="chosen").set_value(2).run()
+    no_errors(at)
+    plan = Plan.model_validate(yaml.safe_load(web_downloads["llama3-70b-64gpu.yaml"]))
+    assert plan.estimate["memory"]["peak_gib"] > 0
+    assert "/shared/plans/run.yaml" in web_downloads["llama3-70b-64gpu-torchrun.sh"].decode()
+    code = at.code[0].value
+    assert code.startswith("# meshplan plan")

@@ -1,0 +1,440 @@
+"""meshplan in the browser: plan distributed LLM training, see memory, throughput and the decision tree.
+
+Run with `meshplan web [--port N]` (or `streamlit run ui/streamlit_app.py`). Inputs live in the sidebar;
+the sweep is cached per input, so a rerun after a widget change costs well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+try:
+    import ui.web  # noqa: F401
+except ImportError:  # started from a checkout that was not pip-installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES  # noqa: E402
+from estimator.errors import MeshplanError  # noqa: E402
+from estimator.stack import load_stack  # noqa: E402
+from planner.search import OBJECTIVES, explain_empty  # noqa: E402
+from ui.web import cache, figures  # noqa: E402
+from ui.web.compute import COMPARE_HARDWARE, EXPORT_FORMATS, Job, price_of, time_to_train  # noqa: E402
+from ui.web.inputs import (  # noqa: E402
+    HW_OVERRIDES,
+    custom_hardware,
+    global_batch_sequences,
+    parse_model_upload,
+)
+from ui.web.text import assumptions, hardware_facts, model_facts  # noqa: E402
+
+DEFAULTS = {
+    "model_src": "preset", "model": "llama3-70b", "hardware": "h100-sxm", "nodes": 8, "seq_len": 8192,
+    "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
+    "margin": 0.9, "objective": "throughput", "rows": 50, "hw_custom": False,
+}
+VIEWS = ["Plans & memory", "Sweep", "Decision tree", "Time & cost", "Compare", "Export", "Assumptions"]
+PIN_CHOICES = {
+    "tp": [1, 2, 4, 8, 16, 32, 64], "pp": [1, 2, 4, 8, 16, 32, 64], "cp": [1, 2, 4, 8, 16, 32],
+    "dp_replicate": [1, 2, 4, 8, 16, 32, 64], "pp_schedule": list(PP_SCHEDULES), "vpp": [2, 4, 8],
+    "micro_batch_size": [1, 2, 4, 8, 16], "ac": list(AC_MODES), "float8": list(FLOAT8_RECIPES),
+    "compile": [True, False], "async_tp": [True, False],
+}
+PIN_LABELS = {
+    "tp": "TP degree", "pp": "PP degree", "cp": "CP degree", "dp_replicate": "HSDP replicas (dp_replicate)",
+    "pp_schedule": "PP schedule", "vpp": "stages per rank (Interleaved1F1B)", "micro_batch_size": "micro-batch",
+    "ac": "activation checkpointing", "float8": "Float8 recipe", "compile": "torch.compile",
+    "async_tp": "async TP",
+}
+
+st.set_page_config(page_title="meshplan", page_icon=":material/hub:", layout="wide")
+st.markdown(
+    """<style>
+    .block-container {padding-top: 1.6rem; padding-bottom: 1rem; max-width: 1800px;}
+    h1 {font-size: 2.0rem !important; padding-top: 0.2rem !important;}
+    [data-testid="stMetricValue"] {font-size: 1.45rem;}
+    [data-testid="stSidebar"] [data-testid="stCaptionContainer"] p {margin-bottom: 0.1rem;}
+    </style>""",
+    unsafe_allow_html=True,
+)
+for k, v in DEFAULTS.items():
+    st.session_state.setdefault(k, v)
+# widgets inside views that are not drawn on every run keep their values across view switches
+for k in ("rows", "compare", "cmp_hw", "plan_path", "preview"):
+    if k in st.session_state:
+        st.session_state[k] = st.session_state[k]
+
+
+def _hardware_changed() -> None:
+    hw = cache.hardware(st.session_state["hardware"])
+    st.session_state["gpn"] = hw.gpus_per_node
+    for field in HW_OVERRIDES:
+        st.session_state.pop(f"hw_{field}", None)
+
+
+def fail(message: str) -> None:
+    st.error(message, icon=":material/error:")
+    st.stop()
+
+
+# ---- sidebar: inputs ----------------------------------------------------------------------------------
+sb = st.sidebar
+sb.title("meshplan")
+sb.caption("Plan distributed LLM training before spending a GPU-hour.")
+
+sb.subheader("Model")
+sb.radio("Model from", ["preset", "upload"], key="model_src", horizontal=True,
+         format_func=lambda s: {"preset": "preset", "upload": "config.json / YAML"}[s])
+model = model_source = None
+input_error = None
+waiting_for_upload = False
+if st.session_state["model_src"] == "preset":
+    sb.selectbox("Preset", cache.presets(), key="model")
+    model_source = st.session_state["model"]
+    try:
+        model = cache.preset(model_source)
+    except MeshplanError as exc:
+        input_error = str(exc)
+else:
+    up = sb.file_uploader("Hugging Face config.json or meshplan model YAML", type=["json", "yaml", "yml"],
+                          key="upload", max_upload_size=1)
+    if up is None:
+        waiting_for_upload = True
+    else:
+        try:
+            model = parse_model_upload(up.name, up.getvalue())
+            model_source = up.name
+        except MeshplanError as exc:
+            input_error = str(exc)
+if model is not None:
+    sb.caption(model_facts(model))
+
+sb.subheader("Hardware")
+sb.selectbox("Profile", cache.hardware_ids(), key="hardware", on_change=_hardware_changed)
+base_hw = cache.hardware(st.session_state["hardware"])
+st.session_state.setdefault("gpn", base_hw.gpus_per_node)
+sb.toggle("Custom values", key="hw_custom", help="override some numbers of the profile")
+hw = base_hw
+if st.session_state["hw_custom"]:
+    overrides = {}
+    for field, label in HW_OVERRIDES.items():
+        default = (base_hw.price.usd_per_gpu_hour if base_hw.price else 0.0) if field == "usd_per_gpu_hour" \
+            else float(getattr(base_hw, field))
+        st.session_state.setdefault(f"hw_{field}", float(default))
+        overrides[field] = sb.number_input(label, min_value=0.0, key=f"hw_{field}", format="%.2f") or None
+    try:
+        hw = custom_hardware(base_hw, overrides)
+    except MeshplanError as exc:
+        input_error = input_error or str(exc)
+with sb.expander("Hardware facts", expanded=False):
+    for line in hardware_facts(hw):
+        st.caption(line)
+
+sb.subheader("Cluster and batch")
+c1, c2 = sb.columns(2)
+c1.number_input("Nodes", min_value=1, max_value=4096, step=1, key="nodes")
+c2.number_input("GPUs per node", min_value=1, max_value=72, step=1, key="gpn")
+sb.number_input("Sequence length (tokens)", min_value=128, max_value=1 << 20, step=1024, key="seq_len")
+sb.radio("Global batch in", ["tokens", "sequences"], key="batch_unit", horizontal=True)
+if st.session_state["batch_unit"] == "tokens":
+    sb.number_input("Global batch (tokens per step)", min_value=1, step=1 << 20, key="batch_tokens")
+else:
+    sb.number_input("Global batch (sequences per step)", min_value=1, step=64, key="batch_seqs")
+sb.number_input("Token budget (billion tokens, 0: none)", min_value=0.0, step=100.0, key="tokens_b")
+sb.slider("Memory margin (share of usable HBM a plan may use)", 0.5, 1.0, step=0.01, key="margin")
+sb.selectbox("Objective", list(OBJECTIVES), key="objective")
+
+pins: dict = {}
+with sb.expander("Advanced: pin parts of the search"):
+    st.caption("Leave a field empty to search every valid value.")
+    for key, choices in PIN_CHOICES.items():
+        fmt = (lambda v: "on" if v else "off") if key in ("compile", "async_tp") else str
+        chosen = st.multiselect(PIN_LABELS[key], choices, key=f"pin_{key}", format_func=fmt)
+        if chosen:
+            pins[key] = sorted(chosen, key=choices.index)
+    if st.checkbox("Allow TP across nodes", key="pin_allow_tp_across_nodes"):
+        pins["allow_tp_across_nodes"] = True
+
+# ---- the sweep ---------------------------------------------------------------------------------------
+if input_error:
+    st.title("meshplan")
+    fail(input_error)
+if waiting_for_upload:
+    st.title("meshplan")
+    st.info("Upload a Hugging Face config.json or a meshplan model YAML in the sidebar, or pick a preset.",
+            icon=":material/upload_file:")
+    st.stop()
+seq_len = int(st.session_state["seq_len"])
+tokens = float(st.session_state["tokens_b"]) * 1e9 or None
+try:
+    unit = st.session_state["batch_unit"]
+    gbs = global_batch_sequences(int(st.session_state["batch_tokens" if unit == "tokens" else "batch_seqs"]),
+                                 unit, seq_len)
+    job = Job.make(model, model_source, hw, int(st.session_state["nodes"]), int(st.session_state["gpn"]), seq_len,
+                   gbs, float(st.session_state["margin"]), st.session_state["objective"], pins)
+    key = job.key()
+    with st.spinner("evaluating every configuration ..."):
+        res = cache.sweep(key)
+except MeshplanError as exc:
+    st.title("meshplan")
+    fail(str(exc))
+
+price = price_of(hw)
+st.title(f"{model.name} on {job.nodes} × {job.gpus_per_node} {hw.id}")
+counts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in res.reason_counts().items())
+st.caption(
+    f"{job.world} GPUs, seq {seq_len:,}, global batch {gbs:,} sequences ({gbs * seq_len:,} tokens), "
+    f"memory margin {job.memory_margin:.0%} of {hw.usable_hbm_gib:.1f} GiB usable: **{res.evaluated:,}** "
+    f"configurations evaluated, **{len(res.ranked):,} fit**, {res.rejected:,} rejected ({counts or 'none'})."
+)
+
+# the chosen plan is reset to the best whenever the sweep changes
+if st.session_state.get("_job") != key:
+    st.session_state["_job"] = key
+    st.session_state["chosen"] = 1
+    st.session_state["compare"] = [r for r in (1, 2) if r <= len(res.ranked)]
+top = min(int(st.session_state["rows"]), len(res.ranked))
+table = cache.ranked(key, max(top, 1), tokens, price) if len(res.ranked) else None
+
+chosen = est = None
+if len(res.ranked) == 0:
+    st.error(explain_empty(res), icon=":material/memory:")
+else:
+    if st.session_state.get("chosen") not in range(1, top + 1):
+        st.session_state["chosen"] = 1
+    labels = {int(r.rank): f"#{r.rank}  {r.configuration}  ·  {r.peak_gib:.1f} GiB  ·  "
+                           f"{r.tokens_per_sec_per_gpu:,.0f} tok/s/GPU" for r in table.itertuples()}
+    st.selectbox("Chosen plan (exports, memory bars and metrics follow it)", list(labels), key="chosen",
+                 format_func=labels.get)
+    chosen = int(table["index"].iloc[st.session_state["chosen"] - 1])
+    cfg = res.config(chosen)
+    cfg_json = json.dumps(cfg, sort_keys=True)
+    est = cache.config_estimate(key, cfg_json)
+    mem, thr = est["memory"], est["throughput"]
+    ttt = time_to_train(tokens, thr["tokens_per_sec_per_gpu"], job.world, price)
+    m = st.columns(6)
+    m[0].metric("peak / GPU", f"{mem['peak_gib']:.1f} GiB",
+                f"{res.limit_gib - mem['peak_gib']:.1f} GiB headroom", delta_color="off", delta_arrow="off",
+                help=f"worst rank: {mem['worst_rank']}; limit {res.limit_gib:.1f} GiB")
+    m[1].metric("tokens/s/GPU", f"{thr['tokens_per_sec_per_gpu']:,.0f}")
+    m[2].metric("MFU", f"{thr['mfu'] * 100:.1f} %", help=f"of {thr['mfu_peak_tflops']:,.0f} dense bf16 TFLOP/s")
+    m[3].metric("step time", f"{thr['step_time_s']:.2f} s", f"{thr['microbatches']} microbatches",
+                delta_color="off", delta_arrow="off")
+    m[4].metric("time to train", f"{ttt['days']:,.1f} days" if ttt else "—",
+                f"{tokens / 1e9:,.0f} B tokens" if tokens else "no token budget", delta_color="off", delta_arrow="off")
+    m[5].metric("cost", f"${ttt['cost_usd']:,.0f}" if ttt and ttt["cost_usd"] is not None else "—",
+                f"{ttt['gpu_hours'] / 1e3:,.0f}k GPU-h" if ttt else None, delta_color="off", delta_arrow="off",
+                help=f"at ${price:.2f} per GPU-hour" if price else "the profile has no price")
+    for w in est["warnings"]:  # the chosen plan fits; what is left are notes on headroom and host RAM
+        st.markdown(f":orange[:material/warning: {w}]")
+
+tabs = st.tabs(VIEWS, key="view", on_change="rerun")
+tab = dict(zip(VIEWS, tabs, strict=True))
+
+# ---- plans & memory ----------------------------------------------------------------------------------
+with tab["Plans & memory"]:
+    if tab["Plans & memory"].open:
+        if table is None:
+            st.info("Nothing fits, so there is no ranked plan: see the Sweep and Decision tree views for why.")
+        else:
+            head = st.columns([3, 1])
+            head[0].markdown(f"**Ranked plans** (best first; top {top:,} of {len(res.ranked):,} that fit). "
+                             "Click a column header to sort.")
+            head[1].number_input("rows shown", min_value=5, max_value=1000, step=25, key="rows")
+            show = table.drop(columns=["index"])
+            pick = st.session_state["chosen"] - 1
+
+            def _highlight(row):
+                style = "background-color: rgba(255, 215, 0, 0.35); font-weight: 600"
+                return [style if row.name == pick else ""] * len(row)
+
+            first = ["rank", "configuration", "peak_gib", "headroom_gib", "tokens_per_sec_per_gpu", "mfu_pct",
+                     "step_time_s", "days", "cost_usd"]
+            st.dataframe(
+                show.style.apply(_highlight, axis=1), hide_index=True, height=min(38 + 35 * len(show), 390),
+                key="ranked_table",
+                column_order=[c for c in first if c in show] + [c for c in show if c not in first],
+                column_config={
+                    "rank": st.column_config.NumberColumn("#", width="small"),
+                    "configuration": st.column_config.TextColumn("configuration", width="large"),
+                    "peak_gib": st.column_config.NumberColumn("peak GiB", format="%.1f"),
+                    "headroom_gib": st.column_config.NumberColumn("headroom GiB", format="%.1f"),
+                    "tokens_per_sec_per_gpu": st.column_config.NumberColumn("tok/s/GPU", format="%.0f"),
+                    "mfu_pct": st.column_config.NumberColumn("MFU %", format="%.1f"),
+                    "step_time_s": st.column_config.NumberColumn("step s", format="%.2f"),
+                    "days": st.column_config.NumberColumn("days", format="%.1f"),
+                    "cost_usd": st.column_config.NumberColumn("cost $", format="%.0f"),
+                    "micro_batch_size": st.column_config.NumberColumn("mbs"),
+                    "pp_schedule": st.column_config.TextColumn("schedule"),
+                },
+            )
+            left, right = st.columns([1, 1])
+            bars = [(f"#{st.session_state['chosen']} peak rank", mem["breakdown_gib"])]
+            bars += [(f"stage {s['stage']}", s["breakdown_gib"]) for s in mem["per_stage"]]
+            left.plotly_chart(
+                figures.memory_bars(bars, hw.usable_hbm_gib, res.limit_gib,
+                                    "Memory per GPU of the chosen plan" + (" and each pipeline stage"
+                                                                          if mem["per_stage"] else "")),
+                key="memory_chart", config={"displaylogo": False},
+            )
+            right.plotly_chart(
+                figures.time_bars([(f"#{st.session_state['chosen']}", thr["breakdown_s"])],
+                                  f"Where a {thr['step_time_s']:.2f} s step goes"),
+                key="time_chart", config={"displaylogo": False},
+            )
+            right.caption(
+                f"Host RAM per node: {mem['host_ram_gib_per_node']:,.0f} GiB of {hw.host_ram_gib_per_node:,.0f}. "
+                f"Worst rank: {mem['worst_rank']}. Allocated {mem['allocated_gib']:.1f} GiB + fragmentation "
+                f"= {mem['peak_gib']:.1f} GiB reserved."
+            )
+
+# ---- sweep --------------------------------------------------------------------------------------------
+with tab["Sweep"]:
+    if tab["Sweep"].open:
+        pts = cache.points(key)
+        st.plotly_chart(
+            figures.sweep_scatter(pts, res.limit_gib, hw.usable_hbm_gib, chosen,
+                                  "Throughput vs memory of every estimated configuration"),
+            key="sweep_chart", config={"displaylogo": False},
+        )
+        thinned = int(pts["count"].sum() - len(pts))
+        st.caption(
+            f"{len(pts):,} points for {int(pts['count'].sum()):,} estimated configurations"
+            + (f" (configurations closer than a pixel share a point; hover says how many: {thinned:,} merged)"
+               if thinned else "")
+            + ". Grey: does not fit in memory (reason on hover). Configurations that break a rule have no "
+            "estimate and are counted below."
+        )
+        st.dataframe(cache.reasons(key), hide_index=True, key="reasons_table")
+
+# ---- decision tree ------------------------------------------------------------------------------------
+with tab["Decision tree"]:
+    if tab["Decision tree"].open:
+        steps = cache.tree(key)
+        st.caption("torchtitan's order: FSDP first, then compile, Float8, TP inside a node, PP across nodes, CP "
+                   "for long sequences, HSDP, and activation checkpointing last. Each step shows the best plan "
+                   "allowed so far; hover a node for details, the grey crosses are the closest rejected plans.")
+        st.plotly_chart(figures.decision_tree_figure(steps), key="tree_chart", config={"displaylogo": False})
+
+# ---- time & cost --------------------------------------------------------------------------------------
+with tab["Time & cost"]:
+    if tab["Time & cost"].open:
+        if not tokens:
+            st.info("Set a token budget in the sidebar to see days and cost.")
+        options = list(dict.fromkeys([*COMPARE_HARDWARE, base_hw.id, *cache.hardware_ids()]))
+        st.session_state.setdefault("cmp_hw", list(dict.fromkeys([*COMPARE_HARDWARE, base_hw.id])))
+        picked = st.multiselect("Compare hardware (same model, GPU count, batch and margin)", options,
+                                key="cmp_hw", max_selections=6)
+        if picked:
+            rows = cache.hardware_rows(key, tuple(picked), tokens)
+            st.plotly_chart(figures.hardware_figure(rows, f"{model.name} on {job.world} GPUs"),
+                            key="hw_chart", config={"displaylogo": False})
+            st.dataframe(
+                pd.DataFrame([{
+                    "hardware": r["hardware"], "nodes": r["nodes"], "GPUs": r["gpus"],
+                    "best configuration": r["configuration"] or "does not fit", "peak GiB": r["peak_gib"],
+                    "tok/s/GPU": r["tokens_per_sec_per_gpu"], "MFU %": r["mfu"] * 100 if r["mfu"] else None,
+                    "days": r["days"], "GPU-hours": round(r["gpu_hours"]) if r["gpu_hours"] else None,
+                    "cost $": round(r["cost_usd"]) if r["cost_usd"] else None,
+                    "$/GPU-h": r["usd_per_gpu_hour"]} for r in rows]),
+                hide_index=True, key="hw_table",
+                column_config={
+                    "peak GiB": st.column_config.NumberColumn(format="%.1f"),
+                    "tok/s/GPU": st.column_config.NumberColumn(format="%.0f"),
+                    "MFU %": st.column_config.NumberColumn(format="%.1f"),
+                    "days": st.column_config.NumberColumn(format="%.1f"),
+                    "GPU-hours": st.column_config.NumberColumn(format="localized"),
+                    "cost $": st.column_config.NumberColumn(format="localized"),
+                    "$/GPU-h": st.column_config.NumberColumn(format="%.2f"),
+                    "best configuration": st.column_config.TextColumn(width="large"),
+                },
+            )
+            for r in rows:
+                if not r["fits"]:
+                    st.caption(f"{r['hardware']}: {r['why_not']}")
+            if hw is not base_hw:
+                st.caption(f"{base_hw.id} in this comparison uses your custom values.")
+
+# ---- compare ------------------------------------------------------------------------------------------
+with tab["Compare"]:
+    if tab["Compare"].open:
+        if table is None:
+            st.info("Nothing fits: nothing to compare.")
+        else:
+            ranks = list(range(1, top + 1))
+            st.session_state["compare"] = [r for r in st.session_state.get("compare", []) if r in ranks][:3]
+            sel = st.multiselect("Plans to compare (2 or 3 ranks)", ranks, key="compare", max_selections=3,
+                                 format_func=lambda r: f"#{r} {table['configuration'].iloc[r - 1]}")
+            if len(sel) < 2:
+                st.info("Pick two or three plans.")
+            else:
+                ests = {r: cache.config_estimate(key, json.dumps(res.config(int(table["index"].iloc[r - 1])),
+                                                                 sort_keys=True)) for r in sel}
+                rows = {}
+                for r, e in ests.items():
+                    c = e["config"]
+                    t = time_to_train(tokens, e["throughput"]["tokens_per_sec_per_gpu"], job.world, price)
+                    rows[f"#{r}"] = {
+                        "dp_replicate x dp_shard": f"{c['dp_replicate']} x {c['dp_shard']}", "tp": str(c["tp"]),
+                        "pp": str(c["pp"]), "cp": str(c["cp"]), "schedule": c["pp_schedule"] if c["pp"] > 1 else "no PP",
+                        "stages per rank": str(c["vpp"]), "micro-batch": str(c["micro_batch_size"]), "AC": c["ac"],
+                        "Float8": c["float8"], "compile": "on" if c["compile"] else "off",
+                        "async TP": "on" if c["async_tp"] else "off",
+                        "peak GiB": f"{e['memory']['peak_gib']:.1f}",
+                        "worst rank": e["memory"]["worst_rank"],
+                        "tok/s/GPU": f"{e['throughput']['tokens_per_sec_per_gpu']:,.0f}",
+                        "MFU": f"{e['throughput']['mfu'] * 100:.1f} %",
+                        "step s": f"{e['throughput']['step_time_s']:.2f}",
+                        "days": f"{t['days']:.1f}" if t else "no budget",
+                        "cost $": f"{t['cost_usd']:,.0f}" if t and t["cost_usd"] is not None else "no price",
+                    }
+                side = pd.DataFrame(rows)
+                differs = side.nunique(axis=1) > 1
+                st.caption("Rows where the plans differ are highlighted.")
+                st.table(side.style.apply(
+                    lambda r: ["background-color: rgba(255, 215, 0, 0.25)" if differs[r.name] else ""] * len(r),
+                    axis=1))
+                a, b = st.columns(2)
+                a.plotly_chart(figures.memory_bars([(f"#{r}", e["memory"]["breakdown_gib"]) for r, e in ests.items()],
+                                                   hw.usable_hbm_gib, res.limit_gib, "Memory per GPU (worst rank)"),
+                               key="compare_memory", config={"displaylogo": False})
+                b.plotly_chart(figures.time_bars([(f"#{r}", e["throughput"]["breakdown_s"]) for r, e in ests.items()],
+                                                 "Step time"), key="compare_time", config={"displaylogo": False})
+
+# ---- export -------------------------------------------------------------------------------------------
+with tab["Export"]:
+    if tab["Export"].open:
+        if chosen is None:
+            st.info("Nothing fits: there is no plan to export. The sweep CSV says why each configuration failed.")
+        else:
+            st.markdown(f"Exports of the chosen plan **#{st.session_state['chosen']}**: "
+                        f"{table['configuration'].iloc[st.session_state['chosen'] - 1]}")
+            plan_path = st.text_input("Plan path as the nodes see it (baked into the scripts; empty: next to the "
+                                      "script)", key="plan_path", placeholder="e.g. /shared/plans/plan.yaml"
+                                      ).strip() or None
+            ex = cache.exports(key, cfg_json, tokens, plan_path)
+            files = ex["files"]
+            cols = st.columns(3)
+            for k, (fkey, (label, fname, text, mime)) in enumerate(files.items()):
+                cols[k % 3].download_button(label, text, file_name=fname, mime=mime, key=f"dl_{fkey}",
+                                            help=f"downloads {fname}", on_click="ignore",
+                                            icon=":material/download:", width="stretch")
+            for fmt, err in ex["errors"].items():
+                st.warning(f"{EXPORT_FORMATS[fmt][0]}: {err}")
+            preview = st.selectbox("Preview", list(files), key="preview", format_func=lambda f: files[f][1])
+            st.code(files[preview][2], language="toml" if preview == "torchtitan-toml" else
+                    "yaml" if preview == "plan" else "bash", height=420)
+        st.download_button(
+            f"Sweep as CSV ({res.evaluated:,} rows, generated on click)", lambda: cache.sweep_csv(key),
+            file_name=f"{model.name}-{job.world}gpu-{hw.id}-sweep.csv", mime="text/csv", key="dl_csv",
+            on_click="ignore", icon=":material/table:",
+        )
+
+# ---- assumptions --------------------------------------------------------------------------------------
+with tab["Assumptions"]:
+    if tab["Assumptions"].open:
+        st.markdown(assumptions(hw, load_stack(job.stack), job.memory_margin))

@@ -1,0 +1,92 @@
+"""Streamlit caches around `ui.web.compute`, keyed on `Job.key()` (a short JSON string) and plain values.
+
+A rerun after a widget that does not change the sweep (chosen plan, table rows, view) reads everything
+from here; a rerun with a new input pays one sweep (~0.1 s for llama3-70b on 8 nodes).
+"""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from estimator.hardware import hardware_names, load_hardware
+from estimator.model_spec import load_model, preset_names
+from planner.search import SearchResult
+from planner.tree import decision_tree
+from ui.web import compute
+from ui.web.compute import Job
+
+ENTRIES = 24
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def sweep(key: str) -> SearchResult:
+    return compute.run_sweep(Job.from_key(key))
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def tree(key: str) -> list[dict]:
+    return decision_tree(sweep(key))
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def points(key: str) -> object:
+    return compute.sweep_points(sweep(key))
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def ranked(key: str, top: int, tokens: float | None, price: float | None) -> object:
+    return compute.ranked_frame(sweep(key), top, tokens, price)
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def reasons(key: str) -> object:
+    return compute.reason_table(sweep(key))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def config_estimate(key: str, cfg_json: str) -> dict:
+    return compute.config_estimate(Job.from_key(key), json.loads(cfg_json))
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def exports(key: str, cfg_json: str, tokens: float | None, plan_path: str | None) -> dict:
+    job = Job.from_key(key)
+    cfg = json.loads(cfg_json)
+    return compute.exports(job, cfg, config_estimate(key, cfg_json), tokens, plan_path)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def sweep_csv(key: str) -> str:
+    return compute.sweep_csv(sweep(key))
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def hardware_rows(key: str, hw_ids: tuple[str, ...], tokens: float | None) -> list[dict]:
+    job = Job.from_key(key)
+    rows = []
+    for hw_id in hw_ids:
+        other = compute.compare_job(job, hw_id)
+        rows.append(compute.hardware_row(other, sweep(other.key()), tokens))
+    return rows
+
+
+@st.cache_data(show_spinner=False)
+def presets() -> list[str]:
+    return preset_names()
+
+
+@st.cache_data(show_spinner=False)
+def hardware_ids() -> list[str]:
+    return hardware_names()
+
+
+@st.cache_data(show_spinner=False)
+def preset(name: str) -> object:
+    return load_model(name)
+
+
+@st.cache_data(show_spinner=False)
+def hardware(name: str) -> object:
+    return load_hardware(name)

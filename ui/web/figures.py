@@ -1,0 +1,317 @@
+"""Plotly figures of the web app, built by pure functions from plain data (no Streamlit, no I/O).
+
+Each function returns a `go.Figure`; tests read the data back from its traces.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+MEMORY_LABELS = {
+    "params_fp32": "parameters (fp32 shard)",
+    "grads_fp32": "gradients (fp32 shard)",
+    "optimizer_states": "AdamW states",
+    "unsharded_params": "all-gathered bf16 params",
+    "unsharded_grads": "unsharded bf16 grads",
+    "activations": "activations",
+    "logits_loss": "logits + loss",
+    "transient": "transient buffers",
+    "fragmentation": "allocator fragmentation",
+}
+MEMORY_COLORS = {
+    "params_fp32": "#4c78a8", "grads_fp32": "#72b7b2", "optimizer_states": "#54a24b",
+    "unsharded_params": "#9ecae9", "unsharded_grads": "#88d27a", "activations": "#f58518",
+    "logits_loss": "#e45756", "transient": "#b279a2", "fragmentation": "#bab0ac",
+}
+TIME_LABELS = {
+    "compute": "compute", "recompute": "recompute (AC)", "float8_casts": "Float8 casts",
+    "elementwise": "elementwise", "overhead": "launch + step overhead", "fsdp_exposed": "FSDP comm (exposed)",
+    "tp_exposed": "TP comm (exposed)", "cp_exposed": "CP comm (exposed)", "pp_bubble": "pipeline bubble",
+    "pp_p2p": "pipeline P2P", "dp_allreduce": "DP all-reduce", "optimizer_step": "optimizer step",
+}
+USABLE_COLOR = "#d62728"
+LIMIT_COLOR = "#ff7f0e"
+FIT_COLOR = "#1f77b4"
+GREY = "rgba(140,140,140,0.35)"
+FONT = dict(family="Source Sans Pro, sans-serif", size=13)
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0, xanchor="left", font=dict(size=15)) if title else None,
+        height=height, margin=dict(l=10, r=10, t=50 if title else 20, b=10), font=FONT,
+        legend=dict(orientation="h", yanchor="top", y=-0.15, x=0, xanchor="left"),
+        hoverlabel=dict(align="left"),
+    )
+    return fig
+
+
+def memory_bars(bars: Sequence[tuple[str, dict[str, float]]], usable_gib: float, limit_gib: float,
+                title: str = "") -> go.Figure:
+    """Per-GPU memory as bars stacked by category (GiB), one bar per (label, breakdown), with a line at the
+    usable HBM and one at the safety margin's limit. Categories in MEMORY_LABELS order; a bar's
+    segments sum to its peak (the breakdown includes fragmentation: peak = reserved memory)."""
+    labels = [b[0] for b in bars]
+    fig = go.Figure()
+    cats = [c for c in MEMORY_LABELS if any(c in b[1] for b in bars)]
+    cats += sorted({c for b in bars for c in b[1]} - set(cats))
+    for cat in cats:
+        vals = [float(b[1].get(cat, 0.0)) for b in bars]
+        fig.add_trace(go.Bar(
+            x=labels, y=vals, name=MEMORY_LABELS.get(cat, cat), marker_color=MEMORY_COLORS.get(cat),
+            meta=cat, hovertemplate="%{x}<br>" + html.escape(MEMORY_LABELS.get(cat, cat)) + ": %{y:.2f} GiB<extra></extra>",
+        ))
+    totals = [sum(float(v) for v in b[1].values()) for b in bars]
+    fig.add_trace(go.Scatter(
+        x=labels, y=totals, mode="text", text=[f"{t:.1f}" for t in totals], textposition="top center",
+        showlegend=False, hoverinfo="skip", name="peak", meta="peak",
+    ))
+    fig.add_hline(y=usable_gib, line=dict(color=USABLE_COLOR, width=2),
+                  annotation=dict(text=f"usable HBM {usable_gib:.1f} GiB", font_color=USABLE_COLOR),
+                  annotation_position="top right")
+    if abs(limit_gib - usable_gib) > 1e-6:
+        fig.add_hline(y=limit_gib, line=dict(color=LIMIT_COLOR, width=2, dash="dash"),
+                      annotation=dict(text=f"margin limit {limit_gib:.1f} GiB", font_color=LIMIT_COLOR),
+                      annotation_position="bottom right")
+    top = max([usable_gib, *totals]) * 1.12
+    fig.update_layout(barmode="stack", yaxis=dict(title="GiB per GPU (peak reserved)", range=[0, top]),
+                      xaxis=dict(type="category"),
+                      bargap=0.35 if len(bars) > 1 else 0.6)
+    return _layout(fig, title, 420)
+
+
+def bar_totals(fig: go.Figure) -> list[float]:
+    """Sum of the stacked segments of each bar of a `memory_bars` / `time_bars` figure."""
+    bars = [t for t in fig.data if t.type == "bar"]
+    if not bars:
+        return []
+    orient_h = bars[0].orientation == "h"
+    return list(np.sum([np.asarray(t.x if orient_h else t.y, dtype=float) for t in bars], axis=0))
+
+
+def time_bars(bars: Sequence[tuple[str, dict[str, float]]], title: str = "") -> go.Figure:
+    """Where one optimizer step's time goes, stacked horizontal bars (seconds), one per (label, breakdown).
+    Exposed communication only: overlapped communication costs nothing here."""
+    labels = [b[0] for b in bars]
+    fig = go.Figure()
+    palette = ["#4c78a8", "#9ecae9", "#f58518", "#ffbf79", "#bab0ac", "#54a24b", "#88d27a", "#b279a2",
+               "#e45756", "#ff9d98", "#72b7b2", "#eeca3b"]
+    cats = [c for c in TIME_LABELS if any(b[1].get(c, 0) > 0 for b in bars)]
+    for k, cat in enumerate(cats):
+        fig.add_trace(go.Bar(
+            y=labels, x=[float(b[1].get(cat, 0.0)) for b in bars], name=TIME_LABELS[cat], orientation="h",
+            marker_color=palette[k % len(palette)], meta=cat,
+            hovertemplate="%{y}<br>" + TIME_LABELS[cat] + ": %{x:.3f} s<extra></extra>",
+        ))
+    fig.update_layout(barmode="stack", xaxis=dict(title=dict(text="seconds per optimizer step", standoff=4)),
+                      yaxis=dict(autorange="reversed", type="category"))
+    fig = _layout(fig, title, 230 + 40 * len(bars))
+    fig.update_layout(legend=dict(y=-0.3 - 0.05 * (4 - min(len(bars), 4)), traceorder="normal"))
+    return fig
+
+
+def sweep_scatter(points: pd.DataFrame, limit_gib: float, usable_gib: float, chosen_index: int | None = None,
+                  title: str = "") -> go.Figure:
+    """Throughput (tokens/s/GPU) against peak memory for every estimated configuration of a sweep.
+
+    `points` comes from `ui.web.compute.sweep_points`. Traces: `fits` (coloured), `does not fit` (grey,
+    the rejection reason on hover), `Pareto front` (the non-dominated fitting configurations, joined by
+    a line) and `chosen`. Every trace's `customdata[:, 0]` is the configuration's index in the sweep.
+    """
+    fig = go.Figure()
+    fits, oom = points[points.fits], points[~points.fits]
+
+    def hover(df: pd.DataFrame, with_reason: bool) -> list[str]:
+        more = np.where(df["count"] > 1, "<br>(+" + (df["count"] - 1).astype(str) + " similar)", "")
+        text = df["label"].map(html.escape) + more
+        if with_reason:
+            text = text + "<br><i>" + df["reason"].map(html.escape) + "</i>"
+        return list(text)
+
+    if len(oom):
+        fig.add_trace(go.Scattergl(
+            x=oom.peak_gib, y=oom.tps, mode="markers", name="does not fit (memory)",
+            marker=dict(color=GREY, size=5), customdata=np.stack([oom["index"], oom["count"]], axis=1),
+            text=hover(oom, True), hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tok/s/GPU<extra>does not fit</extra>",
+        ))
+    if len(fits):
+        fig.add_trace(go.Scattergl(
+            x=fits.peak_gib, y=fits.tps, mode="markers", name="fits",
+            marker=dict(color=fits.mfu * 100, colorscale="Viridis", size=6, opacity=0.8,
+                        colorbar=dict(title="MFU %", thickness=12, len=0.75)),
+            customdata=np.stack([fits["index"], fits["count"]], axis=1), text=hover(fits, False),
+            hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tok/s/GPU, MFU %{marker.color:.1f}%<extra>fits</extra>",
+        ))
+    front = points[points.pareto].sort_values("peak_gib")
+    if len(front):
+        fig.add_trace(go.Scatter(
+            x=front.peak_gib, y=front.tps, mode="lines+markers", name="Pareto front",
+            line=dict(color="#e45756", width=2, shape="hv"), marker=dict(size=9, symbol="diamond"),
+            customdata=np.stack([front["index"], front["count"]], axis=1), text=list(front["label"].map(html.escape)),
+            hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tok/s/GPU<extra>Pareto</extra>",
+        ))
+    if chosen_index is not None and (points["index"] == chosen_index).any():
+        ch = points[points["index"] == chosen_index]
+        fig.add_trace(go.Scatter(
+            x=ch.peak_gib, y=ch.tps, mode="markers", name="chosen",
+            marker=dict(size=18, symbol="star", color="#ffd700", line=dict(color="black", width=1.5)),
+            customdata=np.stack([ch["index"], ch["count"]], axis=1), text=list(ch["label"].map(html.escape)),
+            hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tok/s/GPU<extra>chosen</extra>",
+        ))
+    # vertical lines as traces (shapes and annotations on a log axis take log10 coordinates)
+    y_top = float(np.nanmax(points.tps)) * 1.05 if len(points) else 1.0
+    fig.add_trace(go.Scatter(x=[usable_gib, usable_gib], y=[0, y_top], mode="lines", name=f"usable HBM {usable_gib:.1f} GiB",
+                             line=dict(color=USABLE_COLOR, width=2), hoverinfo="skip", meta="usable"))
+    if abs(limit_gib - usable_gib) > 1e-6:
+        fig.add_trace(go.Scatter(x=[limit_gib, limit_gib], y=[0, y_top], mode="lines",
+                                 name=f"margin limit {limit_gib:.1f} GiB", hoverinfo="skip", meta="limit",
+                                 line=dict(color=LIMIT_COLOR, width=2, dash="dash")))
+    fig.update_layout(
+        xaxis=dict(title="peak memory per GPU (GiB, log scale)", type="log"),
+        yaxis=dict(title="tokens / s / GPU", rangemode="tozero"),
+    )
+    return _layout(fig, title, 520)
+
+
+def scatter_indices(fig: go.Figure, name: str) -> np.ndarray:
+    """Sweep indices of the points of one trace of a `sweep_scatter` figure."""
+    for t in fig.data:
+        if t.name == name:
+            return np.asarray(t.customdata, dtype=np.int64)[:, 0]
+    return np.array([], dtype=np.int64)
+
+
+def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
+    """The decision tree of `planner.tree.decision_tree` as an interactive flow: one node per step, top to
+    bottom (green: taken, light: fits but not worth it, red: nothing fits); the closest rejected
+    alternatives branch off to the left in grey. Hover shows configuration, memory, throughput, reason."""
+    fig = go.Figure()
+    n = len(steps)
+    ys = [-k for k in range(n)]
+    xs, colors, symbols, hovers = [], [], [], []
+    for k, s in enumerate(steps):
+        best = s.get("best")
+        if best is None:
+            colors.append("#e45756")
+            symbols.append("x")
+        elif s.get("taken"):
+            colors.append("#2ca02c")
+            symbols.append("circle")
+        else:
+            colors.append("#c7e9c0")
+            symbols.append("circle-open")
+        xs.append(0.0)
+        body = [f"<b>{k + 1}. {html.escape(s['label'])}</b>", html.escape(s.get("adds", ""))]
+        if best:
+            body.append(f"best: {html.escape(best['summary'])}")
+            body.append(f"{best['peak_gib']:.1f} GiB, {best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, "
+                        f"MFU {best['mfu'] * 100:.1f}%")
+        body.append("<i>" + html.escape(s.get("reason", "")) + "</i>")
+        hovers.append("<br>".join(body))
+    # edges along the main path
+    for k in range(n - 1):
+        nxt = steps[k + 1]
+        taken = bool(nxt.get("taken")) and nxt.get("best") is not None
+        fig.add_trace(go.Scatter(
+            x=[0, 0], y=[ys[k], ys[k + 1]], mode="lines", hoverinfo="skip", showlegend=False,
+            line=dict(color="#2ca02c" if taken else "#bbbbbb", width=3 if taken else 2, dash=None if taken else "dot"),
+        ))
+    # rejected alternatives, branching left
+    alt_x, alt_y, alt_text = [], [], []
+    for k, s in enumerate(steps):
+        for j, r in enumerate(s.get("rejected", [])[:3]):
+            x = -0.09 * (j + 1)
+            fig.add_trace(go.Scatter(x=[0, x], y=[ys[k], ys[k] - 0.25], mode="lines", hoverinfo="skip",
+                                     showlegend=False, line=dict(color="#dddddd", width=1)))
+            alt_x.append(x)
+            alt_y.append(ys[k] - 0.25)
+            alt_text.append(f"rejected at step {k + 1}: {html.escape(r['summary'])}<br>"
+                            f"{r['peak_gib']:.1f} GiB, {r['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU<br>"
+                            f"<i>{html.escape(r.get('reason', ''))}</i>")
+    if alt_x:
+        fig.add_trace(go.Scatter(x=alt_x, y=alt_y, mode="markers", name="closest rejected (memory)",
+                                 marker=dict(color="#aaaaaa", size=9, symbol="x-thin-open", line=dict(width=2)),
+                                 text=alt_text, hovertemplate="%{text}<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=xs, y=ys, mode="markers", name="step", showlegend=False,
+        marker=dict(size=22, color=colors, symbol=symbols, line=dict(color="#333333", width=1.5)),
+        text=hovers, hovertemplate="%{text}<extra></extra>", customdata=[s["key"] for s in steps],
+    ))
+    for k, s in enumerate(steps):
+        best = s.get("best")
+        head = f"<b>{k + 1}. {html.escape(s['label'])}</b>"
+        lines = []
+        if best:
+            head += f"   {best['peak_gib']:.1f} GiB, {best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
+            lines.append(html.escape(best["summary"]))
+        elif s["key"] != "ac":
+            head += "   nothing fits"
+        lines.append(f"<span style='color:#666'>{_wrap(s.get('reason', ''), 110)}</span>")
+        fig.add_annotation(x=0.05, y=ys[k], xanchor="left", yanchor="middle", showarrow=False, align="left",
+                           text="<br>".join([head, *lines]))
+    for name, color, symbol in (("taken", "#2ca02c", "circle"), ("fits, not worth it", "#c7e9c0", "circle-open"),
+                                ("nothing fits", "#e45756", "x")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker=dict(size=12, color=color, symbol=symbol, line=dict(color="#333", width=1))))
+    fig.update_layout(
+        xaxis=dict(visible=False, range=[-0.33, 1.7], fixedrange=False),
+        yaxis=dict(visible=False, range=[-n + 0.4, 0.6]),
+        plot_bgcolor="white",
+    )
+    fig = _layout(fig, "", 105 * n + 80)
+    fig.update_layout(legend=dict(y=1.02, yanchor="bottom"), margin=dict(t=40))
+    return fig
+
+
+def _wrap(text: str, width: int) -> str:
+    """`text` HTML-escaped and wrapped at `width` characters with <br>."""
+    import textwrap
+
+    return "<br>".join(html.escape(line) for line in textwrap.wrap(text, width)) if text else ""
+
+
+def hardware_figure(rows: Sequence[dict], title: str = "") -> go.Figure:
+    """The same job on several hardware profiles: throughput per GPU, days and cost (bars per profile).
+    Profiles where nothing fits get an empty bar labelled 'does not fit'."""
+    ids = [r["hardware"] for r in rows]
+    have_days = any(r.get("days") is not None for r in rows)
+    have_cost = any(r.get("cost_usd") is not None for r in rows)
+    panels = [("tokens_per_sec_per_gpu", "tokens / s / GPU", "{:,.0f}")]
+    if have_days:
+        panels.append(("days", "days to train the budget", "{:,.1f}"))
+    if have_cost:
+        panels.append(("cost_usd", "cost (US$)", None))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels], horizontal_spacing=0.08)
+    colors = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d"]
+    for col, (key, label, fmt) in enumerate(panels, 1):
+        vals = [r.get(key) for r in rows]
+        text = [(fmt.format(v) if fmt else _usd(v)) if v is not None else "does not fit" if not r["fits"]
+                else "no price" for v, r in zip(vals, rows, strict=True)]
+        fig.add_trace(go.Bar(
+            x=ids, y=[v if v is not None else 0 for v in vals], text=text, textposition="outside",
+            marker_color=[colors[k % len(colors)] for k in range(len(ids))], name=label, showlegend=False,
+            meta=key, cliponaxis=False,
+            hovertext=[f"{r['name']}: {r['nodes']} x {r['gpus'] // max(r['nodes'], 1)} GPUs<br>"
+                       + (html.escape(r["configuration"]) if r["fits"] else _wrap(r["why_not"], 80))
+                       for r in rows],
+            hovertemplate="%{hovertext}<extra></extra>",
+        ), row=1, col=col)
+        top = max([v for v in vals if v is not None] or [1])
+        fig.update_yaxes(range=[0, top * 1.2], row=1, col=col)
+    fig = _layout(fig, title, 400)
+    fig.update_layout(margin=dict(t=80 if title else 40))
+    return fig
+
+
+def _usd(v: float) -> str:
+    """$ amounts in three significant digits: $950, $12.3k, $2.1M."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"${v / div:.3g}{unit}"
+    return f"${v:,.0f}"

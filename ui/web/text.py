@@ -1,0 +1,71 @@
+"""Text shown on the page: model and hardware facts, the assumptions and conventions section (pure)."""
+
+from __future__ import annotations
+
+from estimator.estimate import FLOP_CONVENTION
+from estimator.hardware import HardwareProfile
+from estimator.model_spec import ModelSpec
+from estimator.stack import StackProfile
+from planner.search import RANK_BAND
+
+
+def model_facts(m: ModelSpec) -> str:
+    kind = "SwiGLU/RMSNorm" if m.mlp == "swiglu" else "GELU/LayerNorm"
+    attn = f"GQA {m.heads}/{m.kv_heads} heads" if m.kv_heads < m.heads else f"MHA {m.heads} heads"
+    tied = ", tied embeddings" if m.tied_embeddings else ""
+    return (f"**{m.params / 1e9:.2f} B parameters**: {m.layers} layers, hidden {m.hidden:,}, MLP {m.ffn_hidden:,}, "
+            f"{attn}, vocab {m.vocab:,}; {kind}{tied}")
+
+
+def hardware_facts(hw: HardwareProfile) -> list[str]:
+    fp8 = f"{hw.peak_tflops_fp8:,.0f}" if hw.peak_tflops_fp8 else "no fp8"
+    price = (f"${hw.price.usd_per_gpu_hour:.2f}/GPU-hour ({hw.price.offering or 'list price'}, {hw.price.date})"
+             if hw.price else "no price")
+    return [
+        f"**{hw.name}**",
+        f"HBM {hw.hbm_total_gib:.1f} GiB, usable {hw.usable_hbm_gib:.1f} GiB ({hw.runtime_reserve_gib:.1f} runtime reserve)",
+        f"dense TFLOP/s: bf16 {hw.peak_tflops_bf16:,.0f}, fp8 {fp8}" + (", MX formats" if hw.mx_formats else ""),
+        f"HBM {hw.hbm_bandwidth_tbs:.2f} TB/s; scale-up {hw.intra_node_gbs:,.0f} GB/s/GPU; "
+        f"scale-out {hw.inter_node_gbps:,.0f} Gb/s/GPU",
+        f"{hw.gpus_per_node} GPUs per node, {hw.host_ram_gib_per_node:,.0f} GiB host RAM",
+        price,
+    ]
+
+
+def assumptions(hw: HardwareProfile, stack: StackProfile, memory_margin: float) -> str:
+    """The conventions behind every number on the page, as markdown."""
+    e = hw.efficiency
+    fp8 = f", fp8 GEMM {e.gemm_fp8:.2f} of fp8 peak" if e.gemm_fp8 else ""
+    price = (f"${hw.price.usd_per_gpu_hour:.2f} per GPU-hour, {hw.price.offering or 'list price'} read "
+             f"{hw.price.date}" if hw.price else "no list price (cost is not shown)")
+    return f"""
+**Throughput and MFU.** Model FLOPs per token follow torchtitan's convention: `{FLOP_CONVENTION}`.
+MFU = tokens/s/GPU x FLOPs per token / the **dense bf16 peak** of the GPU ({hw.peak_tflops_bf16:,.0f} TFLOP/s
+for {hw.id}), also for Float8 runs (as torchtitan reports it). Recompute from activation checkpointing costs
+time but is not counted as model FLOPs.
+
+**Memory.** Every memory number is the **peak reserved** memory of torch's caching allocator on the
+**worst** rank (allocated + fragmentation; the stack's fragmentation is {stack.fragmentation:.0%} of
+allocated). With pipeline parallelism the worst pipeline stage is shown, and each stage on its own bar, so
+an average never hides the rank that runs out of memory. Usable HBM = device total {hw.hbm_total_gib:.1f} GiB
+minus {hw.runtime_reserve_gib:.1f} GiB for the CUDA/ROCm context and NCCL/library workspaces =
+{hw.usable_hbm_gib:.1f} GiB. A plan fits when its peak is at most the **memory margin** ({memory_margin:.0%})
+of usable HBM = {hw.usable_hbm_gib * memory_margin:.1f} GiB. Parameters, gradients and AdamW states are fp32
+(mixed precision with bf16 compute, fp32 gradient reduction); activations are counted per microbatch in
+flight, including the logits and loss buffers of the last stage.
+
+**Efficiency factors** ({hw.id}): best-shape bf16 GEMM {e.gemm_bf16:.2f} of peak{fp8}; flash attention
+{e.attention:.2f} of bf16 peak; achieved HBM bandwidth {e.hbm:.2f} of peak; sustained clock {e.clock:.2f};
+collectives reach {hw.intra_node_efficiency:.2f} of the scale-up link and {hw.inter_node_efficiency:.2f} of
+the scale-out line rate. The {stack.name} stack: model-shape GEMMs reach {stack.gemm_efficiency:.2f} of
+best-shape; FSDP overlaps {stack.fsdp_overlap:.0%} of compute with its collectives; vanilla TP overlaps
+{stack.tp_overlap:.0%}, async TP {stack.async_tp_overlap:.0%}; context parallel overlaps {stack.cp_overlap:.0%}.
+Each number's source is in the hardware profile and stack YAML files.
+
+**Ranking.** Configurations within {RANK_BAND:.0%} throughput of each other rank by lower memory (the estimate is
+not finer than that). With the GPU count and hardware fixed, time-to-train and cost order the same way as
+throughput, so the three objectives give the same ranking here; they differ in the hardware comparison.
+
+**Time and cost.** days = token budget / (tokens/s/GPU x GPUs) / 86,400; cost = GPU-hours x {price}.
+No restarts, checkpoint stalls or evaluation time are included.
+"""
