@@ -1,7 +1,8 @@
-"""Run configuration of the training core: parallel degrees named as torchtitan names them, plus training settings.
+"""Run configuration of the training core: parallel degrees named as torchtitan names them, plus training
+settings.
 
-A config is a JSON or YAML mapping (`RunConfig.load(path)`); the model is a `ModelSpec` given inline, or a preset
-name / model YAML / Hugging Face `config.json` path resolved by `estimator.model_spec.load_model`.
+A config is a JSON or YAML mapping (`RunConfig.load(path)`); the model is a `ModelSpec` given inline, or a
+preset name / model YAML / Hugging Face `config.json` path resolved by `estimator.model_spec.load_model`.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class RunConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1)
     resume: bool = True
     data: str = Field("synthetic", description="'synthetic' or the path of a local text file")
-    tokenizer: str | None = Field(None, description="local Hugging Face tokenizer.json (byte-level by default)")
+    tokenizer: str | None = Field(
+        None, description="local Hugging Face tokenizer.json (byte-level by default)"
+    )
     device: Literal["cpu", "cuda"] = "cpu"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     run_dir: str = "runs/latest"
@@ -83,18 +86,26 @@ class RunConfig(BaseModel):
             raise ValueError("tied embeddings are not supported with tp > 1 in this training core")
         dp = self.dp_replicate * self.dp_shard
         if self.global_batch_size % (dp * self.micro_batch_size):
-            raise ValueError(f"global_batch_size ({self.global_batch_size}) must divide by "
-                             f"dp_replicate*dp_shard*micro_batch_size ({dp * self.micro_batch_size})")
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must divide by "
+                f"dp_replicate*dp_shard*micro_batch_size ({dp * self.micro_batch_size})"
+            )
         if self.pp > 1 and self.microbatches % self.pp:
-            raise ValueError(f"pipeline microbatches ({self.microbatches}) must be a multiple of pp ({self.pp})")
+            raise ValueError(
+                f"pipeline microbatches ({self.microbatches}) must be a multiple of pp ({self.pp})"
+            )
         if self.seq_len % (self.cp * self.tp):
             raise ValueError(f"seq_len ({self.seq_len}) must divide by cp*tp ({self.cp * self.tp})")
         if self.cp > 1 and self.seq_len % (2 * self.cp):
-            raise ValueError(f"seq_len ({self.seq_len}) must divide by 2*cp ({2 * self.cp}) for load balancing")
+            raise ValueError(
+                f"seq_len ({self.seq_len}) must divide by 2*cp ({2 * self.cp}) for load balancing"
+            )
         if self.async_tp and not self.compile:
             raise ValueError("async_tp needs compile: true (it is a torch.compile pass)")
         if self.float8 != "none" and self.tp > 1:
-            raise ValueError("float8 with tp > 1 is not supported by this training core; use FSDP with float8")
+            raise ValueError(
+                "float8 with tp > 1 is not supported by this training core; use FSDP with float8"
+            )
         if self.stop_at_step is not None and self.stop_at_step > self.steps:
             raise ValueError(f"stop_at_step ({self.stop_at_step}) is past steps ({self.steps})")
         return self
@@ -122,8 +133,10 @@ class RunConfig(BaseModel):
         """Raise ValueError when the degrees do not multiply to the number of processes."""
         if self.world_size != world_size:
             raise ValueError(
-                f"dp_replicate*dp_shard*cp*tp*pp = {self.dp_replicate}*{self.dp_shard}*{self.cp}*{self.tp}*{self.pp}"
-                f" = {self.world_size}, but WORLD_SIZE is {world_size}")
+                f"dp_replicate*dp_shard*cp*tp*pp = "
+                f"{self.dp_replicate}*{self.dp_shard}*{self.cp}*{self.tp}*{self.pp}"
+                f" = {self.world_size}, but WORLD_SIZE is {world_size}"
+            )
 
     @property
     def checkpoint_path(self) -> Path:

@@ -1,0 +1,1 @@
+"""Training core: model, parallelisation, data, checkpoints and the torchrun entry point."""

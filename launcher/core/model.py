@@ -1,0 +1,297 @@
+"""Llama-family decoder (GQA, SwiGLU, RMSNorm, RoPE; GELU/LayerNorm for GPT-style specs) from a ModelSpec.
+
+The model is built on the meta device, parallelised, then materialised with `init_weights`: every parameter's
+full value comes from a generator seeded by (seed, parameter name), and each rank keeps only its shard
+(`distribute_tensor(..., src_data_rank=None)` slices locally, no communication). The values are therefore the
+same whatever the sharding, which is what makes FSDP/TP/PP/CP loss parity testable.
+
+Pipeline stages are copies of the model with the layers of other stages removed; layer names (`layers.<i>`)
+keep their global index so parameter names, seeds and checkpoints agree across layouts.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from estimator.model_spec import ModelSpec
+
+ROPE_THETA = 10000.0
+
+
+# --- context parallel (CPU path: all-gather of K/V across the cp group) -------------------------------------
+def cp_positions(seq_len: int, cp_rank: int, cp_size: int) -> torch.Tensor:
+    """Token positions held by one cp rank: load-balanced chunks `r` and `2*cp-1-r` of `2*cp` equal chunks."""
+    if cp_size == 1:
+        return torch.arange(seq_len)
+    chunk = seq_len // (2 * cp_size)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    second_start = (2 * cp_size - 1 - cp_rank) * chunk
+    return torch.cat([first, torch.arange(second_start, second_start + chunk)])
+
+
+class ContextParallel:
+    """What attention needs for context parallelism: cp group, causal mask of local queries vs keys."""
+
+    def __init__(self, group: Any, seq_len: int, cp_rank: int, cp_size: int) -> None:
+        self.group = group
+        self.size = cp_size
+        q_pos = cp_positions(seq_len, cp_rank, cp_size)
+        k_pos = torch.cat([cp_positions(seq_len, r, cp_size) for r in range(cp_size)])
+        self.positions = q_pos
+        self.mask = k_pos[None, :] <= q_pos[:, None]  # (local queries, gathered keys)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """All-gather along the sequence dim (1), differentiable (backward is a reduce-scatter)."""
+        from torch.distributed._functional_collectives import all_gather_single_autograd
+
+        seq_first = x.transpose(0, 1).contiguous()
+        return all_gather_single_autograd(seq_first, gather_dim=0, group=self.group).transpose(0, 1)
+
+
+# --- building blocks ---------------------------------------------------------------------------------------
+def rope_tables(
+    positions: torch.Tensor,
+    d_head: int,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (positions, d_head/2) for rotary embeddings."""
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
+    angles = positions.to(torch.float32)[:, None] * inv[None, :]
+    return angles.cos().to(device), angles.sin().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x (batch, seq, heads, d_head)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "layernorm":
+        return nn.LayerNorm(spec.hidden, eps=1e-5)
+    return nn.RMSNorm(spec.hidden, eps=1e-5)
+
+
+class Attention(nn.Module):
+    """GQA attention. Head counts are inferred from the (possibly TP-sharded) projection widths."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.d_head = spec.d_head
+        self.wq = nn.Linear(spec.hidden, spec.q_dim, bias=spec.qkv_bias)
+        self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
+        self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
+        self.wo = nn.Linear(spec.q_dim, spec.hidden, bias=False)
+        self.cp: ContextParallel | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bs, seq, _ = x.shape
+        q = self.wq(x).view(bs, seq, -1, self.d_head)
+        k = self.wk(x).view(bs, seq, -1, self.d_head)
+        v = self.wv(x).view(bs, seq, -1, self.d_head)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        mask = None
+        if self.cp is not None:
+            k, v = self.cp.gather(k), self.cp.gather(v)
+            mask = self.cp.mask.to(x.device)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (w2(silu(w1 x) * w3 x)) or GELU (w2(gelu(w1 x))) MLP."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.gelu = spec.mlp == "gelu"
+        self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
+        self.w3 = None if self.gelu else nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is None:
+            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+# --- activation checkpointing ------------------------------------------------------------------------------
+_SAC_SAVE = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten.max.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+}
+_MM = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+
+def selective_context_fn() -> Any:
+    """torchtitan's op-level SAC policy: save matmul outputs except every second one, and attention."""
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        key = "recompute" if ctx.is_recompute else "forward"
+        if func in _MM:
+            counts[key] += 1
+        save = func in _SAC_SAVE and not (func in _MM and counts[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block. `ac` selects activation checkpointing: none / selective (op SAC) / full."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attention_norm = make_norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = make_norm(spec)
+        self.feed_forward = FeedForward(spec)
+        self.ac = "none"
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.ac == "full":
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        if self.ac == "selective":
+            return checkpoint(
+                self._forward, x, cos, sin, use_reentrant=False, context_fn=selective_context_fn
+            )
+        return self._forward(x, cos, sin)
+
+
+class Transformer(nn.Module):
+    """Decoder, or one pipeline stage of it (embeddings on the first, `norm`/`output` on the last)."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.seq_len = seq_len
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.norm: nn.Module | None = make_norm(spec)
+        # Tied embeddings reuse tok_embeddings.weight in forward rather than sharing a Parameter object
+        # between two modules: meta-device to_empty and FSDP2 would silently untie a shared Parameter.
+        self.tied = spec.tied_embeddings
+        self.output: nn.Linear | None = None if self.tied else nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.positions = torch.arange(seq_len, device="cpu")
+        self.register_buffer("rope_cos", torch.empty(seq_len, spec.d_head // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(seq_len, spec.d_head // 2), persistent=False)
+
+    def keep_stage(self, layer_ids: list[int], first: bool, last: bool) -> Transformer:
+        """Drop what a pipeline stage does not own (in place) and return self."""
+        for key in list(self.layers.keys()):
+            if int(key) not in layer_ids:
+                del self.layers[key]
+        if not first:
+            self.tok_embeddings = None
+        if not last:
+            self.norm = None
+            self.output = None
+        return self
+
+    def set_context_parallel(self, cp: ContextParallel) -> None:
+        """Shard the sequence across the cp group: local positions for RoPE, K/V all-gather in attention."""
+        self.positions = cp.positions
+        self.rope_cos = torch.empty(len(cp.positions), self.spec.d_head // 2, device=self.rope_cos.device)
+        self.rope_sin = torch.empty(len(cp.positions), self.spec.d_head // 2, device=self.rope_sin.device)
+        for block in self.layers.values():
+            block.attention.cp = cp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        if isinstance(h, AsyncCollectiveTensor):
+            # The TP embedding returns an un-waited reduce-scatter result. A compiled block that takes it as
+            # input returns no gradient for it (the embedding then gets a zero/failed gradient on this stack),
+            # so materialise it as a plain tensor first; the copy is one (batch, seq/tp, hidden) activation.
+            h = h.clone()
+        for block in self.layers.values():
+            h = block(h, self.rope_cos, self.rope_sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        elif self.tied and self.norm is not None:
+            h = F.linear(h, self.tok_embeddings.weight)
+        return h
+
+    # --- materialisation -------------------------------------------------------------------------------
+    def init_rope(self, device: torch.device) -> None:
+        """(Re)build the RoPE cos/sin buffers for this part's positions."""
+        self.rope_cos, self.rope_sin = rope_tables(self.positions, self.spec.d_head, device)
+
+    def init_weights(self, seed: int, device: torch.device) -> None:
+        """Fill each (possibly sharded) parameter with its sharding-independent seeded value; rebuild RoPE."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        self.init_rope(device)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                full = init_value(clean_fqn(name), tuple(param.shape), self.spec, seed).to(param.dtype)
+                if isinstance(param, DTensor):
+                    local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+                    param.to_local().copy_(local.to_local())
+                else:
+                    param.copy_(full)
+
+
+def clean_fqn(name: str) -> str:
+    """Parameter name without wrapper prefixes (compile, checkpoint wrappers)."""
+    for junk in ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
+        name = name.replace(junk, "")
+    return name
+
+
+def init_value(name: str, shape: tuple[int, ...], spec: ModelSpec, seed: int) -> torch.Tensor:
+    """The full initial value of one parameter, from a generator seeded by (seed, name)."""
+    if name.endswith(("norm.weight",)):
+        return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    if name.startswith("tok_embeddings"):
+        std = 0.02 if spec.tied_embeddings else 1.0  # tied (GPT-2 style): it is also the output projection
+    elif name.startswith("output"):
+        std = spec.hidden**-0.5
+    elif name.endswith(("wo.weight", "w2.weight")):
+        std = 0.02 / math.sqrt(2 * spec.layers)
+    else:
+        std = 0.02
+    return torch.randn(shape, generator=gen) * std
+
+
+def build_meta_model(spec: ModelSpec, seq_len: int) -> Transformer:
+    """The full model with parameters on the meta device (no memory)."""
+    with torch.device("meta"):
+        return Transformer(spec, seq_len)
+
+
+def cross_entropy(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy in fp32 (works on loss-parallel DTensor logits inside `loss_parallel()`)."""
+    return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,0 +1,270 @@
+"""Apply the plan's parallelism on one DeviceMesh (pp, dp_replicate, dp_shard, cp, tp), as torchtitan does.
+
+Order per pipeline stage (torchtitan's): Float8 conversion -> TP (sequence + loss parallel) -> context
+parallel -> activation checkpointing -> per-block torch.compile -> FSDP2 / HSDP -> materialise (to_empty +
+seeded init).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from launcher.core.config import RunConfig
+from launcher.core.model import ContextParallel, Transformer, build_meta_model
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+# --- environment checks ------------------------------------------------------------------------------------
+def check_environment(cfg: RunConfig) -> None:
+    """Fail early, with one line, when the config asks for something this machine cannot do."""
+    cuda = torch.cuda.is_available()
+    if cfg.device == "cuda" and not cuda:
+        raise RuntimeError(
+            "device 'cuda' requested but this machine has no usable CUDA GPU "
+            "(torch.cuda.is_available() is False); use device: cpu"
+        )
+    if cfg.backend == "nccl":
+        if cfg.device != "cuda":
+            raise RuntimeError("backend 'nccl' needs device 'cuda'; on CPU use backend gloo (or auto)")
+        if not dist.is_nccl_available():
+            raise RuntimeError("backend 'nccl' requested but this torch build has no NCCL; use backend gloo")
+    if cfg.async_tp and cfg.device != "cuda":
+        raise RuntimeError(
+            "async_tp needs CUDA GPUs with symmetric memory (NCCL); it is not supported on CPU"
+        )
+    if cfg.float8 == "mxfp8":
+        if cfg.device != "cuda" or torch.cuda.get_device_capability() < (10, 0):
+            raise RuntimeError(
+                "float8 'mxfp8' needs a Blackwell GPU (CUDA compute capability >= 10.0); "
+                "use tensorwise or rowwise"
+            )
+    elif cfg.float8 != "none" and cfg.device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        raise RuntimeError(
+            "float8 training needs CUDA compute capability >= 8.9 (H100/Ada); use float8: none"
+        )
+    if (
+        cfg.compile
+        and cfg.device == "cpu"
+        and not any(shutil.which(c) for c in ("gcc", "cc", "clang", "g++"))
+    ):
+        raise RuntimeError(
+            "compile on CPU needs a C compiler (gcc/clang) on PATH; install one or set compile: false"
+        )
+
+
+def backend_for(cfg: RunConfig) -> str:
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "nccl" if cfg.device == "cuda" else "gloo"
+
+
+# --- mesh --------------------------------------------------------------------------------------------------
+@dataclass
+class Parallel:
+    """The device mesh and the coordinates this rank needs."""
+
+    cfg: RunConfig
+    mesh: DeviceMesh
+    fsdp_view: DeviceMesh
+    device: torch.device
+    # FSDP2 mixed precision (bf16 params, fp32 reduce); None: on CUDA only. The memory trace sets it on CPU
+    # so that its fake tensors have the dtypes of the GPU run.
+    mixed_precision: bool | None = None
+
+    def size(self, dim: str) -> int:
+        return self.mesh[dim].size()
+
+    def coord(self, dim: str) -> int:
+        return self.mesh[dim].get_local_rank()
+
+    @property
+    def dp_rank(self) -> int:
+        """Index of this rank's data shard among dp_replicate*dp_shard."""
+        return self.coord("dp_replicate") * self.cfg.dp_shard + self.coord("dp_shard")
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coord("pp")
+
+    @property
+    def cp_rank(self) -> int:
+        return self.coord("cp")
+
+    @property
+    def fsdp_mesh(self) -> DeviceMesh | None:
+        """FSDP shards over dp_shard*cp (cp ranks share the weights); HSDP adds dp_replicate."""
+        cfg = self.cfg
+        if cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1:
+            return None
+        if cfg.dp_replicate > 1:
+            return self.fsdp_view["dp_replicate", "dp_shard_cp"]
+        return self.fsdp_view["dp_shard_cp"]
+
+
+def build_parallel(cfg: RunConfig, device: torch.device) -> Parallel:
+    """One world mesh viewed as (pp, dp_replicate, dp_shard, cp, tp) like torchtitan's, plus the FSDP view
+    (pp, dp_replicate, dp_shard_cp, tp) in which cp ranks shard the weights together with dp_shard."""
+    world = init_device_mesh(device.type, (cfg.world_size,), mesh_dim_names=("world",))
+    sizes = (cfg.pp, cfg.dp_replicate, cfg.dp_shard, cfg.cp, cfg.tp)
+    mesh = world._unflatten(0, sizes, MESH_DIMS)
+    fsdp_view = world._unflatten(
+        0,
+        (cfg.pp, cfg.dp_replicate, cfg.dp_shard * cfg.cp, cfg.tp),
+        ("pp", "dp_replicate", "dp_shard_cp", "tp"),
+    )
+    return Parallel(cfg, mesh, fsdp_view, device)
+
+
+# --- stages ------------------------------------------------------------------------------------------------
+def stage_layers(layers: int, stages: int) -> list[list[int]]:
+    """Split layer indices evenly over stages (earlier stages take the remainder)."""
+    base, extra = divmod(layers, stages)
+    out, start = [], 0
+    for s in range(stages):
+        n = base + (1 if s < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def stage_ids(cfg: RunConfig, pp_rank: int) -> list[int]:
+    """Pipeline stages owned by a pp rank: loop style, `pp_rank + k*pp` for k < vpp."""
+    return [pp_rank + k * cfg.pp for k in range(cfg.vpp)]
+
+
+Materialize = Callable[[Transformer], None]
+
+
+def build_model_parts(
+    cfg: RunConfig, par: Parallel, materialize: Materialize | None = None
+) -> tuple[list[Transformer], list[int]]:
+    """The model parts this rank owns (one, or vpp pipeline stages), parallelised and materialised.
+
+    `materialize` replaces the default materialisation (to_empty on the device + seeded init); the memory
+    trace passes one that allocates fake tensors."""
+    n_stages = cfg.pp * cfg.vpp
+    ids = stage_ids(cfg, par.pp_rank) if cfg.pp > 1 else [0]
+    split = stage_layers(cfg.model.layers, n_stages)
+    parts = []
+    for sid in ids:
+        part = build_meta_model(cfg.model, cfg.seq_len)
+        if cfg.pp > 1:
+            part.keep_stage(split[sid], first=sid == 0, last=sid == n_stages - 1)
+        parts.append(parallelize_part(part, cfg, par, materialize))
+    return parts, ids
+
+
+def parallelize_part(
+    model: Transformer, cfg: RunConfig, par: Parallel, materialize: Materialize | None = None
+) -> Transformer:
+    """Float8 -> TP -> CP -> AC -> compile -> FSDP -> materialise, on one model part."""
+    if cfg.float8 != "none":
+        convert_float8(model, cfg.float8)
+    if cfg.tp > 1:
+        apply_tp(model, par.mesh["tp"], async_tp=cfg.async_tp)
+    if cfg.cp > 1:
+        model.set_context_parallel(
+            ContextParallel(par.mesh["cp"].get_group(), cfg.seq_len, par.cp_rank, cfg.cp)
+        )
+    for block in model.layers.values():
+        block.ac = cfg.ac
+        if cfg.compile:
+            block.compile(fullgraph=True)
+    mesh = par.fsdp_mesh
+    if mesh is not None:
+        mixed = par.device.type == "cuda" if par.mixed_precision is None else par.mixed_precision
+        apply_fsdp(model, mesh, cuda=mixed, reshard_after_forward=cfg.pp == 1)
+    if materialize is not None:
+        materialize(model)
+        return model
+    model.to_empty(device=par.device)
+    model.init_weights(cfg.seed, par.device)
+    return model
+
+
+def float8_filter(module: nn.Module, fqn: str) -> bool:
+    """Convert block Linears whose dims divide by 16; never the output projection."""
+    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "output" or fqn == "output":
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def convert_float8(model: nn.Module, recipe: str) -> None:
+    """torchao Float8 training (dynamic scaling) on the eligible Linears."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    convert_to_float8_training(model, config=config, module_filter_fn=float8_filter)
+
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool) -> None:
+    """Megatron-style TP with sequence parallel (norms, residual stream sharded on seq) and loss parallel."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    top: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
+        )
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        plan: dict[str, Any] = {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(
+                input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+            ),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            ),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        if block.feed_forward.w3 is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
+        parallelize_module(block, tp_mesh, plan)
+    if async_tp:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        torch._inductor.config._micro_pipeline_tp = True
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+
+
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_after_forward: bool) -> None:
+    """FSDP2 per block plus the root (embeddings, final norm, output); bf16 params / fp32 reduce when `cuda`
+    (the GPU run's mixed precision)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if cuda
+        else MixedPrecisionPolicy()
+    )
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)

@@ -1,0 +1,445 @@
+"""Training entry point, run by torchrun on every rank:
+
+    torchrun --standalone --nproc-per-node 2 -m launcher.core.train --config run.yaml \
+        [--run-dir DIR] [--steps N]
+
+AdamW with linear warmup + cosine decay, global grad-norm clipping (DTensor- and PP-aware), gradient
+accumulation (the pipeline microbatches when pp > 1), deterministic seeding, periodic / on-signal atomic DCP
+checkpoints and resume. Rank 0 appends one JSON object per step to RUN_DIR/metrics.jsonl and prints a
+progress line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from launcher.core import faults
+from launcher.core.checkpoint import Checkpointer
+from launcher.core.config import RunConfig
+from launcher.core.data import ShardedLoader, TokenSource
+from launcher.core.model import cross_entropy
+from launcher.core.parallelize import (
+    Materialize,
+    Parallel,
+    backend_for,
+    build_model_parts,
+    build_parallel,
+    check_environment,
+)
+
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12}
+
+
+# --- process group -----------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(cfg: RunConfig) -> torch.device:
+    """Check the machine and world size, then start the process group (a plain `python -m` run is world 1)."""
+    check_environment(cfg)
+    cfg.check_world(int(os.environ.get("WORLD_SIZE", "1")))
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
+    if cfg.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend_for(cfg), device_id=device if device.type == "cuda" else None, **_elastic_store()
+        )
+    return device
+
+
+def _elastic_store() -> dict[str, Any]:
+    """Under torchrun the workers share the agent's TCPStore across restarts, without a per-attempt key
+    prefix, so a restarted worker can read the dead workers' gloo addresses and hang in init (seen on torch
+    2.13, about 1 restart in 6). Give every attempt its own key namespace."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {
+        "store": dist.PrefixStore(f"meshplan/attempt_{attempt}", store),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
+
+
+# --- optimisation ------------------------------------------------------------------------------------------
+def lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
+    """Linear warmup to lr, then cosine decay to min_lr_ratio*lr at the last step."""
+
+    def fn(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, pp_group: Any | None) -> float:
+    """Global L2 grad norm over DTensors of any mesh/placement and over pipeline stages; clips in place."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[Any, list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        if p.grad is None:
+            continue
+        g = p.grad
+        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
+        groups[key].append(g)
+    sq = torch.zeros((), dtype=torch.float32, device=params[0].device)  # on the GPU when NCCL reduces it
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        sq = sq + norm.detach().float() ** 2
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    total = float(sq.sqrt())
+    if max_norm > 0:
+        coef = min(1.0, max_norm / (total + 1e-6))
+        if coef < 1.0:
+            with torch.no_grad():
+                for grads in groups.values():
+                    for g in grads:
+                        g.mul_(coef)
+    return total
+
+
+def _scalar(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+# --- trainer -----------------------------------------------------------------------------------------------
+class Trainer:
+    """Model parts, optimizers, schedulers, data and (when pp > 1) the pipeline schedule of one rank."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        device: torch.device,
+        materialize: Materialize | None = None,
+        mixed_precision: bool | None = None,
+    ) -> None:
+        """`materialize` and `mixed_precision` are for the memory trace (`launcher.trace`): fake-tensor
+        materialisation, and the GPU run's bf16/fp32 FSDP policy on CPU. Real runs leave them None."""
+        self.cfg = cfg
+        self.device = device
+        torch.manual_seed(cfg.seed)
+        self.par: Parallel = build_parallel(cfg, device)
+        self.par.mixed_precision = mixed_precision
+        self.parts, self.stage_ids = build_model_parts(cfg, self.par, materialize)
+        self.params = [p for part in self.parts for p in part.parameters()]
+        self.optimizers = [
+            torch.optim.AdamW(
+                part.parameters(),
+                lr=cfg.lr,
+                betas=(0.9, 0.95),
+                weight_decay=cfg.weight_decay,
+                eps=1e-8,
+                foreach=device.type == "cuda" and cfg.tp == 1,
+            )
+            for part in self.parts
+        ]
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(cfg)) for o in self.optimizers]
+        source = TokenSource(cfg.data, cfg.model.vocab, cfg.seq_len, cfg.seed, cfg.tokenizer)
+        self.loader = ShardedLoader(source, cfg.global_batch_size, self.par.dp_rank, cfg.dp)
+        self.step = 0
+        self.n_stages = cfg.pp * cfg.vpp
+        self.has_first = 0 in self.stage_ids
+        self.has_last = (self.n_stages - 1) in self.stage_ids
+        self.schedule = self._build_schedule() if cfg.pp > 1 else None
+        self.cp_positions = self.parts[0].positions if cfg.cp > 1 else None
+
+    def _build_schedule(self) -> Any:
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import (
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
+
+        group = self.par.mesh["pp"].get_group()
+        stages = [
+            PipelineStage(part, sid, self.n_stages, self.device, group=group)
+            for part, sid in zip(self.parts, self.stage_ids, strict=True)
+        ]
+        n = self.cfg.microbatches
+        if self.cfg.pp_schedule == "Interleaved1F1B":
+            return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=cross_entropy)
+        cls = ScheduleGPipe if self.cfg.pp_schedule == "GPipe" else Schedule1F1B
+        return cls(stages[0], n_microbatches=n, loss_fn=cross_entropy)
+
+    def _loss_context(self) -> Any:
+        if self.cfg.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return nullcontext()
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.loader.next_batch().to(self.device)
+        inputs, labels = tokens[:, :-1], tokens[:, 1:]
+        if self.cp_positions is not None:
+            pos = self.cp_positions.to(self.device)
+            inputs, labels = inputs[:, pos], labels[:, pos]
+        return inputs.contiguous(), labels.contiguous()
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Accumulate the step's gradients; return this rank's loss (0 on ranks without the last PP stage)."""
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        n = self.cfg.microbatches
+        with self._loss_context():
+            if self.schedule is not None:
+                losses: list[torch.Tensor] = []
+                if self.has_first:
+                    self.schedule.step(inputs, target=labels, losses=losses)
+                else:
+                    self.schedule.step(target=labels, losses=losses)
+                if not self.has_last:
+                    return torch.zeros(())
+                return torch.stack([_scalar(x).detach().float().cpu() for x in losses]).mean()
+            model = self.parts[0]
+            mbs = self.cfg.micro_batch_size
+            fsdp = hasattr(model, "set_requires_gradient_sync")
+            total = torch.zeros(())
+            for i in range(n):
+                if fsdp:
+                    model.set_requires_gradient_sync(i == n - 1)
+                pred = model(inputs[i * mbs : (i + 1) * mbs])
+                loss = cross_entropy(pred, labels[i * mbs : (i + 1) * mbs]) / n
+                loss.backward()
+                total = total + _scalar(loss).detach().float().cpu()
+            return total
+
+    def global_loss(self, local: torch.Tensor) -> float:
+        """Mean loss over data/context-parallel ranks (only last-stage ranks contribute)."""
+        t = local.detach().reshape(1).to(torch.float64)
+        if self.device.type == "cuda":
+            t = t.to(self.device)
+        dist.all_reduce(t)
+        return float(t) / (self.cfg.dp * self.cfg.cp * self.cfg.tp)
+
+    def train_step(self) -> dict[str, float]:
+        inputs, labels = self.next_batch()
+        local = self.forward_backward(inputs, labels)
+        pp_group = self.par.mesh["pp"].get_group() if self.cfg.pp > 1 else None
+        grad_norm = clip_grad_norm(self.params, self.cfg.grad_clip, pp_group)
+        lr = self.schedulers[0].get_last_lr()[0]
+        for opt, sched in zip(self.optimizers, self.schedulers, strict=True):
+            opt.step()
+            sched.step()
+        self.step += 1
+        return {"loss": self.global_loss(local), "grad_norm": grad_norm, "lr": lr}
+
+    # --- checkpoint state ---------------------------------------------------------------------------
+    def train_state(self) -> dict[str, Any]:
+        return {"data": self.loader.state_dict(), "scheduler": self.schedulers[0].state_dict()}
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.loader.load_state_dict(state["data"])
+        for sched in self.schedulers:
+            sched.load_state_dict(state["scheduler"])
+        for opt, sched in zip(self.optimizers, self.schedulers, strict=True):
+            for group, lr in zip(opt.param_groups, sched.get_last_lr(), strict=True):
+                group["lr"] = lr
+
+
+# --- metrics -----------------------------------------------------------------------------------------------
+def describe_device(device: torch.device) -> str:
+    """'cpu', or 'cuda:<device name>' (what `meshplan compare` records as the measured hardware)."""
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return "cpu"
+
+
+def peak_memory_gib(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {
+            "peak_mem_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            "peak_active_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        }
+    return {"peak_mem_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak of this GPU (torchtitan's table), MESHPLAN_PEAK_FLOPS if set, None on CPU."""
+    if os.environ.get("MESHPLAN_PEAK_FLOPS"):
+        return float(os.environ["MESHPLAN_PEAK_FLOPS"])
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGUSR1; all ranks agree on it after each step."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def agreed(self, device: torch.device) -> bool:
+        t = torch.tensor([float(self.signum)], device=device if device.type == "cuda" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+
+def run(cfg: RunConfig, device: torch.device, log: bool = True) -> list[dict[str, Any]]:
+    """Train (resuming when a checkpoint exists); returns rank 0's per-step records."""
+    rank = dist.get_rank()
+    world = dist.get_world_size()
+    run_dir = Path(cfg.run_dir)
+    trainer = Trainer(cfg, device)
+    ckpt = Checkpointer(cfg.checkpoint_path, keep=cfg.keep_checkpoints)
+    ckpt.clean_partial()
+    if cfg.resume and (path := ckpt.latest()) is not None:
+        trainer.load_train_state(ckpt.load(path, trainer.parts, trainer.optimizers))
+        if rank == 0 and log:
+            print(f"resumed from {path} at step {trainer.step}", flush=True)
+    stop = StopFlag()
+    last = cfg.stop_at_step or cfg.steps
+    tokens_per_step = cfg.global_batch_size * cfg.seq_len
+    flops_per_token = cfg.model.flops_per_token(cfg.seq_len)
+    peak = peak_flops(device)
+    device_name = describe_device(device)
+    records: list[dict[str, Any]] = []
+    metrics = None
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics = (run_dir / "metrics.jsonl").open("a")
+    saved_step = trainer.step
+    while trainer.step < last:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = trainer.train_step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        tps = tokens_per_step / dt / world
+        rec = {
+            "step": trainer.step,
+            "loss": out["loss"],
+            "grad_norm": out["grad_norm"],
+            "lr": out["lr"],
+            "tokens_per_sec_per_gpu": tps,
+            "step_time_s": dt,
+            **peak_memory_gib(device),
+            "mfu": (flops_per_token * tps / peak) if peak else None,
+            "device": device_name,
+        }
+        records.append(rec)
+        if metrics is not None:
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+            if log and (trainer.step % cfg.log_every == 0 or trainer.step == last):
+                mfu = f"{rec['mfu']:.1%}" if rec["mfu"] is not None else "-"
+                print(
+                    f"step {trainer.step}/{cfg.steps} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | "
+                    f"{tps:,.0f} tok/s/gpu | {dt:.3f} s | mem {rec['peak_mem_gib']:.2f} GiB | mfu {mfu}",
+                    flush=True,
+                )
+        faults.point("kill", trainer.step)
+        faults.point("signal", trainer.step)
+        stopping = stop.agreed(device)
+        periodic = cfg.checkpoint_interval and trainer.step % cfg.checkpoint_interval == 0
+        if periodic or stopping or trainer.step == cfg.stop_at_step:
+            ckpt.save(trainer.step, trainer.parts, trainer.optimizers, trainer.train_state())
+            saved_step = trainer.step
+        if stopping:
+            if rank == 0 and log:
+                print(f"signal {stop.signum}: checkpoint saved at step {trainer.step}, exiting", flush=True)
+            break
+    if cfg.checkpoint_interval and trainer.step != saved_step:
+        ckpt.save(trainer.step, trainer.parts, trainer.optimizers, trainer.train_state())
+    if metrics is not None:
+        metrics.close()
+    return records
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m launcher.core.train", description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="run config (JSON or YAML, the RunConfig fields)")
+    src.add_argument("--plan", help="a meshplan plan file (what `meshplan launch` passes)")
+    ap.add_argument("--run-dir", help="override run_dir")
+    ap.add_argument("--steps", type=int, help="override steps")
+    ap.add_argument("--device", choices=("cpu", "cuda"), help="override device")
+    return ap.parse_args(argv)
+
+
+def load_config(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig from --config or --plan, with the command-line overrides applied."""
+    overrides = {"run_dir": args.run_dir, "steps": args.steps, "device": args.device}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if args.plan:
+        from launcher.plan_run import run_config_fields
+        from planner.plan_file import load_plan
+
+        fields = run_config_fields(load_plan(args.plan), args.run_dir, args.steps, args.device)
+        return RunConfig.from_dict(fields)
+    cfg = RunConfig.load(args.config)
+    return RunConfig.from_dict({**cfg.dump(), **overrides}) if overrides else cfg
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args)
+        device = init_distributed(cfg)
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if dist.get_rank() == 0:
+            Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.dump(), indent=1))
+        run(cfg, device)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

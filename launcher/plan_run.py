@@ -1,0 +1,48 @@
+"""The training core's run configuration for a plan file (no torch import here).
+
+`meshplan launch` copies the plan into the run directory and every rank runs
+`python -m launcher.core.train --plan RUN_DIR/plan.yaml`; this maps the plan onto the core's RunConfig
+fields one-to-one (the parallel names are torchtitan's on both sides).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.plan_file import Plan
+
+
+def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int | None = None,
+                      device: str | None = None) -> dict:
+    """A mapping for `launcher.core.config.RunConfig.from_dict`."""
+    p, t = plan.parallel, plan.training
+    fields = {
+        "model": plan.model.model_dump(),
+        "dp_replicate": p.dp_replicate,
+        "dp_shard": p.dp_shard,
+        "cp": p.cp,
+        "tp": p.tp,
+        "pp": p.pp,
+        "pp_schedule": p.pp_schedule,
+        "vpp": p.vpp,
+        "micro_batch_size": p.micro_batch_size,
+        "global_batch_size": t.global_batch_size,
+        "seq_len": t.seq_len,
+        "ac": p.ac,
+        "compile": p.compile,
+        "float8": p.float8,
+        "async_tp": p.async_tp,
+        "steps": steps or t.steps,
+        "lr": t.optimizer.lr,
+        "warmup_steps": min(t.lr_schedule.warmup_steps, max(0, (steps or t.steps) - 1)),
+        "min_lr_ratio": t.lr_schedule.min_lr_ratio,
+        "weight_decay": t.optimizer.weight_decay,
+        "grad_clip": t.grad_clip,
+        "seed": t.seed,
+        "checkpoint_interval": t.checkpoint_interval,
+    }
+    if run_dir is not None:
+        fields["run_dir"] = str(run_dir)
+    if device is not None:
+        fields["device"] = device
+    return fields
