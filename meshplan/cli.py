@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from typer import _click
 
 from estimator.errors import MeshplanError
-from meshplan.commands import capacity, catalog, compare, estimate, export, launch, plan, validate, web
+from meshplan.commands import capacity, catalog, compare, estimate, export, launch, plan, tui, validate, web
 
 app = typer.Typer(
     name="meshplan",
@@ -30,6 +30,7 @@ app.command("export")(export.export_cmd)
 app.command("launch")(launch.launch_cmd)
 app.command("compare")(compare.compare_cmd)
 app.command("web")(web.web_cmd)
+app.command("tui")(tui.tui_cmd)
 app.command("models")(catalog.models_cmd)
 app.command("hardware")(catalog.hardware_cmd)
 

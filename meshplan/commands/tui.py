@@ -1,0 +1,69 @@
+"""`meshplan tui`: the planner in the terminal (Textual), for login nodes reached over SSH without a browser.
+
+Textual is imported only when the command runs, so `meshplan --help` and the other commands stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import typer
+
+from estimator.errors import MeshplanError
+
+THEMES = ("dark", "light")
+
+
+def form_values(model: str, hardware: str, nodes: int, gpus_per_node: int | None, seq_len: int,
+                global_batch_size: int | None, global_batch_tokens: int | None, tokens: str | None,
+                memory_margin: float, objective: str) -> dict[str, str]:
+    """The command's options as the text of the TUI's form fields (the form checks them, inline)."""
+    if global_batch_size and global_batch_tokens:
+        raise MeshplanError("give either --global-batch-size (sequences) or --global-batch-tokens, not both")
+    if global_batch_size:
+        batch = str(global_batch_size)
+    elif global_batch_tokens:
+        batch = f"{global_batch_tokens} tok"
+    else:
+        batch = "4Mi tok"
+    return {
+        "model": model, "hardware": hardware, "objective": objective, "nodes": str(nodes),
+        "gpus_per_node": str(gpus_per_node) if gpus_per_node else "", "seq_len": str(seq_len), "batch": batch,
+        "tokens": "" if tokens is None or tokens.strip().lower() in ("", "0", "none") else tokens.strip(),
+        "margin": f"{memory_margin:g}",
+    }
+
+
+def tui_cmd(
+    model: str = typer.Option("llama3-70b", "--model", "-m", help="preset name, meshplan model YAML, or HF config.json"),
+    hardware: str = typer.Option("h100-sxm", "--hardware", help="hardware profile id"),
+    nodes: int = typer.Option(8, "--nodes", help="number of nodes"),
+    gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the hardware profile's)"),
+    seq_len: int = typer.Option(8192, "--seq-len", help="tokens per sequence"),
+    global_batch_size: int = typer.Option(None, "--global-batch-size", help="sequences per optimizer step"),
+    global_batch_tokens: int = typer.Option(
+        None, "--global-batch-tokens", help="tokens per optimizer step [default: 4Mi tokens]"
+    ),
+    tokens: str = typer.Option("2T", "--tokens", help="token budget for time-to-train and cost: 2T, 2e12, none"),
+    memory_margin: float = typer.Option(0.9, "--memory-margin", help="fraction of usable HBM a plan may use"),
+    objective: str = typer.Option("throughput", "--objective", help="throughput | time | cost"),
+    theme: str = typer.Option("dark", "--theme", help="dark | light (d toggles it in the app)"),
+) -> None:
+    """Plan in the terminal: the form, ranked plans with memory bars (per pipeline stage), throughput,
+    time-to-train and cost, the decision tree, side-by-side and hardware comparisons; export the plan,
+    torchtitan config and torchrun / Slurm / mpirun scripts, and preview the launch. Keyboard only;
+    80x24 and up; ? shows the keys.
+
+    The options fill the form; values the form rejects are shown there, not as errors here.
+
+    Example: meshplan tui --model llama3-70b --hardware h100-sxm --nodes 8 --tokens 2T
+    """
+    if theme not in THEMES:
+        raise MeshplanError(f"--theme must be one of {', '.join(THEMES)}, got {theme!r}")
+    if importlib.util.find_spec("textual") is None:
+        raise MeshplanError("the terminal UI needs textual: pip install 'meshplan[ui]'")
+    values = form_values(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
+                         tokens, memory_margin, objective)
+    from ui.tui.app import MeshplanApp
+
+    MeshplanApp(values, theme=theme).run()

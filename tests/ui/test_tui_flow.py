@@ -1,0 +1,297 @@
+"""The terminal UI driven by Textual's Pilot: form -> ranked table -> plan -> tree -> compare -> export."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textual")
+
+from textual.widgets import DataTable, Input, Select, Static, TabbedContent, Tree  # noqa: E402
+
+from ui.tui.app import MainScreen, MeshplanApp  # noqa: E402
+from ui.tui.screens import ExportScreen, HelpScreen, LaunchScreen  # noqa: E402
+
+
+async def settle(pilot) -> None:
+    """Wait for the sweep (and any other worker) and the screen updates it posts."""
+    for _ in range(3):
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+
+
+def main_screen(app) -> MainScreen:
+    return app.get_screen_main()
+
+
+def text_of(app, selector: str) -> str:
+    return str(main_screen(app).query_one(selector, Static).render())
+
+
+async def set_field(pilot, name: str, value: str, typed: bool = False) -> None:
+    """Enter a new value into a form field and press enter. `typed`: reach the field the way a user does
+    (f, then tab) and type it key by key; otherwise focus it and set the text (Pilot keys are slow)."""
+    screen = main_screen(pilot.app)
+    field = screen.query_one(f"#f-{name}", Input)
+    if typed:
+        await pilot.press("escape", "f")
+        order = ["model", "hardware", "objective", "nodes", "gpus_per_node", "seq_len", "batch", "tokens", "margin"]
+        for _ in range(order.index(name)):
+            await pilot.press("tab")
+        assert pilot.app.focused is field
+        await pilot.press("ctrl+u", "end", "ctrl+u", *value)  # clears whether or not the text was selected
+    else:
+        field.focus()
+        await pilot.pause()
+        field.value = value
+    await pilot.press("enter")
+
+
+async def _test_whole_flow(tmp_path):
+    app = MeshplanApp()
+    async with app.run_test(size=(100, 32)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        table = screen.query_one("#table", DataTable)
+        assert screen.result is not None and table.row_count > 10
+        first = screen.result
+        assert first.res.model.name == "llama3-70b" and first.world == 64
+        assert "llama3-70b" in text_of(app, "#title")
+
+        # change the model and the nodes: the table follows
+        await set_field(pilot, "model", "llama3-8b")
+        await settle(pilot)
+        await set_field(pilot, "nodes", "2", typed=True)
+        await settle(pilot)
+        res = screen.result.res
+        assert res.model.name == "llama3-8b" and res.world == 16
+        assert "llama3-8b" in text_of(app, "#title") and "2x8" in text_of(app, "#title")
+        assert table.row_count == min(len(res.ranked), 500)
+        assert str(table.get_row_at(0)[-1]) == screen.result.compact[int(res.ranked[0])]
+
+        # select a plan: the detail follows the cursor
+        await pilot.press("escape")
+        assert app.focused is table
+        await pilot.press("down", "down")
+        chosen = screen.selected()
+        assert chosen == int(res.ranked[2])
+        detail = screen.query_one("#detail")
+        assert detail.info["rank"] == 3 and "per GPU" in str(detail.render())
+
+        # sort by memory, then reverse: the chosen plan stays chosen while it is among the rows shown
+        await pilot.press("s")
+        assert screen.sort_key == "peak"
+        assert screen.selected() == chosen if chosen in screen.rows else screen.selected() == screen.rows[0]
+        peaks = [float(str(table.get_row_at(r)[1])) for r in range(5)]
+        assert peaks == sorted(peaks)
+        await pilot.press("r")
+        peaks = [float(str(table.get_row_at(r)[1])) for r in range(5)]
+        assert peaks == sorted(peaks, reverse=True)
+        screen.set_sort("rank", False)
+
+        # the decision tree: a step expands into what it rejected and why
+        await pilot.press("t")
+        tabs = screen.query_one("#tabs", TabbedContent)
+        tree = screen.query_one("#dtree", Tree)
+        assert tabs.active == "tree" and app.focused is tree
+        steps = tree.root.children
+        assert [str(s.label).split(". ", 1)[1].split("  ")[0] for s in steps][:2] == ["FSDP", "+ torch.compile"]
+        assert all(not s.is_expanded for s in steps)
+        await pilot.press("enter")
+        node = tree.cursor_node
+        assert node.is_expanded and len(node.children) >= 2
+        assert str(node.children[0].label).startswith("→ ")
+        rejected = [c for c in steps for c in c.children if str(c.label).startswith("✗ ")]
+        assert rejected, "some step lists the alternatives it rejected"
+        assert "does not fit" in rejected[0].data
+        await pilot.press("down")
+        assert "why" in text_of(app, "#tree-info") or "→" in text_of(app, "#tree-info")
+
+        # compare: mark two plans
+        await pilot.press("p")
+        await pilot.press("home", "space", "down", "space")
+        assert len(screen.marked) == 2
+        await pilot.press("c")
+        note = text_of(app, "#compare-note")
+        assert "2 marked plans" in note
+        rows = {label: cells for label, cells, _ in screen.compared}
+        assert rows["rank"] == ["1", "2"] and len(rows["tok/s/GPU"]) == 2 and "peak GiB" in rows
+
+        # export the chosen plan: the files land in the directory
+        await pilot.press("p")
+        out = tmp_path / "export" / "nested"
+        await pilot.press("e")
+        assert isinstance(app.screen, ExportScreen)
+        assert app.focused is app.screen.query_one("#export-dir", Input)
+        app.focused.value = str(out)
+        await pilot.press("enter")
+        await pilot.pause()
+        names = sorted(p.name for p in out.iterdir())
+        plan = screen.result.res.model.name
+        assert len(names) == 6 and f"{plan}-16gpu.yaml" in names
+        assert {n.split("16gpu")[1] for n in names} == {".yaml", ".toml", "-torchtitan.sh", "-torchrun.sh",
+                                                        ".sbatch", "-mpirun.sh"}
+        assert os.stat(out / f"{plan}-16gpu-torchrun.sh").st_mode & stat.S_IXUSR
+        assert "✓ wrote 6 files" in str(app.screen.query_one("#export-msg", Static).render())
+        from planner.plan_file import load_plan
+
+        loaded = load_plan(out / f"{plan}-16gpu.yaml")
+        cfg = screen.result.res.config(screen.selected())
+        assert loaded.cluster.gpus == 16 and loaded.parallel.tp == cfg["tp"] and loaded.parallel.pp == cfg["pp"]
+        assert loaded.training.tokens == 2 * 10**12
+        assert str((out / f"{plan}-16gpu.yaml").resolve()) in (out / f"{plan}-16gpu-torchrun.sh").read_text()
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+
+        # preview the launch: the dry run names the exported plan
+        await pilot.press("l")
+        assert isinstance(app.screen, LaunchScreen)
+        head = str(app.screen.query_one("#launch-cmd", Static).render())
+        assert f"meshplan launch {out}/{plan}-16gpu.yaml --backend torchrun --dry-run" in head
+        body = str(app.screen.query_one("#launch-text", Static).render())
+        assert "torchrun" in body and "launcher.core.train" in body
+        await pilot.press("2")
+        assert "sbatch" in str(app.screen.query_one("#launch-text", Static).render())
+        await pilot.press("escape")
+
+        # help, theme, quit
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert app.theme == "textual-dark"
+        await pilot.press("d")
+        assert app.theme == "textual-light"
+        await pilot.press("q")
+    assert not app.is_running
+
+
+async def _test_invalid_input_shows_inline_error_and_keeps_results():
+    app = MeshplanApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        before, title = screen.result, text_of(app, "#title")
+        rows = screen.query_one("#table", DataTable).row_count
+
+        await set_field(pilot, "nodes", "0x", typed=True)
+        await settle(pilot)
+        nodes = screen.query_one("#f-nodes", Input)
+        assert nodes.has_class("error")
+        message = text_of(app, "#message")
+        assert "nodes: '0x' is not a number" in message and "previous results kept" in message
+        assert screen.result is before and text_of(app, "#title") == title
+        assert screen.query_one("#table", DataTable).row_count == rows
+
+        # fixing the value clears the mark as it is typed
+        await pilot.press("ctrl+u", "8")
+        assert not nodes.has_class("error")
+
+        # an unknown model: the error comes back from the loader, named after its field
+        await set_field(pilot, "model", "gpt-17")
+        await settle(pilot)
+        assert screen.query_one("#f-model", Input).has_class("error")
+        assert "unknown model 'gpt-17'" in text_of(app, "#message")
+        assert screen.result is before
+
+        # nothing fits: explained, results kept
+        await set_field(pilot, "model", "llama3-405b")
+        await settle(pilot)
+        await set_field(pilot, "nodes", "1")
+        await settle(pilot)
+        assert "no configuration of llama3-405b fits" in text_of(app, "#message")
+        assert screen.result is before
+
+        # a batch in tokens that is not whole sequences
+        await set_field(pilot, "batch", "1000 tok")
+        await settle(pilot)
+        assert screen.query_one("#f-batch", Input).has_class("error")
+        assert "not a whole number of 8,192-token sequences" in text_of(app, "#message")
+
+
+async def _test_pipeline_plan_shows_a_bar_per_stage():
+    app = MeshplanApp({"model": "llama3-70b", "nodes": "4"})
+    async with app.run_test(size=(80, 40)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        res = screen.result.res
+        pp_rows = [r for r, i in enumerate(screen.rows) if res.config(i)["pp"] > 1]
+        assert pp_rows
+        screen.query_one("#table", DataTable).move_cursor(row=pp_rows[0])
+        await pilot.pause()
+        text = str(screen.query_one("#detail").render())
+        pp = res.config(screen.selected())["pp"]
+        assert all(f"stage {k}" in text for k in range(pp)) and "per GPU" not in text
+        assert "│" in text and "┃" in text  # the limit and usable HBM
+        await pilot.press("z")
+        assert screen.maximized is screen.query_one("#detail-box")
+        await pilot.press("escape")
+        assert screen.maximized is None
+
+
+async def _test_hardware_comparison_switches_hardware():
+    app = MeshplanApp({"model": "llama3-8b", "nodes": "1", "tokens": ""})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        await pilot.press("h")
+        await settle(pilot)
+        table = screen.query_one("#hw-table", DataTable)
+        ids = [r["hardware"] for r in screen.hw_rows]
+        assert ids[:3] == ["h100-sxm", "h200-sxm", "b200"] and table.row_count == len(ids)
+        assert [r["hardware"] for r in screen.hw_rows if r["current"]] == ["h100-sxm"]
+        assert "train" not in [str(c.label) for c in table.columns.values()]  # no token budget: no time
+        table.move_cursor(row=ids.index("h200-sxm"))
+        await pilot.press("enter")
+        await settle(pilot)
+        assert str(screen.query_one("#f-hardware", Select).value) == "h200-sxm"
+        assert screen.result.res.hw.id == "h200-sxm"
+        assert screen.query_one("#tabs", TabbedContent).active == "plans"
+
+
+
+
+def test_whole_flow(tmp_path):
+    asyncio.run(_test_whole_flow(tmp_path))
+
+
+def test_invalid_input_shows_inline_error_and_keeps_results():
+    asyncio.run(_test_invalid_input_shows_inline_error_and_keeps_results())
+
+
+def test_pipeline_plan_shows_a_bar_per_stage():
+    asyncio.run(_test_pipeline_plan_shows_a_bar_per_stage())
+
+
+def test_hardware_comparison_switches_hardware():
+    asyncio.run(_test_hardware_comparison_switches_hardware())
+
+
+CHECK_IMPORTS = """
+import asyncio, sys
+from ui.tui.app import MeshplanApp
+
+async def main():
+    app = MeshplanApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.get_screen_main().result is not None
+    heavy = sorted(m for m in ("torch", "streamlit", "plotly", "pandas") if m in sys.modules)
+    print("heavy:", heavy)
+
+asyncio.run(main())
+"""
+
+
+def test_tui_does_not_import_torch_or_streamlit():
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", CHECK_IMPORTS], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "heavy: []" in out.stdout

@@ -1,0 +1,93 @@
+"""Snapshots (pytest-textual-snapshot) of the terminal UI's main screens at 80x24 and 120x40.
+
+Regenerate after an intended change with `pytest tests/ui/test_tui_snapshots.py --snapshot-update` and
+look at the SVGs under tests/ui/__snapshots__/test_tui_snapshots/. The numbers come from the estimator,
+so a change to its constants changes these pictures too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pytest_textual_snapshot")
+
+from textual.widgets import DataTable  # noqa: E402
+
+from ui.tui.app import MeshplanApp  # noqa: E402
+
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
+
+
+async def settle(pilot) -> None:
+    for _ in range(3):
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+
+
+def shot(*steps):
+    """run_before for snap_compare: settle, then each step (keys, or a callable taking the main screen)."""
+
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        for step in steps:
+            if callable(step):
+                step(pilot.app.get_screen_main())
+            else:
+                await pilot.press(*step)
+            await settle(pilot)
+
+    return run_before
+
+
+def _mark_two(screen) -> None:
+    table = screen.query_one("#table", DataTable)
+    for row in (0, 3):
+        table.move_cursor(row=row, animate=False)
+        screen.action_mark()
+    table.move_cursor(row=0, animate=False)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_plans(snap_compare, size):
+    assert snap_compare(MeshplanApp(), terminal_size=size, run_before=shot(["down"]))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_plans_pipeline_stages(snap_compare, size):
+    def pipeline_row(screen):
+        res = screen.result.res
+        row = next(r for r, i in enumerate(screen.rows) if res.config(i)["pp"] > 1)
+        screen.query_one("#table", DataTable).move_cursor(row=row, animate=False)
+
+    assert snap_compare(MeshplanApp({"nodes": "4"}), terminal_size=size, run_before=shot(pipeline_row))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_tree_expanded(snap_compare, size):
+    assert snap_compare(MeshplanApp(), terminal_size=size, run_before=shot(["t"], ["down", "down", "enter"]))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_compare(snap_compare, size):
+    assert snap_compare(MeshplanApp(), terminal_size=size, run_before=shot(_mark_two, ["c"]))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_hardware(snap_compare, size):
+    assert snap_compare(MeshplanApp(), terminal_size=size, run_before=shot(["h"]))
+
+
+def test_invalid_input_80x24(snap_compare):
+    def bad_nodes(screen):
+        screen.query_one("#f-nodes").value = "-3"
+        screen.submit(force=True)
+
+    assert snap_compare(MeshplanApp(), terminal_size=(80, 24), run_before=shot(bad_nodes))
+
+
+def test_export_dialog_light_80x24(snap_compare):
+    assert snap_compare(MeshplanApp(theme="light"), terminal_size=(80, 24), run_before=shot(["e"]))
+
+
+def test_help_80x24(snap_compare):
+    assert snap_compare(MeshplanApp(), terminal_size=(80, 24), run_before=shot(["question_mark"]))

@@ -1,0 +1,717 @@
+"""meshplan in the terminal: the form, the ranked plans, memory bars, the decision tree, compare views,
+export and the launch preview. Started with `meshplan tui` (or `python -m ui.tui`).
+
+Start-up stays light: this module imports Textual only; numpy, the estimator and the planner load in
+the worker thread that runs the first sweep, after the first frame is on screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.suggester import SuggestFromList
+from textual.widgets import DataTable, Footer, Input, Label, Select, Static, TabbedContent, TabPane, Tree
+from textual.worker import get_current_worker
+
+from ui.tui.form import (
+    DEFAULTS,
+    FIELDS,
+    OBJECTIVES,
+    SORTS,
+    FieldError,
+    Inputs,
+    fmt_days,
+    fmt_money,
+    fmt_tokens,
+    parse_form,
+)
+from ui.tui.widgets import CursorTable, Panel, PlanDetail, warn_style
+
+COLUMNS = ((0, 1, 2), (3, 4, 5), (6, 7, 8))  # FIELDS by form column
+TABS = ("plans", "tree", "compare", "hardware")
+THEMES = {"dark": "textual-dark", "light": "textual-light"}
+HINT = "f edits the form · enter applies it · esc back to the results · ? help"
+
+
+def _cell(text: str, style: str = "", right: bool = True) -> Text:
+    return Text(text, style=style, justify="right" if right else "left")
+
+
+def fill(table: DataTable, columns: list[tuple[str, Text]], rows: list[tuple[str, list[Text]]],
+         extra: dict[str, int] | None = None) -> None:
+    """Replace a table's columns and rows, with column widths measured here from the cells: the same
+    layout on every frame (DataTable would otherwise measure lazily, on idle)."""
+    table.clear(columns=True)
+    for n, (key, label) in enumerate(columns):
+        width = max([label.cell_len, *(cells[n].cell_len for _, cells in rows)]) + (extra or {}).get(key, 0)
+        table.add_column(label, key=key, width=width)
+    for key, cells in rows:
+        table.add_row(*cells, key=key)
+
+
+class MainScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "results", "results"),
+        Binding("f", "form", "form"),
+        Binding("s", "sort", "sort"),
+        Binding("r", "reverse", "reverse", show=False),
+        Binding("space", "mark", "mark"),
+        Binding("e", "export", "export"),
+        Binding("l", "launch", "launch"),
+        Binding("z", "zoom", "zoom"),
+        Binding("p", "tab('plans')", "plans", show=False),
+        Binding("t", "tab('tree')", "tree", show=False),
+        Binding("c", "tab('compare')", "compare", show=False),
+        Binding("h", "tab('hardware')", "hardware", show=False),
+        Binding("d", "toggle_theme", "light/dark", show=False),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+    ]
+    LETTER_ACTIONS = {"form", "sort", "reverse", "mark", "export", "launch", "zoom", "tab", "toggle_theme", "help",
+                      "quit"}
+    ZOOM = {"plans": "#detail-box", "tree": "#dtree", "compare": "#compare-box", "hardware": "#hw-table"}
+
+    def __init__(self, values: dict[str, str]):
+        super().__init__()
+        self.values = values
+        self.result = None  # logic.Result on screen
+        self.attempted: Inputs | None = None  # the inputs of the last search started
+        self.sort_key, self.sort_reverse = "rank", False
+        self.marked: list[int] = []
+        self.rows: list[int] = []  # sweep indices in table order
+        self.hw_key: tuple | None = None
+        self.hw_rows: list[dict] = []
+        self.exported_plan: str | None = None
+        self.names: tuple[list[str], list[str]] = ([], [])
+        self.status: tuple = ("searching…", "busy", None)
+        self.hw_gpn: dict[str, int] = {}
+        self.hw_options: list[str] = [values.get("hardware") or DEFAULTS["hardware"]]
+
+    # ---- layout ------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static("[b]meshplan[/b]  loading…", id="title")
+        keys = list(FIELDS)
+        with Horizontal(id="form"):
+            for n, col in enumerate(COLUMNS):
+                with Vertical(classes=f"col col{n}"):
+                    for k in col:
+                        name = keys[k]
+                        with Horizontal(classes="row"):
+                            yield Label(FIELDS[name][0], classes="label")
+                            yield self._field(name)
+        yield Static("", id="message")
+        with TabbedContent(id="tabs", initial="plans"):
+            with TabPane("[u]P[/u]lans", id="plans"):
+                yield CursorTable(id="table", cursor_type="row", zebra_stripes=True)
+                with Panel(id="detail-box"):
+                    yield PlanDetail(id="detail")
+            with TabPane("[u]T[/u]ree", id="tree"):
+                yield Tree("decision tree", id="dtree")
+                yield Static("", id="tree-info")
+            with TabPane("[u]C[/u]ompare", id="compare"):
+                with Panel(id="compare-box"):
+                    yield Static("", id="compare-note")
+                    yield Static("", id="compare-table")
+            with TabPane("[u]H[/u]ardware", id="hardware"):
+                yield Static("", id="hw-note")
+                yield CursorTable(id="hw-table", cursor_type="row", zebra_stripes=True)
+                yield Static("", id="hw-info")
+        yield Footer(show_command_palette=False)
+
+    def _field(self, name: str):
+        value = self.values.get(name, DEFAULTS[name])
+        if name == "objective":
+            return Select([(o, o) for o in OBJECTIVES], value=value if value in OBJECTIVES else OBJECTIVES[0],
+                          allow_blank=False, id=f"f-{name}", compact=True, classes="field")
+        if name == "hardware":
+            return Select([(value, value)], value=value, allow_blank=False, id=f"f-{name}", compact=True,
+                          classes="field")
+        placeholder = {"gpus_per_node": "profile's", "tokens": "none", "batch": "sequences"}.get(name, "")
+        return Input(value, placeholder=placeholder, id=f"f-{name}", compact=True, classes="field")
+
+    def on_mount(self) -> None:
+        self.query_one("#dtree", Tree).show_root = False
+        self.query_one("#table", DataTable).focus()
+        self.set_message(*self.status[:2])
+        self.load_names()
+        self.submit(force=True)
+
+    # ---- the form ----------------------------------------------------------------------------------
+
+    def form_values(self) -> dict[str, str]:
+        out = {}
+        for name in FIELDS:
+            w = self.query_one(f"#f-{name}")
+            out[name] = str(w.value) if isinstance(w, Select) else w.value
+        return out
+
+    def set_field_errors(self, errors: dict[str, str]) -> None:
+        for name in FIELDS:
+            self.query_one(f"#f-{name}").set_class(name in errors, "error")
+
+    def set_message(self, text: str | Text, kind: str = "info") -> None:
+        msg = self.query_one("#message", Static)
+        for k in ("info", "busy", "error", "ok"):
+            msg.set_class(k == kind, k)
+        msg.update(text)
+
+    def submit(self, force: bool = False) -> bool:
+        """Parse the form; show errors inline (False), or start a search if the inputs changed (or `force`)."""
+        inp, errors = parse_form(self.form_values())
+        if errors:
+            self.set_field_errors(errors)
+            kept = " — previous results kept" if self.result is not None else ""
+            self.set_message(Text("✗ " + "; ".join(errors.values()) + kept), "error")
+            return False
+        if inp == self.attempted and not force:
+            self.set_status(*self.status)  # back to what the last search said (the form may have shown an error)
+            return True
+        self.attempted = inp
+        self.set_status(f"searching {inp.model} on {inp.nodes} nodes of {inp.hardware}…", "busy")
+        self.search(inp)
+        return True
+
+    @on(Input.Submitted, ".field")
+    def _submitted(self) -> None:
+        """Enter applies the form and goes to the results; on a bad value it stays in the form."""
+        if self.submit(force=True):
+            self.action_results()
+
+    @on(Input.Blurred, ".field")
+    def _blurred(self) -> None:
+        self.submit()
+
+    @on(Input.Changed, ".field")
+    def _changed(self, event: Input.Changed) -> None:
+        name = event.input.id.removeprefix("f-")
+        if event.input.has_class("error"):  # clear the mark as soon as the value parses
+            _, errors = parse_form({**self.form_values()})
+            if name not in errors:
+                event.input.set_class(False, "error")
+
+    @on(Select.Changed, ".field")
+    def _select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "f-hardware":
+            self.update_gpn_placeholder()
+        if self.is_mounted and self.attempted is not None:
+            self.submit()
+
+    def update_gpn_placeholder(self) -> None:
+        hw = str(self.query_one("#f-hardware", Select).value)
+        gpn = self.hw_gpn.get(hw)
+        self.query_one("#f-gpus_per_node", Input).placeholder = f"{gpn} (profile)" if gpn else "profile's"
+
+    @work(thread=True, group="names")
+    def load_names(self) -> None:
+        from ui.tui import logic
+
+        models, hardware = logic.names()
+        gpn = logic.gpus_per_node(hardware)
+        self.app.call_from_thread(self._set_names, models, hardware, gpn)
+
+    def _set_names(self, models: list[str], hardware: list[str], gpn: dict[str, int]) -> None:
+        self.names = (models, hardware)
+        self.hw_gpn = gpn
+        self.query_one("#f-model", Input).suggester = SuggestFromList(models, case_sensitive=False)
+        select = self.query_one("#f-hardware", Select)
+        current = str(select.value)
+        self.hw_options = list(dict.fromkeys([*hardware, current]))
+        with select.prevent(Select.Changed):
+            select.set_options([(h, h) for h in self.hw_options])
+            select.value = current
+        self.update_gpn_placeholder()
+
+    # ---- the search --------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="search")
+    def search(self, inp: Inputs) -> None:
+        from estimator.errors import MeshplanError
+        from ui.tui import logic
+
+        worker = get_current_worker()
+        try:
+            result = logic.run(inp)
+        except FieldError as exc:
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self.search_failed, inp, str(exc), exc.field)
+            return
+        except (MeshplanError, OSError) as exc:
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self.search_failed, inp, str(exc), None)
+            return
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self.show_result, result)
+
+    def search_failed(self, inp: Inputs, message: str, field: str | None) -> None:
+        if inp != self.attempted:
+            return
+        kept = " — previous results kept" if self.result is not None else ""
+        self.set_status(Text(f"✗ {message}{kept}"), "error", field)
+
+    def set_status(self, message: str | Text, kind: str, field: str | None = None) -> None:
+        """The outcome of the last search: the message under the form and the field it blames."""
+        self.status = (message, kind, field)
+        self.set_field_errors({field: message} if field else {})
+        self.set_message(message, kind)
+
+    def show_result(self, result) -> None:
+        if result.inputs != self.attempted:
+            return
+        self.result = result
+        self.marked = []
+        self.query_one("#title", Static).update(Text.assemble(("meshplan", "bold"), "  ", result.describe()))
+        self.set_status(HINT, "info")
+        self.fill_table()
+        self.fill_tree()
+        self.fill_compare()
+        self.hw_key = None
+        if self.query_one("#tabs", TabbedContent).active == "hardware":
+            self.compare_hardware()
+
+    # ---- the ranked table --------------------------------------------------------------------------
+
+    def fill_table(self, keep: int | None = None) -> None:
+        from ui.tui import logic
+
+        result = self.result
+        money = result.inputs.tokens is not None
+        columns = [(key, Text(self._sort_label(key), justify="right")) for key in ("rank", "peak", "tps", "mfu", "step")]
+        if money:
+            columns.append(("days", Text("train", justify="right")))
+            if result.price is not None:
+                columns.append(("cost", Text("cost", justify="right")))
+        columns.append(("config", Text(self._sort_label("config"))))
+        self.rows = logic.sorted_indices(result, self.sort_key, self.sort_reverse)
+        rows = []
+        for i in self.rows:
+            r = logic.row(result, i)
+            cells = [self._rank_cell(i, r["rank"]), _cell(f"{r['peak_gib']:.1f}"), _cell(f"{r['tps']:,.0f}"),
+                     _cell(f"{r['mfu']:.1%}"), _cell(f"{r['step_s']:.2f}")]
+            if money:
+                cells.append(_cell(fmt_days(r["days"])))
+                if result.price is not None:
+                    cells.append(_cell(fmt_money(r["cost_usd"])))
+            cells.append(Text(r["config"]))
+            rows.append((str(i), cells))
+        table = self.query_one("#table", DataTable)
+        fill(table, columns, rows, extra={"rank": 1})  # room for the compare mark
+        if keep is not None and keep in self.rows:
+            table.move_cursor(row=self.rows.index(keep), animate=False)
+        self.update_detail()
+
+    def _sort_label(self, key: str) -> str:
+        label = SORTS[key][0]
+        if key != self.sort_key:
+            return label
+        return label + (" ↑" if SORTS[key][1] != self.sort_reverse else " ↓")
+
+    def _rank_cell(self, i: int, rank: int) -> Text:
+        if i in self.marked:
+            return _cell(f"●{rank}", "bold magenta")
+        return _cell(str(rank))
+
+    def selected(self) -> int | None:
+        if self.result is None or not self.rows:
+            return None
+        row = self.query_one("#table", DataTable).cursor_row
+        return self.rows[row] if 0 <= row < len(self.rows) else None
+
+    @on(DataTable.RowHighlighted, "#table")
+    def update_detail(self) -> None:
+        from planner.search import short_config
+        from ui.tui import logic
+
+        i = self.selected()
+        detail = self.query_one("#detail", PlanDetail)
+        if i is None:
+            detail.show(None)
+            return
+        result = self.result
+        res = result.res
+        rank = int(logic.row(result, i)["rank"])
+        detail.show({
+            "rank": rank, "summary": short_config(res.config(i)), "estimate": logic.estimate_of(result, i),
+            "train": logic.train(result, i), "tokens": result.inputs.tokens, "price": result.price,
+            "limit_gib": res.limit_gib, "margin": res.memory_margin,
+        })
+
+    @on(DataTable.RowSelected, "#table")
+    def _row_selected(self) -> None:
+        from ui.tui import logic
+
+        i = self.selected()
+        if i is not None:
+            rank = logic.row(self.result, i)["rank"]
+            self.notify(f"plan #{rank} chosen: e exports it, l previews its launch, space marks it", timeout=3)
+
+    @on(DataTable.HeaderSelected, "#table")
+    def _header(self, event: DataTable.HeaderSelected) -> None:
+        key = event.column_key.value
+        if key in SORTS:
+            self.set_sort(key, not self.sort_reverse if key == self.sort_key else False)
+
+    def set_sort(self, key: str, reverse: bool) -> None:
+        if self.result is None:
+            return
+        self.sort_key, self.sort_reverse = key, reverse
+        self.fill_table(keep=self.selected())
+
+    def action_sort(self) -> None:
+        keys = list(SORTS)
+        self.set_sort(keys[(keys.index(self.sort_key) + 1) % len(keys)], False)
+
+    def action_reverse(self) -> None:
+        self.set_sort(self.sort_key, not self.sort_reverse)
+
+    def action_mark(self) -> None:
+        """Mark / unmark the chosen plan for Compare (3 at most: a 4th mark drops the oldest)."""
+        from ui.tui import logic
+
+        i = self.selected()
+        if i is None:
+            return
+        before = set(self.marked)
+        if i in self.marked:
+            self.marked.remove(i)
+        else:
+            self.marked.append(i)
+            if len(self.marked) > 3:
+                self.marked.pop(0)
+        table = self.query_one("#table", DataTable)
+        for j in before ^ set(self.marked):
+            if str(j) in table.rows:
+                table.update_cell(str(j), "rank", self._rank_cell(j, logic.row(self.result, j)["rank"]))
+        self.fill_compare()
+
+    # ---- tree, compare, hardware -------------------------------------------------------------------
+
+    def fill_tree(self) -> None:
+        tree = self.query_one("#dtree", Tree)
+        result = self.result
+        res = result.res
+        tree.clear()
+        tree.root.set_label(f"{res.model.name} on {result.nodes}x{res.gpus_per_node} {res.hw.id}")
+        for k, s in enumerate(result.tree, 1):
+            best = s["best"]
+            if best and s.get("taken"):
+                mark, style = "✓", "green"
+            elif best:
+                mark, style = "·", "yellow"
+            else:
+                mark, style = "✗", "red"
+            label = Text.assemble((f"{mark} ", style), (f"{k}. {s['label']}", "bold"))
+            if best:
+                label.append(f"  {best['peak_gib']:.1f} GiB · {best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
+            info = f"{k}. {s['label']}: {s['adds']}\n→ {s['reason']}"
+            if best:
+                info += f"\nbest: {best['summary']} | {best['peak_gib']:.1f} GiB, " \
+                        f"{best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, MFU {best['mfu']:.1%}"
+            node = tree.root.add(label, data=info, expand=False)
+            node.add_leaf(Text(f"→ {s['reason']}", style="italic"), data=f"why: {s['reason']}")
+            if best:
+                node.add_leaf(Text(f"best: {best['summary']}"),
+                              data=f"best at this step: {best['summary']}\n{best['peak_gib']:.1f} GiB, "
+                                   f"{best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, MFU {best['mfu']:.1%}")
+            for rej in s["rejected"]:
+                node.add_leaf(Text.assemble(("✗ ", "red"), f"{rej['summary']} · {rej['peak_gib']:.1f} GiB"),
+                              data=f"rejected: {rej['summary']}\n{rej['reason']}")
+            if not s["rejected"]:
+                node.add_leaf(Text("no alternative rejected for memory", style="dim"),
+                              data="every configuration this step opens either fits or breaks a rule")
+        tree.root.expand()
+        tree.move_cursor(tree.root.children[0] if tree.root.children else tree.root)
+
+    @on(Tree.NodeHighlighted, "#dtree")
+    @on(Tree.NodeExpanded, "#dtree")
+    @on(Tree.NodeCollapsed, "#dtree")
+    def _tree_node(self, event: Tree.NodeHighlighted) -> None:
+        node = self.query_one("#dtree", Tree).cursor_node
+        if node is not None and node.data:
+            text = Text(node.data)
+            if node.children and not node.is_expanded:
+                text.append("\nenter expands it: its reason, best configuration and the alternatives it rejected",
+                            style="dim")
+            self.query_one("#tree-info", Static).update(text)
+
+    def fill_compare(self) -> None:
+        from rich.table import Table
+
+        from ui.tui import logic
+
+        result = self.result
+        if result is None:
+            return
+        indices = list(self.marked)
+        if len(indices) < 2:
+            note = "the top 3 plans; mark 2 or 3 rows in Plans with space to compare those"
+            indices = [int(i) for i in result.res.ranked[:3]]
+        else:
+            note = f"the {len(indices)} marked plans (space in Plans marks / unmarks)"
+        table = Table(box=None, show_header=False, pad_edge=False, expand=False)
+        table.add_column("", style="dim", no_wrap=True)
+        for _ in indices:
+            table.add_column("", ratio=1)
+        dark = getattr(self.app.current_theme, "dark", True)
+        good, warn = ("bold green" if dark else "bold #1a7f37"), warn_style(dark)
+        self.compared = logic.compare_rows(result, indices)
+        for label, cells, best in self.compared:
+            styled = [Text(c, style=good if best == n else warn if best == -1 else
+                           ("bold" if label in ("rank", "configuration") else "")) for n, c in enumerate(cells)]
+            table.add_row(label, *styled)
+        self.query_one("#compare-note", Static).update(Text(f"Comparing {note}; best in green, differences in yellow.",
+                                                            style="italic"))
+        self.query_one("#compare-table", Static).update(table)
+
+    def compare_hardware(self) -> None:
+        inp = self.result.inputs if self.result is not None else None
+        if inp is None:
+            return
+        key = (inp,)
+        if key == self.hw_key:
+            return
+        self.hw_key = key
+        self.query_one("#hw-note", Static).update(Text(
+            f"comparing {inp.model} at {self.result.world} GPUs across accelerators…", style="italic"))
+        self.hardware_worker(inp, self.result.res.hw.id)
+
+    @work(thread=True, exclusive=True, group="hardware")
+    def hardware_worker(self, inp: Inputs, current: str) -> None:
+        from estimator.errors import MeshplanError
+        from ui.tui import logic
+
+        worker = get_current_worker()
+        try:
+            rows = logic.hardware_rows(inp, logic.hardware_ids(current))
+        except (MeshplanError, OSError) as exc:
+            rows, error = [], str(exc)
+        else:
+            error = None
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self.show_hardware, inp, rows, error)
+
+    def show_hardware(self, inp: Inputs, rows: list[dict], error: str | None) -> None:
+        if self.hw_key != (inp,):
+            return
+        note = self.query_one("#hw-note", Static)
+        if error:
+            note.update(Text(f"✗ {error}", style="red"))
+            return
+        self.hw_rows = rows
+        money = inp.tokens is not None
+        note.update(Text(f"{inp.model}: the best plan at ~{self.result.world} GPUs on each accelerator"
+                         + (f", {fmt_tokens(inp.tokens)} tokens" if money else "") + "; enter switches to it",
+                         style="italic"))
+        labels = ("hardware", "nodes", "GiB/usable", "tok/s/GPU", "MFU", *(("train", "cost") if money else ()),
+                  "$/GPU-h", "best configuration")
+        columns = [(label, Text(label, justify="left" if label in ("hardware", "best configuration") else "right"))
+                   for label in labels]
+        table_rows = []
+        for r in rows:
+            name = Text(("★ " if r["current"] else "  ") + r["hardware"], style="bold" if r["current"] else "")
+            cells = [name, _cell(f"{r['nodes']}x{r['gpus_per_node']}")]
+            if r["fits"]:
+                cells += [_cell(f"{r['peak_gib']:.1f}/{r['usable_gib']:.0f}"), _cell(f"{r['tps']:,.0f}"),
+                          _cell(f"{r['mfu']:.1%}")]
+                if money:
+                    cells += [_cell(fmt_days(r["days"])), _cell(fmt_money(r["cost_usd"]))]
+            else:
+                cells += [_cell(f"-/{r['usable_gib']:.0f}"), _cell("-"), _cell("-")]
+                if money:
+                    cells += [_cell("-"), _cell("-")]
+            cells.append(_cell(f"${r['price']:.2f}" if r["price"] else "-"))
+            cells.append(Text(r["config"]) if r["fits"] else Text("does not fit: " + r["why_not"], style="red"))
+            table_rows.append((r["hardware"], cells))
+        fill(self.query_one("#hw-table", DataTable), columns, table_rows)
+
+    @on(DataTable.RowHighlighted, "#hw-table")
+    def _hw_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        row = next((r for r in self.hw_rows if r["hardware"] == event.row_key.value), None)
+        if row is None:
+            return
+        if row["fits"]:
+            text = Text.assemble((row["hardware"], "bold"), f": {row['config']}")
+        else:
+            text = Text.assemble((row["hardware"], "bold"), (f" does not fit: {row['why_not']}", "red"))
+        self.query_one("#hw-info", Static).update(text)
+
+    @on(DataTable.RowSelected, "#hw-table")
+    def _hw_selected(self, event: DataTable.RowSelected) -> None:
+        hid = event.row_key.value
+        row = next((r for r in self.hw_rows if r["hardware"] == hid), None)
+        if row is None or row["current"]:
+            return
+        select = self.query_one("#f-hardware", Select)
+        with select.prevent(Select.Changed):
+            if hid not in self.hw_options:
+                self.hw_options.append(hid)
+                select.set_options([(h, h) for h in self.hw_options])
+            select.value = hid
+        self.query_one("#f-nodes", Input).value = str(row["nodes"])
+        self.query_one("#f-gpus_per_node", Input).value = ""
+        self.update_gpn_placeholder()
+        self.action_tab("plans")
+        self.submit(force=True)
+
+    @on(TabbedContent.TabActivated, "#tabs")
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "hardware":
+            self.compare_hardware()
+        self.refresh_bindings()
+
+    # ---- actions -----------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        in_form = isinstance(self.focused, Input | Select) and self.focused.has_class("field")
+        if action == "results":
+            return in_form or self.maximized is not None
+        if in_form and action in self.LETTER_ACTIONS:
+            return False
+        if action in ("sort", "reverse", "mark"):
+            return self.query_one("#tabs", TabbedContent).active == "plans"
+        return True
+
+    def on_descendant_focus(self) -> None:
+        self.refresh_bindings()
+
+    def action_results(self) -> None:
+        if self.maximized is not None:
+            self.minimize()
+        self.set_focus(self._main_widget(self.query_one("#tabs", TabbedContent).active))
+
+    def action_zoom(self) -> None:
+        """Give the current view's main panel the whole screen (z or esc restores)."""
+        if self.maximized is not None:
+            self.minimize()
+            return
+        widget = self.query_one(self.ZOOM[self.query_one("#tabs", TabbedContent).active])
+        self.maximize(widget, container=False)
+        widget.focus()
+        self.refresh_bindings()
+
+    def action_form(self) -> None:
+        self.query_one("#f-model", Input).focus()
+
+    def _main_widget(self, tab: str):
+        return self.query_one({"plans": "#table", "tree": "#dtree", "compare": "#compare-box",
+                               "hardware": "#hw-table"}[tab])
+
+    def action_tab(self, tab: str) -> None:
+        tabs = self.query_one("#tabs", TabbedContent)
+        tabs.active = tab
+        self.set_focus(self._main_widget(tab))
+        if tab == "hardware":
+            self.compare_hardware()
+
+    def action_help(self) -> None:
+        self.app.action_help()
+
+    def action_toggle_theme(self) -> None:
+        self.app.action_toggle_theme()
+
+    async def action_quit(self) -> None:
+        self.app.exit()
+
+    def action_export(self) -> None:
+        from ui.tui.screens import ExportScreen
+
+        i = self.selected()
+        if i is None:
+            self.notify("no plan to export yet", severity="warning")
+            return
+        from planner.search import short_config
+        from ui.tui import logic
+
+        plan = logic.build_plan(self.result, i)
+        summary = f"{plan.name}: {short_config(self.result.res.config(i))}"
+
+        def writer(directory: str, partition: str, time: str) -> list[Path]:
+            paths = logic.export_files(self.result, i, directory, partition, time)
+            self.exported_plan = str(paths[0])
+            return paths
+
+        def done(paths):
+            if paths:
+                self.notify(f"exported {len(paths)} files to {paths[0].parent}", timeout=4)
+
+        self.app.push_screen(ExportScreen(summary, os.path.join(".", "plans", plan.name), writer), done)
+
+    def action_launch(self) -> None:
+        from ui.tui.screens import LaunchScreen
+
+        i = self.selected()
+        if i is None:
+            self.notify("no plan to launch yet", severity="warning")
+            return
+        from ui.tui import logic
+
+        result = self.result
+        self.app.push_screen(LaunchScreen(lambda b: logic.launch_preview(result, i, b, self.exported_plan)))
+
+
+class MeshplanApp(App):
+    """The meshplan terminal UI. `values`: initial form text by field (see ui.tui.form.FIELDS)."""
+
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    TITLE = "meshplan"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "quit", show=False, priority=True),
+        Binding("f1", "help", "help", show=False),
+    ]
+
+    def __init__(self, values: dict[str, str] | None = None, theme: str = "dark"):
+        super().__init__()
+        self.initial = {**DEFAULTS, **{k: str(v) for k, v in (values or {}).items() if v is not None}}
+        self.initial_theme = THEMES.get(theme, theme)
+
+    def get_default_screen(self) -> Screen:
+        return MainScreen(self.initial)
+
+    def on_mount(self) -> None:
+        self.theme = self.initial_theme
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
+        main = self.get_screen_main()
+        if main is not None and main.result is not None:  # colours chosen per theme
+            main.fill_compare()
+            main.query_one("#detail", PlanDetail).refresh()
+
+    def action_help(self) -> None:
+        from ui.tui.screens import HelpScreen
+
+        if isinstance(self.screen, HelpScreen):
+            return
+        main = self.get_screen_main()
+        models, hardware = main.names if main else ([], [])
+        self.push_screen(HelpScreen(models, hardware))
+
+    def get_screen_main(self) -> MainScreen | None:
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                return screen
+        return None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ui.tui", description="meshplan's terminal UI")
+    for name in FIELDS:
+        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=f"{FIELDS[name][0]} "
+                       f"[default: {DEFAULTS[name] or 'the profile'}]")
+    p.add_argument("--theme", choices=tuple(THEMES), default="dark")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = vars(parser().parse_args(argv))
+    theme = args.pop("theme")
+    MeshplanApp(args, theme=theme).run()

@@ -1,0 +1,232 @@
+"""The form of the terminal UI: its fields, defaults and parsing, and number formatting (pure, light:
+no numpy, estimator or Textual, so the app can paint before those load)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# The form: field -> (label, default). Values are text as typed; `parse_form` turns them into Inputs.
+FIELDS = {
+    "model": ("model", "llama3-70b"),
+    "hardware": ("hardware", "h100-sxm"),
+    "objective": ("objective", "throughput"),
+    "nodes": ("nodes", "8"),
+    "gpus_per_node": ("GPUs/node", ""),
+    "seq_len": ("seq len", "8192"),
+    "batch": ("batch", "4Mi tok"),
+    "tokens": ("tokens", "2T"),
+    "margin": ("margin", "0.9"),
+}
+DEFAULTS = {k: v[1] for k, v in FIELDS.items()}
+OBJECTIVES = ("throughput", "time", "cost")
+# The hardware comparison: these profiles plus the one in the form, at the same number of GPUs.
+COMPARE_HARDWARE = ("h100-sxm", "h200-sxm", "b200", "mi300x", "a100-sxm-80g")
+# Export: format -> file suffix (the same names the web app's downloads use).
+EXPORTS = {
+    "torchtitan-toml": ".toml",
+    "torchtitan-cli": "-torchtitan.sh",
+    "torchrun": "-torchrun.sh",
+    "slurm": ".sbatch",
+    "mpirun": "-mpirun.sh",
+}
+LAUNCH_BACKENDS = ("torchrun", "slurm", "mpirun")
+TABLE_ROWS = 500  # rows of the ranked table (the sort runs over every fitting configuration)
+SORTS = {  # key -> (column label, ascending by default)
+    "rank": ("#", True),
+    "peak": ("GiB", True),
+    "tps": ("tok/s", False),
+    "mfu": ("MFU", False),
+    "step": ("step s", True),
+    "config": ("configuration", True),
+}
+
+_MULT = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+_NUM = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(ki|mi|gi|k|m|g|b|t)?$", re.IGNORECASE)
+
+
+class FieldError(ValueError):
+    """A one-line input error that belongs to one field of the form."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field = field_name
+
+
+def parse_number(text: str) -> float:
+    """`512`, `2e12`, `2T`, `4Mi`, `1.5k` (k/M/G/B/T decimal, Ki/Mi/Gi binary), `1,000` -> float."""
+    m = _NUM.match(text.strip().replace(",", "").replace("_", ""))
+    if not m:
+        raise ValueError(text)
+    return float(m.group(1)) * _MULT[(m.group(2) or "").lower()]
+
+
+def _int(text: str, name: str, lo: int, hi: int) -> int:
+    try:
+        value = parse_number(text)
+    except ValueError:
+        raise FieldError(name, f"{FIELDS[name][0]}: {text.strip()!r} is not a number") from None
+    if value != int(value):
+        raise FieldError(name, f"{FIELDS[name][0]}: must be a whole number, got {text.strip()}")
+    if not lo <= value <= hi:
+        raise FieldError(name, f"{FIELDS[name][0]}: must be in {lo:,}..{hi:,}, got {int(value):,}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The form, parsed. `batch` is in sequences, or in tokens when `batch_tokens`."""
+
+    model: str
+    hardware: str
+    objective: str
+    nodes: int
+    gpus_per_node: int | None
+    seq_len: int
+    batch: int
+    batch_tokens: bool
+    tokens: float | None
+    margin: float
+
+    def sequences(self) -> int:
+        if not self.batch_tokens:
+            return self.batch
+        if self.batch % self.seq_len:
+            raise FieldError("batch", f"batch: {self.batch:,} tokens is not a whole number of "
+                                      f"{self.seq_len:,}-token sequences")
+        return self.batch // self.seq_len
+
+
+def parse_form(raw: dict[str, str]) -> tuple[Inputs | None, dict[str, str]]:
+    """The form's text -> (Inputs, {}) or (None, {field: one-line error})."""
+    errors: dict[str, str] = {}
+    out: dict = {}
+
+    def take(name, fn):
+        try:
+            out[name] = fn(raw.get(name, DEFAULTS[name]).strip())
+        except FieldError as exc:
+            errors[exc.field] = str(exc)
+
+    def text_field(name):
+        def fn(text):
+            if not text:
+                raise FieldError(name, f"{name}: give a preset name or a path to a file")
+            return text
+        return fn
+
+    def objective(text):
+        if text not in OBJECTIVES:
+            raise FieldError("objective", f"objective: one of {', '.join(OBJECTIVES)}")
+        return text
+
+    def gpn(text):
+        return _int(text, "gpus_per_node", 1, 1024) if text else None
+
+    def batch(text):
+        m = re.match(r"^(.*?)\s*(tokens|token|tok|sequences|sequence|seqs|seq)?$", text, re.IGNORECASE)
+        unit = (m.group(2) or "seq").lower()
+        out["batch_tokens"] = unit.startswith("tok")
+        return _int(m.group(1), "batch", 1, 10**12)
+
+    def tokens(text):
+        if not text or text in ("0", "-", "none"):
+            return None
+        try:
+            value = parse_number(text)
+        except ValueError:
+            raise FieldError("tokens", f"tokens: {text!r} is not a token count (e.g. 2T, 2e12, 500B; empty: none)") from None
+        if value <= 0:
+            raise FieldError("tokens", "tokens: must be positive (empty: no time-to-train)")
+        return value
+
+    def margin(text):
+        pct = text.endswith("%")
+        try:
+            value = float(text.rstrip("%").strip()) / (100 if pct else 1)
+        except ValueError:
+            raise FieldError("margin", f"margin: {text!r} is not a fraction (e.g. 0.9 or 90%)") from None
+        if not 0 < value <= 1:
+            raise FieldError("margin", f"margin: must be in (0, 1] (a fraction of usable HBM), got {text}")
+        return value
+
+    take("model", text_field("model"))
+    take("hardware", text_field("hardware"))
+    take("objective", objective)
+    take("nodes", lambda t: _int(t, "nodes", 1, 100_000))
+    take("gpus_per_node", gpn)
+    take("seq_len", lambda t: _int(t, "seq_len", 1, 1 << 24))
+    take("batch", batch)
+    take("tokens", tokens)
+    take("margin", margin)
+    if errors:
+        return None, errors
+    inp = Inputs(**out)
+    try:
+        inp.sequences()
+    except FieldError as exc:
+        return None, {exc.field: str(exc)}
+    return inp, {}
+
+
+# ---- formatting ----------------------------------------------------------------------------------------
+
+_SCHED = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "i1f1b"}
+
+
+def compact_config(cfg: dict) -> str:
+    """A short form for table cells: `fsdp64 tp8 pp4/1f1b mb1 AC:sel fp8:row +c +atp`."""
+    if cfg["dp_replicate"] > 1:
+        parts = [f"hsdp{cfg['dp_replicate']}x{cfg['dp_shard']}"]
+    else:
+        parts = [f"fsdp{cfg['dp_shard']}"]
+    for k in ("tp", "cp"):
+        if cfg[k] > 1:
+            parts.append(f"{k}{cfg[k]}")
+    if cfg["pp"] > 1:
+        sched = _SCHED.get(cfg["pp_schedule"], cfg["pp_schedule"])
+        parts.append(f"pp{cfg['pp']}/{sched}" + (f"v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
+    parts.append(f"mb{cfg['micro_batch_size']}")
+    parts.append({"none": "AC:no", "selective": "AC:sel", "full": "AC:full"}[cfg["ac"]])
+    if cfg["float8"] != "none":
+        parts.append(f"fp8:{cfg['float8'][:3]}")
+    if cfg["compile"]:
+        parts.append("+c")
+    if cfg["async_tp"]:
+        parts.append("+atp")
+    return " ".join(parts)
+
+
+def fmt_days(days: float | None) -> str:
+    if days is None:
+        return "-"
+    if days < 1:
+        return f"{days * 24:.1f} h"
+    return f"{days:,.1f} d" if days < 100 else f"{days:,.0f} d"
+
+
+def fmt_money(usd: float | None) -> str:
+    if usd is None:
+        return "-"
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if usd >= div:
+            return f"${usd / div:,.2f}{unit}" if usd / div < 100 else f"${usd / div:,.0f}{unit}"
+    return f"${usd:,.0f}"
+
+
+def fmt_tokens(tokens: float) -> str:
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if tokens >= div:
+            return f"{tokens / div:g}{unit}"
+    return f"{tokens:,.0f}"
+
+
+def fmt_count(n: float) -> str:
+    """1234 -> 1,234; 526033 -> 526k; 12.3e6 -> 12.3M."""
+    if n >= 1e7:
+        return f"{n / 1e6:,.0f}M"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e4:
+        return f"{n / 1e3:,.0f}k"
+    return f"{n:,.0f}"

@@ -1,0 +1,329 @@
+"""What the terminal UI shows, computed without Textual: the sweep, table rows, the chosen
+plan's estimate, the hardware comparison, exports and the launch preview.
+
+numpy, the estimator and the planner are imported inside the functions that need them, so the app
+paints its first frame before they load (they load in a worker thread right after).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from estimator.errors import MeshplanError
+from ui.tui.form import (
+    COMPARE_HARDWARE,
+    EXPORTS,
+    SORTS,
+    TABLE_ROWS,
+    FieldError,
+    Inputs,
+    compact_config,
+    fmt_days,
+    fmt_money,
+)
+
+# ---- the sweep -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One finished sweep and what the screens read from it."""
+
+    inputs: Inputs
+    res: object  # planner.search.SearchResult
+    tree: list[dict]
+    estimates: dict = field(default_factory=dict)
+    compact: dict = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.res.world
+
+    @property
+    def nodes(self) -> int:
+        return self.res.world // self.res.gpus_per_node
+
+    @property
+    def price(self) -> float | None:
+        hw = self.res.hw
+        return hw.price.usd_per_gpu_hour if hw.price else None
+
+    def describe(self) -> str:
+        r = self.res
+        return (f"{r.model.name} · {self.nodes}x{r.gpus_per_node} {r.hw.id} · seq {r.seq_len} · gbs "
+                f"{r.global_batch} · {len(r.ranked):,}/{r.evaluated:,} fit")
+
+
+def load_inputs(inp: Inputs):
+    """(model, hardware, stack) for the form's names; FieldError names the field that failed."""
+    from estimator.hardware import load_hardware
+    from estimator.model_spec import load_model
+    from estimator.stack import load_stack
+
+    try:
+        model = load_model(inp.model)
+    except MeshplanError as exc:
+        raise FieldError("model", f"model: {exc}") from None
+    try:
+        hw = load_hardware(inp.hardware)
+    except MeshplanError as exc:
+        raise FieldError("hardware", f"hardware: {exc}") from None
+    return model, hw, load_stack("torchtitan")
+
+
+def run(inp: Inputs) -> Result:
+    """Load, sweep and explain; MeshplanError (one line) when nothing fits or an input is wrong."""
+    from planner.search import explain_empty, plan_search
+    from planner.tree import decision_tree
+
+    model, hw, stack = load_inputs(inp)
+    gpn = inp.gpus_per_node or hw.gpus_per_node
+    res = plan_search(model, hw, stack, inp.nodes * gpn, gpn, inp.seq_len, inp.sequences(), inp.margin,
+                      inp.objective)
+    if len(res.ranked) == 0:
+        raise MeshplanError(explain_empty(res))
+    return Result(inp, res, decision_tree(res))
+
+
+def names() -> tuple[list[str], list[str]]:
+    """(model presets, hardware profiles)."""
+    from estimator.hardware import hardware_names
+    from estimator.model_spec import preset_names
+
+    return preset_names(), hardware_names()
+
+
+# ---- the ranked table ----------------------------------------------------------------------------------
+
+
+def sorted_indices(result: Result, key: str, reverse: bool = False, limit: int = TABLE_ROWS) -> list[int]:
+    """Sweep indices of the fitting configurations in table order (`limit` first)."""
+    import numpy as np
+
+    res = result.res
+    ranked = res.ranked
+    if key == "rank":
+        order = ranked
+    elif key == "config":
+        labels = np.array([compact(result, int(i)) for i in ranked])
+        order = ranked[np.argsort(labels, kind="stable")]
+    else:
+        values = {"peak": res.peak_gib, "tps": res.tps, "mfu": res.mfu, "step": res.step_s}[key][ranked]
+        order = ranked[np.argsort(values if SORTS[key][1] else -values, kind="stable")]
+    if reverse:
+        order = order[::-1]
+    return [int(i) for i in order[:limit]]
+
+
+def compact(result: Result, i: int) -> str:
+    label = result.compact.get(i)
+    if label is None:
+        label = result.compact[i] = compact_config(result.res.config(i))
+    return label
+
+
+def train(result: Result, i: int) -> dict | None:
+    """Days, GPU-hours and cost for the token budget (None without a budget)."""
+    from planner.capacity import train_time
+
+    if not result.inputs.tokens:
+        return None
+    return train_time(result.inputs.tokens, float(result.res.tps[i]), result.world, result.price)
+
+
+def row(result: Result, i: int) -> dict:
+    """One row of the ranked table as numbers (see `row_cells` in the app for the text)."""
+    res = result.res
+    rank = int(_rank_pos(result)[i]) + 1
+    t = train(result, i)
+    return {
+        "index": i, "rank": rank, "peak_gib": float(res.peak_gib[i]), "tps": float(res.tps[i]),
+        "mfu": float(res.mfu[i]), "step_s": float(res.step_s[i]), "days": t["days"] if t else None,
+        "cost_usd": t["cost_usd"] if t else None, "config": compact(result, i),
+    }
+
+
+def _rank_pos(result: Result):
+    pos = result.estimates.get("_rank_pos")
+    if pos is None:
+        import numpy as np
+
+        res = result.res
+        pos = np.full(res.evaluated, -1, dtype=np.int64)
+        pos[res.ranked] = np.arange(len(res.ranked))
+        result.estimates["_rank_pos"] = pos
+    return pos
+
+
+def estimate_of(result: Result, i: int) -> dict:
+    """The estimator's full report for configuration `i` (memory per stage, warnings), cached."""
+    est = result.estimates.get(i)
+    if est is None:
+        from estimator.estimate import estimate
+
+        res = result.res
+        est = result.estimates[i] = estimate(res.model, res.hw, res.train_config(i), res.stack, res.memory_margin)
+    return est
+
+
+# ---- compare, hardware ---------------------------------------------------------------------------------
+
+
+def compare_rows(result: Result, indices: list[int]) -> list[tuple[str, list[str], int | None]]:
+    """Rows of the side-by-side comparison: (label, one cell per configuration, best): `best` is the index
+    of the best value, -1 for a setting that differs between the configurations, None otherwise."""
+    res = result.res
+    cfgs = [res.config(i) for i in indices]
+    ests = [estimate_of(result, i) for i in indices]
+    trains = [train(result, i) for i in indices]
+
+    def best(values, low):
+        if len(values) < 2 or len(set(values)) == 1:
+            return None
+        return values.index(min(values) if low else max(values))
+
+    rows: list[tuple[str, list[str], int | None]] = [
+        ("rank", [str(int(_rank_pos(result)[i]) + 1) for i in indices], None),
+        ("configuration", [compact(result, i) for i in indices], None),
+    ]
+    peaks = [e["memory"]["peak_gib"] for e in ests]
+    tps = [e["throughput"]["tokens_per_sec_per_gpu"] for e in ests]
+    rows.append(("peak GiB", [f"{p:.1f}" for p in peaks], best(peaks, True)))
+    rows.append(("headroom GiB", [f"{res.limit_gib - p:.1f}" for p in peaks], best(peaks, True)))
+    rows.append(("tok/s/GPU", [f"{t:,.0f}" for t in tps], best(tps, False)))
+    mfu = [e["throughput"]["mfu"] for e in ests]
+    rows.append(("MFU", [f"{m:.1%}" for m in mfu], best(mfu, False)))
+    steps = [e["throughput"]["step_time_s"] for e in ests]
+    rows.append(("step s", [f"{s:.2f}" for s in steps], best(steps, True)))
+    if trains[0] is not None:
+        days = [t["days"] for t in trains]
+        rows.append(("time-to-train", [fmt_days(d) for d in days], best(days, True)))
+        if trains[0]["cost_usd"] is not None:
+            cost = [t["cost_usd"] for t in trains]
+            rows.append(("cost", [fmt_money(c) for c in cost], best(cost, True)))
+    for key, label in (("dp_replicate", "dp_replicate"), ("dp_shard", "dp_shard"), ("tp", "tp"), ("pp", "pp"),
+                       ("pp_schedule", "PP schedule"), ("cp", "cp"), ("micro_batch_size", "micro-batch"),
+                       ("ac", "AC"), ("float8", "Float8"), ("compile", "compile"), ("async_tp", "async TP")):
+        if key == "pp_schedule" and all(c["pp"] == 1 for c in cfgs):
+            continue
+        values = [str(c[key]) for c in cfgs]
+        rows.append((label, values, -1 if len(set(values)) > 1 else None))
+    return rows
+
+
+def hardware_ids(current: str) -> list[str]:
+    return list(dict.fromkeys([*COMPARE_HARDWARE, current]))
+
+
+def hardware_rows(inp: Inputs, hardware: list[str]) -> list[dict]:
+    """The best configuration of the same model at the same number of GPUs on each profile."""
+    from estimator.hardware import load_hardware
+    from planner.capacity import train_time
+    from planner.search import plan_search
+
+    model, hw0, stack = load_inputs(inp)
+    world = inp.nodes * (inp.gpus_per_node or hw0.gpus_per_node)
+    rows = []
+    for hid in hardware:
+        hw = hw0 if hid == hw0.id or hid == inp.hardware else load_hardware(hid)
+        gpn = inp.gpus_per_node if hw is hw0 and inp.gpus_per_node else hw.gpus_per_node
+        nodes = max(1, world // gpn)
+        price = hw.price.usd_per_gpu_hour if hw.price else None
+        row = {"hardware": hw.id, "current": hw is hw0, "nodes": nodes, "gpus_per_node": gpn,
+               "usable_gib": hw.usable_hbm_gib, "price": price, "fits": False, "config": "", "peak_gib": None,
+               "tps": None, "mfu": None, "days": None, "cost_usd": None, "why_not": ""}
+        try:
+            res = plan_search(model, hw, stack, nodes * gpn, gpn, inp.seq_len, inp.sequences(), inp.margin,
+                              inp.objective)
+        except MeshplanError as exc:
+            row["why_not"] = str(exc)
+            rows.append(row)
+            continue
+        if len(res.ranked) == 0:
+            from planner.search import explain_empty
+
+            row["why_not"] = explain_empty(res)
+            rows.append(row)
+            continue
+        i = int(res.ranked[0])
+        row.update(fits=True, config=compact_config(res.config(i)), peak_gib=float(res.peak_gib[i]),
+                   tps=float(res.tps[i]), mfu=float(res.mfu[i]))
+        if inp.tokens:
+            t = train_time(inp.tokens, float(res.tps[i]), nodes * gpn, price)
+            row.update(days=t["days"], cost_usd=t["cost_usd"])
+        rows.append(row)
+    return rows
+
+
+# ---- exports and the launch preview --------------------------------------------------------------------
+
+
+def build_plan(result: Result, i: int):
+    """The plan file (planner.plan_file.Plan) for configuration `i`."""
+    from planner.plan_file import make_plan
+
+    res = result.res
+    tokens = result.inputs.tokens
+    return make_plan(res.model, result.inputs.model, res.hw, res.train_config(i), estimate_of(result, i),
+                     stack=res.stack.id, tokens=int(tokens) if tokens else None)
+
+
+def export_files(result: Result, i: int, directory: str | Path, partition: str | None = None,
+                 time: str | None = None) -> list[Path]:
+    """Write the plan YAML, the torchtitan config and the launch scripts into `directory` (created)."""
+    from planner.export import SCRIPT_FORMATS, render
+    from planner.plan_file import plan_yaml, write_atomic
+
+    text = str(directory).strip()
+    if not text:
+        raise MeshplanError("give a directory to export to")
+    folder = Path(text).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise MeshplanError(f"{folder} exists and is not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MeshplanError(f"cannot create {folder}: {exc.strerror or exc}") from None
+    plan = build_plan(result, i)
+    plan_path = folder / f"{plan.name}.yaml"
+    written = [write_atomic(plan_path, plan_yaml(plan))]
+    for fmt, suffix in EXPORTS.items():
+        out = render(plan, fmt, str(plan_path.resolve()), partition=partition or None, time=time or None)
+        written.append(write_atomic(folder / f"{plan.name}{suffix}", out,
+                                    mode=0o755 if fmt in SCRIPT_FORMATS else 0o644))
+    return written
+
+
+def launch_preview(result: Result, i: int, backend: str, plan_file: str | None = None) -> tuple[str, str]:
+    """(command, output) of `meshplan launch PLAN --backend BACKEND --dry-run` for configuration `i`.
+
+    The plan is written to a temporary file only to be read back; nothing else is written. Without the
+    launcher installed, the output is the rendered script of `meshplan export -f BACKEND`.
+    """
+    import tempfile
+
+    from planner.export import render
+    from planner.plan_file import save_plan
+
+    plan = build_plan(result, i)
+    shown = plan_file or f"{plan.name}.yaml"
+    try:
+        from launcher.launch import build_launch
+    except ImportError:
+        cmd = f"meshplan export {shown} -f {backend}  (launcher not installed: the script it would run)"
+        return cmd, render(plan, backend, shown)
+    with tempfile.TemporaryDirectory(prefix="meshplan-tui-") as tmp:
+        path = save_plan(plan, Path(tmp) / f"{plan.name}.yaml")
+        launch = build_launch(path, backend, None, write=False)
+        text = render(plan, backend, str(launch.plan_path.resolve()))
+    cmd = f"meshplan launch {shown} --backend {backend} --dry-run"
+    return cmd, f"{launch.describe()}\n# {launch.script} would contain:\n{text}"
+
+
+
+def gpus_per_node(hardware: list[str]) -> dict[str, int]:
+    """GPUs per node of each built-in hardware profile (the form's placeholder)."""
+    from estimator.hardware import load_hardware
+
+    return {h: load_hardware(h).gpus_per_node for h in hardware}

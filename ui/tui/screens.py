@@ -1,0 +1,182 @@
+"""Modal screens: help, export to a directory, and the launch preview."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Input, Label, Static
+
+# (heading, [(key or field, what it does)]) - rendered as two-column tables that wrap at any width
+HELP = (
+    ("Form (top)", [
+        ("f", "jump to the form; tab / shift+tab move between fields"),
+        ("enter", "apply: run the search and go to the results (leaving a changed field runs it too)"),
+        ("esc", "back to the results"),
+        ("", "invalid values turn red and are explained under the form; the previous results stay on screen "
+             "until a search succeeds"),
+        ("model", "a preset ({models}) or a path to a meshplan model YAML or Hugging Face config.json; "
+                  "→ accepts the suggested name"),
+        ("hardware", "{hardware} (enter opens the list)"),
+        ("objective", "throughput | time | cost"),
+        ("nodes", "number of nodes; GPUs/node empty: the hardware profile's"),
+        ("seq len", "tokens per sequence"),
+        ("batch", "global batch in sequences (512), or in tokens with a unit: 4Mi tok, 4194304 tokens"),
+        ("tokens", "token budget for time-to-train and cost: 2T, 2e12, 500B (empty: none)"),
+        ("margin", "fraction of usable HBM a plan may use: 0.9 or 90%"),
+    ]),
+    ("Views (or ←/→ on the tab bar)", [
+        ("p  Plans", "the ranked configurations that fit; ↑/↓ choose one: its memory per GPU (per pipeline "
+                     "stage when pp > 1) against the limit │ and usable HBM ┃, throughput, MFU, step time, "
+                     "time-to-train and cost show below"),
+        ("s / r", "sort by the next column / reverse the order"),
+        ("space", "mark up to 3 plans for Compare"),
+        ("t  Tree", "the decision tree; enter or space expands a step: why it is taken or not, its best "
+                    "configuration, the alternatives it rejected and why"),
+        ("c  Compare", "the marked plans side by side (the top 3 when fewer than 2 are marked)"),
+        ("h  Hardware", "the same model at the same GPU count on other accelerators; enter switches to one"),
+    ]),
+    ("Actions", [
+        ("e", "export the chosen plan to a directory: plan YAML, torchtitan TOML and 0.3 command line, "
+              "torchrun, Slurm and mpirun scripts"),
+        ("l", "preview the launch: what `meshplan launch PLAN --backend torchrun|slurm|mpirun --dry-run` prints"),
+        ("d", "light / dark theme"),
+        ("? / F1", "this help"),
+        ("q / ctrl+q", "quit"),
+    ]),
+)
+
+
+def help_renderable(models: list[str], hardware: list[str]):
+    from rich.console import Group
+    from rich.table import Table
+
+    parts: list = [Text.from_markup("[b]meshplan[/b]: plan distributed LLM training (FSDP2/HSDP, TP, PP, CP, "
+                                    "Float8, compile, AC) before spending a GPU-hour.\n")]
+    fill = {"models": ", ".join(models) or "…", "hardware": ", ".join(hardware) or "…"}
+    for heading, rows in HELP:
+        parts.append(Text(heading, style="bold underline"))
+        table = Table(box=None, show_header=False, pad_edge=False, expand=True)
+        table.add_column(style="bold", no_wrap=True, width=12)
+        table.add_column(ratio=1)
+        for key, text in rows:
+            table.add_row(key, text.format(**fill))
+        parts.append(table)
+        parts.append(Text(""))
+    parts.append(Text("esc, q or ? closes this help", style="dim"))
+    return Group(*parts)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "close")]
+
+    def __init__(self, models: list[str], hardware: list[str]):
+        super().__init__()
+        self.models, self.hardware = models, hardware
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-body", classes="dialog"):
+            yield Static(help_renderable(self.models, self.hardware), id="help-text")
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#help-body").focus()
+
+
+class ExportScreen(ModalScreen[list[Path] | None]):
+    """Ask for a directory (and optional #SBATCH values), write every export there, list what was written."""
+
+    BINDINGS = [Binding("escape", "close", "close")]
+
+    def __init__(self, summary: str, default_dir: str, writer: Callable[[str, str, str], list[Path]]):
+        super().__init__()
+        self.summary, self.default_dir, self.writer = summary, default_dir, writer
+        self.written: list[Path] | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="export-dialog", classes="dialog"):
+            yield Label("[b]Export the chosen plan[/b]")
+            yield Static(self.summary, id="export-summary", markup=False)
+            with Horizontal(classes="row"):
+                yield Label("directory", classes="label")
+                yield Input(self.default_dir, id="export-dir", compact=True)
+            with Horizontal(classes="row"):
+                yield Label("partition", classes="label")
+                yield Input(placeholder="slurm #SBATCH --partition (optional)", id="export-partition", compact=True)
+            with Horizontal(classes="row"):
+                yield Label("time", classes="label")
+                yield Input(placeholder="slurm #SBATCH --time, e.g. 2-00:00:00 (optional)", id="export-time",
+                            compact=True)
+            yield Static("writes the plan YAML, torchtitan TOML and CLI, torchrun, Slurm and mpirun scripts",
+                         id="export-msg")
+            yield Static("[b]enter[/b] write   [b]esc[/b] close", classes="hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#export-dir", Input).focus()
+
+    @on(Input.Submitted)
+    def write(self) -> None:
+        msg = self.query_one("#export-msg", Static)
+        try:
+            paths = self.writer(self.query_one("#export-dir", Input).value,
+                                self.query_one("#export-partition", Input).value.strip(),
+                                self.query_one("#export-time", Input).value.strip())
+        except (ValueError, OSError) as exc:  # MeshplanError is a ValueError
+            msg.set_class(True, "error")
+            msg.update(Text(f"✗ {exc}"))
+            return
+        self.written = paths
+        msg.set_class(False, "error")
+        folder = paths[0].parent
+        text = Text(f"✓ wrote {len(paths)} files to {folder}:", style="green")
+        for p in paths:
+            text.append(f"\n  {p.name}", style="")
+        msg.update(text)
+
+    def action_close(self) -> None:
+        self.dismiss(self.written)
+
+
+class LaunchScreen(ModalScreen[None]):
+    """What `meshplan launch PLAN --backend B --dry-run` would print, for torchrun, Slurm and mpirun."""
+
+    BINDINGS = [
+        Binding("1", "backend('torchrun')", "torchrun"),
+        Binding("2", "backend('slurm')", "slurm"),
+        Binding("3", "backend('mpirun')", "mpirun"),
+        Binding("escape,q,l", "dismiss", "close"),
+    ]
+
+    def __init__(self, preview: Callable[[str], tuple[str, str]], backend: str = "torchrun"):
+        super().__init__()
+        self.preview, self.backend = preview, backend
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="launch-dialog", classes="dialog"):
+            yield Static(id="launch-cmd")
+            with VerticalScroll(id="launch-body"):
+                yield Static(id="launch-text", markup=False)
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.action_backend(self.backend)
+        self.query_one("#launch-body").focus()
+
+    def action_backend(self, backend: str) -> None:
+        self.backend = backend
+        try:
+            cmd, text = self.preview(backend)
+        except (ValueError, OSError) as exc:
+            cmd, text = f"meshplan launch PLAN --backend {backend} --dry-run", f"error: {exc}"
+        head = Text("preview ", style="bold")
+        head.append(f"$ {cmd}", style="bold green")
+        head.append("\nnothing is started or written; 1 torchrun · 2 slurm · 3 mpirun", style="dim")
+        self.query_one("#launch-cmd", Static).update(head)
+        self.query_one("#launch-text", Static).update(text)
+        self.query_one("#launch-body", VerticalScroll).scroll_home(animate=False)
