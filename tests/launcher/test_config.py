@@ -153,3 +153,41 @@ def test_text_file_training_entry_point_single_process(tmp_path):
     assert recs[0]["peak_mem_gib"] > 0 and recs[0]["tokens_per_sec_per_gpu"] > 0
     assert recs[-1]["loss"] < recs[0]["loss"] - 1.0
     assert "step 12/12 | loss" in proc.stdout
+
+
+def _word_tokenizer(path, text: str) -> int:
+    """Write a word-level Hugging Face tokenizer.json for `text`; returns its vocabulary size."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    words = sorted(set(text.replace(".", " . ").split()))
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(path))
+    return len(vocab)
+
+
+def test_hf_tokenizer_file_feeds_the_stream_and_trains(tmp_path):
+    """A local tokenizer.json replaces the byte tokenizer: the stream holds its ids, and a run learns on them."""
+    pytest.importorskip("tokenizers", reason="the train extra installs tokenizers")
+    text = "the quick brown fox jumps over the lazy dog. " * 200
+    (tmp_path / "corpus.txt").write_text(text)
+    n = _word_tokenizer(tmp_path / "tokenizer.json", text)
+    assert n == 10  # 8 distinct words, '.', [UNK]
+    src = TokenSource(str(tmp_path / "corpus.txt"), vocab=256, seq_len=16, seed=0,
+                      tokenizer=str(tmp_path / "tokenizer.json"))
+    assert src.tokens is not None and len(src.tokens) == 10 * 200 and int(src.tokens.max()) < n
+    first = src.sample(0).tolist()
+    assert len(first) == 17 and first[:7] == first[10:]  # the sentence repeats every 10 word ids
+    with pytest.raises(ValueError, match="tokenizer has 10 tokens but the model's vocab is 8"):
+        TokenSource(str(tmp_path / "corpus.txt"), vocab=8, seq_len=16, seed=0, tokenizer=str(tmp_path / "tokenizer.json"))
+
+    cfg = config(tmp_path / "run", data=str(tmp_path / "corpus.txt"), tokenizer=str(tmp_path / "tokenizer.json"),
+                 steps=8, lr=3e-3, warmup_steps=1)
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    proc = run_entry_point(tmp_path / "run.json", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["loss"] < recs[0]["loss"] - 1.0
