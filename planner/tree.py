@@ -55,22 +55,40 @@ def _entry(res: SearchResult, i: int) -> dict:
     }
 
 
+def _uses(res: SearchResult, key: str) -> np.ndarray:
+    """Configurations that use the feature a step adds (all of them for the FSDP step)."""
+    c = res.configs
+    return {
+        "fsdp": np.ones(len(c), dtype=bool),
+        "compile": c.compile == 1,
+        "float8": c.float8 != 0,
+        "tp": c.tp > 1,
+        "pp": c.pp > 1,
+        "cp": c.cp > 1,
+        "hsdp": c.dp_replicate > 1,
+    }[key]
+
+
 def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
-    """Steps as data: key, label, adds, best (or None), fits, reason, rejected (closest alternatives)."""
+    """Steps as data: key, label, adds, best (the best configuration allowed so far, or None), fits,
+    min_peak_gib, feature_best (the best fitting configuration that uses this step's feature, or None),
+    reason, taken, rejected (the closest configurations that did not fit)."""
     rank_pos = np.full(res.evaluated, np.iinfo(np.int64).max)
     rank_pos[res.ranked] = np.arange(len(res.ranked))
     evaluated = ~np.isnan(res.peak_gib)
+    fits = res.reason == 0
+
+    def best_of(mask: np.ndarray) -> int | None:
+        idx = np.flatnonzero(mask & fits)
+        return int(idx[np.argmin(rank_pos[idx])]) if len(idx) else None
+
     steps = []
-    masks = _masks(res)
-    if not res.hw.supports_fp8:
-        skip = {"float8"}
-    else:
-        skip = set()
-    for (key, label, adds), mask in zip(STEPS, masks, strict=True):
+    skip = set() if res.hw.supports_fp8 else {"float8"}
+    for (key, label, adds), mask in zip(STEPS, _masks(res), strict=True):
         if key in skip:
             continue
-        fit_idx = np.flatnonzero(mask & (res.reason == 0))
-        best = int(fit_idx[np.argmin(rank_pos[fit_idx])]) if len(fit_idx) else None
+        best = best_of(mask)
+        feature = best_of(mask & _uses(res, key))
         oom = np.flatnonzero(mask & evaluated & (res.reason == 9))
         closest = oom[np.argsort(res.peak_gib[oom])[:alternatives]] if len(oom) else np.array([], dtype=int)
         steps.append({
@@ -80,17 +98,14 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
             "best": _entry(res, best) if best is not None else None,
             "fits": best is not None,
             "min_peak_gib": round(float(np.nanmin(res.peak_gib[mask & evaluated])), 2) if (mask & evaluated).any() else None,
+            "feature_best": _entry(res, feature) if feature is not None else None,
             "rejected": [{**_entry(res, int(i)), "reason": res.reason_text(int(i))} for i in closest],
-            "_best_index": best,
         })
-    # reasons to move on (or to stop), read from consecutive steps
+    # reasons to move on (or to stop), read from the steps after this one
     for k, step in enumerate(steps):
-        nxt = steps[k + 1] if k + 1 < len(steps) else None
-        step["reason"] = _reason(res, step, nxt)
+        step["reason"] = _reason(res, steps, k)
         step["taken"] = k == 0 or _worth(steps[k - 1], step)
     steps.append(_ac_step(res))
-    for s in steps:
-        s.pop("_best_index", None)
     return steps
 
 
@@ -102,31 +117,41 @@ def _worth(prev: dict, cur: dict) -> bool:
     return cur["best"]["tokens_per_sec_per_gpu"] > prev["best"]["tokens_per_sec_per_gpu"] * (1 + GAIN)
 
 
-def _reason(res: SearchResult, step: dict, nxt: dict | None) -> str:
-    name = step["label"].lstrip("+ ").split(" ")[0]
-    seq = f"at seq {res.seq_len}"
+def _name(step: dict) -> str:
+    return step["label"].lstrip("+ ")
+
+
+def _reason(res: SearchResult, steps: list[dict], k: int) -> str:
+    """Why to take the next step (or to stop here), with the figures that decide it."""
+    step = steps[k]
+    nxt = steps[k + 1] if k + 1 < len(steps) else None
     if step["best"] is None:
         if step["min_peak_gib"] is None:
-            return f"no {name} configuration is valid here; the next step opens more"
-        return (
-            f"{step['label'].lstrip('+ ')} alone needs {step['min_peak_gib']:.1f} GiB > {res.limit_gib:.1f} GiB "
-            f"usable ({res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f}) {seq}"
-            + (f": take {nxt['label'].lstrip('+ ')}" if nxt else ": nothing fits")
+            return f"no {_name(step)} configuration is valid here; the next step opens more"
+        what = "FSDP alone" if k == 0 else f"with {_name(step)} the best still"
+        head = (
+            f"{what} needs {step['min_peak_gib']:.1f} GiB > {res.limit_gib:.1f} GiB usable "
+            f"({res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f}) at seq {res.seq_len}"
         )
+        later = next((s for s in steps[k + 1:] if s["best"] is not None), None)
+        if later is None:
+            return head + ": nothing fits"
+        if nxt is later:
+            return head + f": {_name(later)} fits at {later['best']['peak_gib']:.1f} GiB"
+        return head + f"; the first step that fits is {_name(later)} ({later['best']['peak_gib']:.1f} GiB)"
     here = step["best"]["tokens_per_sec_per_gpu"]
+    fits_at = f"fits at {step['best']['peak_gib']:.1f} GiB, {here:,.0f} tok/s/GPU"
     if nxt is None:
         return f"best so far: {here:,.0f} tok/s/GPU at {step['best']['peak_gib']:.1f} GiB"
-    if nxt["best"] is None:
-        return f"fits at {step['best']['peak_gib']:.1f} GiB; {nxt['label'].lstrip('+ ')} adds nothing that fits"
-    gain = nxt["best"]["tokens_per_sec_per_gpu"] / here - 1
-    if gain > GAIN:
-        return (
-            f"fits at {step['best']['peak_gib']:.1f} GiB, {here:,.0f} tok/s/GPU; "
-            f"{nxt['label'].lstrip('+ ')} raises throughput {gain:+.1%}"
-        )
+    own = nxt["feature_best"]
+    if own is None:
+        return f"{fits_at}; no configuration with {_name(nxt)} fits"
+    gain = own["tokens_per_sec_per_gpu"] / here - 1
+    if nxt["best"] is not None and nxt["best"]["tokens_per_sec_per_gpu"] > here * (1 + GAIN):
+        return f"{fits_at}; {_name(nxt)} raises throughput {gain:+.1%}"
     return (
-        f"fits at {step['best']['peak_gib']:.1f} GiB, {here:,.0f} tok/s/GPU; "
-        f"{nxt['label'].lstrip('+ ')} gains nothing ({gain:+.1%}), so it is not taken"
+        f"{fits_at}; {_name(nxt)} gains nothing: its best ({own['summary']}) reaches "
+        f"{own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU ({gain:+.1%}), so it is not taken"
     )
 
 
@@ -167,9 +192,12 @@ def tree_text(steps: list[dict]) -> str:
     """The tree as indented text for terminals."""
     lines = []
     for k, s in enumerate(steps, 1):
-        mark = "x" if s.get("taken") and s["best"] else "-"
-        head = f"{k}. [{mark}] {s['label']}"
-        if s["best"]:
+        taken = bool(s.get("taken") and s["best"])
+        head = f"{k}. [{'x' if taken else '-'}] {s['label']}"
+        if not taken and s.get("feature_best"):
+            fb = s["feature_best"]
+            head += f": best with it {fb['summary']} | {fb['peak_gib']:.1f} GiB, {fb['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
+        elif s["best"]:
             head += f": {s['best']['summary']} | {s['best']['peak_gib']:.1f} GiB, {s['best']['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
         lines.append(head)
         lines.append(f"      {s['reason']}")

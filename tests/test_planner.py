@@ -68,6 +68,24 @@ def test_405b_on_64_nodes_needs_model_parallelism():
     tree = decision_tree(res)
     fsdp = tree[0]
     assert not fsdp["fits"] and "GiB >" in fsdp["reason"] and "at seq 8192" in fsdp["reason"]
+    # the reason names the first step that fits, with its memory, not just the next step
+    first_fit = next(s for s in tree if s["fits"])
+    assert f"{_label(first_fit)} " in fsdp["reason"] and f"{first_fit['best']['peak_gib']:.1f} GiB" in fsdp["reason"]
+    # a step that is not taken still shows what its feature reaches on its own, and the reason quotes it
+    by_key = {s["key"]: s for s in tree}
+    pp = by_key["pp"]
+    assert pp["feature_best"] is not None and pp["feature_best"]["config"]["pp"] > 1
+    if not pp["taken"]:
+        before = tree[tree.index(pp) - 1]
+        assert f"{pp['feature_best']['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU" in before["reason"]
+    for s in tree[:-1]:
+        fb = s["feature_best"]
+        assert fb is None or fb["tokens_per_sec_per_gpu"] <= max(t["best"]["tokens_per_sec_per_gpu"]
+                                                                 for t in tree if t["best"])
+
+
+def _label(step: dict) -> str:
+    return step["label"].lstrip("+ ")
 
 
 def test_long_sequences_bring_context_parallel():

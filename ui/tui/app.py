@@ -409,7 +409,10 @@ class MainScreen(Screen):
             else:
                 mark, style = "✗", "red"
             label = Text.assemble((f"{mark} ", style), (f"{k}. {s['label']}", "bold"))
-            if best:
+            own = s.get("feature_best")
+            if best and not s.get("taken") and own:
+                label.append(f"  with it: {own['peak_gib']:.1f} GiB · {own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
+            elif best:
                 label.append(f"  {best['peak_gib']:.1f} GiB · {best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
             info = f"{k}. {s['label']}: {s['adds']}\n→ {s['reason']}"
             if best:
@@ -421,6 +424,10 @@ class MainScreen(Screen):
                 node.add_leaf(Text(f"best: {best['summary']}"),
                               data=f"best at this step: {best['summary']}\n{best['peak_gib']:.1f} GiB, "
                                    f"{best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, MFU {best['mfu']:.1%}")
+            if own and not s.get("taken"):
+                node.add_leaf(Text(f"best with it: {own['summary']}", style="yellow"),
+                              data=f"best using this step: {own['summary']}\n{own['peak_gib']:.1f} GiB, "
+                                   f"{own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, MFU {own['mfu']:.1%}")
             for rej in s["rejected"]:
                 node.add_leaf(Text.assemble(("✗ ", "red"), f"{rej['summary']} · {rej['peak_gib']:.1f} GiB"),
                               data=f"rejected: {rej['summary']}\n{rej['reason']}")

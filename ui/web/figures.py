@@ -208,7 +208,12 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
             symbols.append("circle-open")
         xs.append(0.0)
         body = [f"<b>{k + 1}. {html.escape(s['label'])}</b>", html.escape(s.get("adds", ""))]
-        if best:
+        own = s.get("feature_best")
+        if best and own and not s.get("taken"):
+            body.append(f"best with it: {html.escape(own['summary'])}")
+            body.append(f"{own['peak_gib']:.1f} GiB, {own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, "
+                        f"MFU {own['mfu'] * 100:.1f}%")
+        elif best:
             body.append(f"best: {html.escape(best['summary'])}")
             body.append(f"{best['peak_gib']:.1f} GiB, {best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, "
                         f"MFU {best['mfu'] * 100:.1f}%")
@@ -245,9 +250,13 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
     ))
     for k, s in enumerate(steps):
         best = s.get("best")
+        own = s.get("feature_best")
         head = f"<b>{k + 1}. {html.escape(s['label'])}</b>"
         lines = []
-        if best:
+        if best and own and not s.get("taken"):  # not taken: what the step's own feature reaches
+            head += f"   with it: {own['peak_gib']:.1f} GiB, {own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
+            lines.append(html.escape(own["summary"]))
+        elif best:
             head += f"   {best['peak_gib']:.1f} GiB, {best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
             lines.append(html.escape(best["summary"]))
         elif s["key"] != "ac":
