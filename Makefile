@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines must pin torch==2.13.0 (a CPU build on local disk); anything else pulls a CUDA build.
 STAMP := $(VENV)/.meshplan-installed
 
-.PHONY: run test lint validate-report clean
+.PHONY: run test lint validate-report trace-report clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ lint: $(STAMP)
 # Regenerates the accuracy table in README.md from ../shared/ground_truth/runs.csv.
 validate-report: $(STAMP)
 	$(BIN)/python benchmarks/validate_report.py --write-readme
+
+# Regenerates the trace-grid table in README.md (llama3-8b / 70b traced on this CPU; a few minutes).
+trace-report: $(STAMP)
+	$(BIN)/python benchmarks/trace_grid.py --write-readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -144,9 +144,12 @@ def estimate_arrays(
     # ---- parameters held by the worst rank (before FSDP sharding), per pipeline position ----------
     nb = float(model.block_params)
     layers_rank = np.ceil(L / (p * v)) * v
-    blocks = layers_rank * nb / t
+    # TP shards the matrices; the norms (sequence parallel) are replicated on every TP rank
+    norm = float(model.norm_params_per_norm)
+    nb_rank = (nb - 2 * norm) / t + 2 * norm
+    blocks = layers_rank * nb_rank
     emb = model.embedding_params / t
-    out = model.output_params / t
+    out = (model.output_params - norm) / t + norm
     single = p == 1
     p_first = blocks + emb + np.where(single, out, 0.0)
     p_last = blocks + out + np.where(single, emb, 0.0)
@@ -191,7 +194,7 @@ def estimate_arrays(
         params_fp32 = 4 * prank / fsdp_n
         grads_fp32 = 4 * prank / fsdp_n
         optim = 8 * prank / fsdp_n
-        nblock = nb / t
+        nblock = nb_rank
         if_pp = ~single | ~np.bool_(stack.reshard_after_forward)
         unsharded_params = np.where(
             if_pp, 2 * prank, stack.prefetch_blocks * 2 * nblock + np.where(single, 2 * out, 0.0)

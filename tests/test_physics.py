@@ -28,9 +28,12 @@ def test_hsdp_shards_only_within_replica_group():
 
 def test_tp_pp_shard_model_state():
     r = raw(TrainConfig(gpus=32, tp=4, pp=2, dp_shard=4, seq_len=4096, global_batch_size=8))
-    # first stage: 16 blocks + embedding, split 4 ways by TP and 4 ways by FSDP
-    first = (16 * M8.block_params + M8.embedding_params) / 4
-    last = (16 * M8.block_params + M8.output_params) / 4
+    # first stage: 16 blocks + embedding, split 4 ways by TP (the norms are replicated on every TP rank, as
+    # the trace shows byte for byte) and 4 ways by FSDP
+    norm = M8.norm_params_per_norm
+    block = (M8.block_params - 2 * norm) / 4 + 2 * norm
+    first = 16 * block + M8.embedding_params / 4
+    last = 16 * block + (M8.output_params - norm) / 4 + norm
     assert r["params_fp32"] == pytest.approx(4 * max(first, last) / 4)
 
 

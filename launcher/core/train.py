@@ -233,13 +233,12 @@ class Trainer:
                 if not self.has_last:
                     return torch.zeros(())
                 return torch.stack([_scalar(x).detach().float().cpu() for x in losses]).mean()
+            # Gradient accumulation as torchtitan does it: FSDP2 reduce-scatters after every microbatch into
+            # the sharded gradients (no unsharded fp32 gradients of the whole model kept across microbatches).
             model = self.parts[0]
             mbs = self.cfg.micro_batch_size
-            fsdp = hasattr(model, "set_requires_gradient_sync")
             total = torch.zeros(())
             for i in range(n):
-                if fsdp:
-                    model.set_requires_gradient_sync(i == n - 1)
                 pred = model(inputs[i * mbs : (i + 1) * mbs])
                 loss = cross_entropy(pred, labels[i * mbs : (i + 1) * mbs]) / n
                 loss.backward()
