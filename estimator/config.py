@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from estimator.errors import MeshplanError
 from estimator.hardware import HardwareProfile
+from estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from estimator.model_spec import ModelSpec
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
@@ -56,6 +57,12 @@ class TrainConfig(BaseModel):
         for name in ("dp_replicate", "tp", "pp", "cp", "micro_batch_size", "seq_len"):
             if getattr(c, name) < 1:
                 raise MeshplanError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(c, name)}")
+        # absurd sizes are a one-line error here, before they overflow the estimator's int64 arrays
+        for name, limit in (("gpus", MAX_GPUS), ("gpus_per_node", MAX_GPUS_PER_NODE), ("dp_replicate", MAX_GPUS),
+                            ("dp_shard", MAX_GPUS), ("tp", MAX_GPUS), ("pp", MAX_GPUS), ("cp", MAX_GPUS),
+                            ("vpp", MAX_GPUS), ("seq_len", MAX_SEQ_LEN), ("global_batch_size", MAX_GLOBAL_BATCH),
+                            ("micro_batch_size", MAX_GLOBAL_BATCH)):
+            check_size(getattr(c, name), f"--{name.replace('_', '-')}", limit)
         if c.gpus is not None and c.gpus < 1:
             raise MeshplanError(f"--gpus must be a positive integer, got {c.gpus}")
         if c.gpus_per_node is None:
@@ -75,6 +82,7 @@ class TrainConfig(BaseModel):
         product = others * c.dp_shard
         if c.gpus is None:
             c.gpus = product
+        check_size(c.gpus, "the world size (GPUs)", MAX_GPUS)
         if product != c.gpus:
             raise MeshplanError(
                 f"degrees multiply to {product} (dp_replicate {c.dp_replicate} x dp_shard {c.dp_shard} x cp {c.cp}"
@@ -103,6 +111,7 @@ class TrainConfig(BaseModel):
             c.global_batch_size = dp * c.micro_batch_size * max(1, c.pp if c.pp > 1 else 1)
         if c.global_batch_size < 0:
             raise MeshplanError(f"--global-batch-size must be positive, got {c.global_batch_size}")
+        check_size(c.global_batch_size, "--global-batch-size", MAX_GLOBAL_BATCH)
         if c.global_batch_size % (dp * c.micro_batch_size):
             raise MeshplanError(
                 f"global batch {c.global_batch_size} does not divide into dp {dp} x micro-batch {c.micro_batch_size}"

@@ -27,12 +27,29 @@ def names(kind: str) -> list[str]:
     return sorted(p.stem for p in data_dir(kind).glob("*.yaml"))
 
 
-def read_yaml(path: Path) -> dict:
-    """Parse a YAML mapping, turning every failure into a one-line MeshplanError."""
+def not_utf8(path: Path, exc: UnicodeDecodeError) -> MeshplanError:
+    """The one-line error for a file that is not UTF-8 text (a binary file, UTF-16, Latin-1, ...)."""
+    return MeshplanError(
+        f"{path} is not UTF-8 text (undecodable byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+        "give a text file saved as UTF-8"
+    )
+
+
+def read_text(path: Path) -> str:
+    """A user's text file as str (UTF-8, a leading BOM allowed); one-line MeshplanError if unreadable or binary."""
     try:
-        text = path.read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise MeshplanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, exc) from None
+
+
+def read_yaml(path: Path) -> dict:
+    """Parse a YAML mapping, turning every failure into a one-line MeshplanError."""
+    text = read_text(path)
     try:
         obj = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -164,10 +164,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     if path.suffix == ".json" or (path.is_dir() and (path / "config.json").exists()):
         if path.is_dir():
             path = path / "config.json"
+        text = data_files.read_text(path)
         try:
-            obj = json.loads(path.read_text())
-        except OSError as exc:
-            raise MeshplanError(f"cannot read {path}: {exc.strerror or exc}") from None
+            obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise MeshplanError(f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
         if not isinstance(obj, dict):

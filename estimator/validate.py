@@ -13,6 +13,7 @@ Defaults for cells a source left empty (documented in the README):
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from estimator import data_files
 from estimator.config import TrainConfig
 from estimator.errors import MeshplanError
 from estimator.estimate import estimate
@@ -147,15 +149,13 @@ def row_inputs(row: dict) -> tuple[ModelSpec, str, str, TrainConfig]:
 
 
 def read_rows(path: Path) -> list[dict]:
+    text = data_files.read_text(path)  # one-line error for a missing, unreadable or non-UTF-8 file
     try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in CONFIG_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise MeshplanError(f"{path} lacks the ground-truth column(s): {', '.join(missing)}")
-            return list(reader)
-    except OSError as exc:
-        raise MeshplanError(f"cannot read {path}: {exc.strerror or exc}") from None
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        missing = [c for c in CONFIG_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise MeshplanError(f"{path} lacks the ground-truth column(s): {', '.join(missing)}")
+        return list(reader)
     except csv.Error as exc:
         raise MeshplanError(f"{path} is not a valid CSV: {exc}") from None
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from estimator import data_files
 from estimator.errors import MeshplanError
 from estimator.estimate import estimate
 from estimator.stack import load_stack
@@ -80,7 +81,7 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         raise MeshplanError(f"no metrics in {path.parent}: {path.name} is missing (did the run start?)")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(data_files.read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -12,7 +12,19 @@ from pydantic import ValidationError
 from typer import _click
 
 from estimator.errors import MeshplanError
-from meshplan.commands import capacity, catalog, compare, estimate, export, launch, plan, tui, validate, web
+from meshplan.commands import (
+    capacity,
+    catalog,
+    compare,
+    estimate,
+    export,
+    launch,
+    plan,
+    trace,
+    tui,
+    validate,
+    web,
+)
 
 app = typer.Typer(
     name="meshplan",
@@ -31,6 +43,8 @@ app.command("launch")(launch.launch_cmd)
 app.command("compare")(compare.compare_cmd)
 app.command("web")(web.web_cmd)
 app.command("tui")(tui.tui_cmd)
+app.command("trace")(trace.trace_cmd)
+app.command("trace-grid")(trace.trace_grid_cmd)
 app.command("models")(catalog.models_cmd)
 app.command("hardware")(catalog.hardware_cmd)
 
@@ -57,6 +71,10 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"invalid {'.'.join(str(x) for x in err['loc'])}: {err['msg']}")
     except OSError as exc:
         fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+    except UnicodeDecodeError as exc:  # safety net: a reader that did not check the encoding itself
+        fail(f"an input file is not UTF-8 text (byte {exc.start}: {exc.reason}); give a text file saved as UTF-8")
+    except OverflowError as exc:  # safety net: a number past what the estimator can represent
+        fail(f"a number is too large ({exc}); give a realistic size")
     except KeyboardInterrupt:
         fail("interrupted", 130)
     sys.exit(rv if isinstance(rv, int) else 0)

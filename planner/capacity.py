@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from estimator.errors import MeshplanError
 from estimator.hardware import HardwareProfile
+from estimator.limits import check_tokens
 from estimator.model_spec import ModelSpec
 from estimator.stack import StackProfile
 from planner.search import plan_search, short_config
@@ -25,6 +26,7 @@ def train_time(tokens: float, tps_per_gpu: float, gpus: int, usd_per_gpu_hour: f
     """Days, GPU-hours and cost to train `tokens` at `tps_per_gpu` on `gpus` GPUs."""
     if tokens <= 0:
         raise MeshplanError(f"--tokens must be positive, got {tokens}")
+    check_tokens(tokens)  # finite and not absurd: never "inf days, $inf"
     seconds = tokens / (tps_per_gpu * gpus)
     gpu_hours = seconds * gpus / 3600
     return {

@@ -151,8 +151,7 @@ def make_plan(
     gpn = cfg.gpus_per_node or hardware.gpus_per_node
     nodes = max(1, cfg.gpus // gpn) if cfg.gpus >= gpn else 1
     gpn = gpn if cfg.gpus >= gpn else cfg.gpus
-    if name is not None and not re.match(SAFE_NAME, name):
-        raise MeshplanError(f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (no spaces or shell characters)")
+    check_name(name)
     return Plan(
         name=name or _default_name(model.name, cfg.gpus),
         model_source=model_source,
@@ -171,6 +170,12 @@ def make_plan(
         ),
         estimate=estimate,
     )
+
+
+def check_name(name: str | None) -> None:
+    """A job name (--name) goes into file names and scripts: letters, digits, . _ - only."""
+    if name is not None and not re.match(SAFE_NAME, name):
+        raise MeshplanError(f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (no spaces or shell characters)")
 
 
 def _default_name(model_name: str, gpus: int) -> str:
@@ -204,14 +209,28 @@ def plan_yaml(plan: Plan) -> str:
     return header + yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False, width=110)
 
 
-def write_atomic(path: str | Path, text: str, mode: int = 0o644) -> Path:
-    """Write `text` to `path` via a temporary file and rename: never a half-written file."""
+def check_output_path(path: str | Path, flag: str | None = None) -> Path:
+    """Raise MeshplanError (one line) unless a file could be written at `path`: its folder exists and is
+    writable, and `path` is not a folder. Commands with several outputs check them all before any work,
+    so a bad path writes nothing."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
+    what = f"{flag} {path}" if flag else str(path)
     if not parent.exists():
-        raise MeshplanError(f"output folder does not exist: {parent}")
+        raise MeshplanError(f"output folder does not exist: {parent} ({what})")
+    if not parent.is_dir():
+        raise MeshplanError(f"output folder is not a folder: {parent} ({what})")
     if path.is_dir():
-        raise MeshplanError(f"output path is a folder: {path}")
+        raise MeshplanError(f"output path is a folder: {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MeshplanError(f"output folder is not writable: {parent} ({what})")
+    return path
+
+
+def write_atomic(path: str | Path, text: str, mode: int = 0o644) -> Path:
+    """Write `text` to `path` via a temporary file and rename: never a half-written file."""
+    path = check_output_path(path)
+    parent = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     try:
         with os.fdopen(fd, "w") as fh:

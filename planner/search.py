@@ -15,6 +15,7 @@ from estimator.batch import GIB, ConfigArrays, estimate_arrays
 from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
 from estimator.errors import MeshplanError
 from estimator.hardware import HardwareProfile
+from estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from estimator.model_spec import ModelSpec
 from estimator.stack import StackProfile
 from planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
@@ -138,6 +139,10 @@ def plan_search(
         raise MeshplanError("the cluster needs at least one node of at least one GPU")
     if seq_len < 1 or global_batch < 1:
         raise MeshplanError("seq_len and the global batch must be positive")
+    check_size(world, "the world size (GPUs)", MAX_GPUS)
+    check_size(gpus_per_node, "--gpus-per-node", MAX_GPUS_PER_NODE)
+    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
+    check_size(global_batch, "the global batch (sequences)", MAX_GLOBAL_BATCH)
     if not 0 < memory_margin <= 1:
         raise MeshplanError(f"--memory-margin must be in (0, 1], got {memory_margin}")
     if objective not in OBJECTIVES:

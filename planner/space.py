@@ -62,7 +62,16 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Every divisor of n, ascending, in O(sqrt n) steps (a world of 10^6 GPUs takes 10^3)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def enumerate_space(

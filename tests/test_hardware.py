@@ -26,6 +26,22 @@ def test_profile_is_complete_and_sourced(name):
     assert 0 < hw.usable_hbm_gib < hw.hbm_total_gib
 
 
+@pytest.mark.parametrize("name", hardware_names())
+def test_every_number_is_sourced(name):
+    """Every number a built-in profile states, every efficiency the time model uses, and the price (or why
+    there is none: "omitted: ...") has an entry in `sources`."""
+    from estimator import data_files
+
+    raw = data_files.read_yaml(data_files.data_dir("hardware_profiles") / f"{name}.yaml")
+    hw = load_hardware(name)
+    numbers = [k for k, v in raw.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    numbers += [f"efficiency.{k}" for k, v in hw.efficiency.model_dump().items() if v is not None]
+    missing = [f for f in [*numbers, "price"] if not hw.sources.get(f, "").strip()]
+    assert not missing, f"{name}: add sources for {missing} (cite shared/reference/hardware_facts.md keys)"
+    if hw.price is None:
+        assert hw.sources["price"].startswith("omitted:"), f"{name}: say why there is no price ('omitted: ...')"
+
+
 def test_user_profile_by_path(tmp_path):
     text = (tmp_path.parent / "x").name  # unused; keep tmp_path in use
     del text

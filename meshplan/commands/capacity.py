@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import typer
 from rich.console import Console
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from estimator.errors import MeshplanError
 from estimator.hardware import load_hardware
+from estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
 from estimator.model_spec import load_model
 from estimator.stack import load_stack
 from planner.capacity import DEFAULT_NODES, answers, capacity_options
@@ -20,7 +22,7 @@ DEFAULT_HARDWARE = "h100-sxm,h200-sxm,b200,a100-sxm-80g,mi300x"
 
 def capacity_cmd(
     model: str = typer.Option("llama3-70b", "--model", "-m", help="preset name, meshplan model YAML, or HF config.json"),
-    tokens: float = typer.Option(..., "--tokens", min=1, help="token budget to train, e.g. 2e12"),
+    tokens: float = typer.Option(..., "--tokens", min=1, callback=token_budget, help="token budget to train, e.g. 2e12"),
     deadline_days: float = typer.Option(None, "--deadline-days", min=0, help="finish within this many days"),
     budget: float = typer.Option(None, "--budget", min=0, help="spend at most this many US dollars"),
     hardware: str = typer.Option(DEFAULT_HARDWARE, "--hardware", help="comma-separated profile ids or paths"),
@@ -43,6 +45,11 @@ def capacity_cmd(
         raise MeshplanError(f"--nodes takes comma-separated integers, got {nodes!r}") from None
     if not node_counts or min(node_counts) < 1:
         raise MeshplanError(f"--nodes values must be positive, got {nodes!r}")
+    check_size(max(node_counts), "--nodes", MAX_NODES)
+    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
+    for flag, value in (("--deadline-days", deadline_days), ("--budget", budget), ("--price", price)):
+        if value is not None and not math.isfinite(value):
+            raise MeshplanError(f"{flag} must be a finite number, got {value}")
     profiles = [load_hardware(h.strip()) for h in hardware.split(",") if h.strip()]
     if not profiles:
         raise MeshplanError("--hardware names no profile")
@@ -87,4 +94,10 @@ def capacity_cmd(
     else:
         line("fastest", ans.get("fastest"), "nothing fits")
     for hw, o in ans["smallest_fitting"].items():
-        console.print(f"smallest cluster that fits on {hw}: " + (f"{o['nodes']} node(s)" if o else "none tried fits"))
+        if o:
+            console.print(f"smallest cluster that fits on {hw}: {o['nodes']} node(s)")
+            continue
+        # nothing fits: say why at the largest cluster tried (the closest miss), as --json does in why_not
+        largest = max((x for x in opts if x.hardware == hw), key=lambda x: x.gpus)
+        console.print(f"smallest cluster that fits on {hw}: none tried fits", highlight=False)
+        console.print(f"  why not, at {largest.nodes} node(s): {largest.why_not}", highlight=False, markup=False)

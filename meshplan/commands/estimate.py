@@ -13,6 +13,7 @@ from rich.table import Table
 from estimator.config import TrainConfig
 from estimator.estimate import estimate
 from estimator.hardware import load_hardware
+from estimator.limits import token_budget
 from estimator.model_spec import load_model
 from estimator.stack import load_stack
 from planner.plan_file import load_plan, make_plan, save_plan
@@ -62,8 +63,13 @@ def estimate_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of tables"),
     plan_path: Path = typer.Option(None, "--plan", help="estimate the configuration of this plan file instead"),
     output: Path = typer.Option(None, "--output", "-o", help="write a plan file for exactly this configuration"),
-    tokens: float = typer.Option(None, "--tokens", min=1, help="token budget recorded in the plan (sets steps)"),
+    tokens: float = typer.Option(
+        None, "--tokens", min=1, callback=token_budget, help="token budget recorded in the plan (sets steps)"
+    ),
     name: str = typer.Option(None, "--name", help="job name in the plan (letters, digits, . _ -)"),
+    trace: bool = typer.Option(
+        False, "--trace", help="also trace the configuration's tensor memory on this CPU (as `meshplan trace`)"
+    ),
 ) -> None:
     """Estimate per-GPU peak memory (worst rank, peak reserved), host RAM and tokens/s/GPU of ONE configuration.
 
@@ -75,6 +81,9 @@ def estimate_cmd(
         result = estimate(plan.model, plan.hardware, plan.train_config(), load_stack(plan.stack))
         if output is not None:
             save_plan(plan.model_copy(update={"estimate": result}), output)
+        if trace:
+            _with_trace(plan, result, as_json)
+            return
         print(json.dumps(result, indent=2)) if as_json else render(result)
         return
     spec = load_model(model)
@@ -85,13 +94,31 @@ def estimate_cmd(
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
     )
     result = estimate(spec, hw, cfg, load_stack(stack))
-    if output is not None:
+    if output is not None or trace:
         plan = make_plan(spec, model, hw, cfg, result, stack=stack, tokens=int(tokens) if tokens else None, name=name)
-        save_plan(plan, output)
+        if output is not None:
+            save_plan(plan, output)
+        if trace:
+            _with_trace(plan, result, as_json)
+            return
     if as_json:
         print(json.dumps(result, indent=2))
         return
     render(result)
+
+
+def _with_trace(plan, result: dict, as_json: bool) -> None:
+    """--trace: the estimate, then the traced tensor memory next to the analytical terms (torch loads here)."""
+    from meshplan.commands.trace import render as render_trace
+    from meshplan.commands.trace import run_trace
+
+    if not as_json:
+        render(result)
+    report = run_trace(plan, quiet=as_json)
+    if as_json:
+        print(json.dumps({"estimate": result, "trace": report}, indent=2))
+        return
+    render_trace(report)
 
 
 def render(result: dict, console: Console | None = None) -> None:

@@ -16,10 +16,11 @@ from rich.table import Table
 from estimator.errors import MeshplanError
 from estimator.estimate import estimate
 from estimator.hardware import load_hardware
+from estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
 from estimator.model_spec import load_model
 from estimator.stack import load_stack
 from planner.capacity import train_time
-from planner.plan_file import make_plan, save_plan, write_atomic
+from planner.plan_file import check_name, check_output_path, make_plan, save_plan, write_atomic
 from planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
 from planner.space import SearchSpace
 from planner.tree import decision_tree, tree_text
@@ -53,6 +54,8 @@ def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | 
     """Load inputs, check the batch arguments, and run the search (with a progress bar on big spaces)."""
     if nodes < 1:
         raise MeshplanError(f"--nodes must be at least 1, got {nodes}")
+    check_size(nodes, "--nodes", MAX_NODES)
+    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
     model, hw, stack = load_model(model_name), load_hardware(hardware), load_stack(stack_name)
     gpn = gpus_per_node or hw.gpus_per_node
     if global_batch_size and global_batch_tokens:
@@ -87,7 +90,9 @@ def plan_cmd(
     global_batch_tokens: int = typer.Option(
         None, "--global-batch-tokens", min=1, help="tokens per optimizer step [default: 4Mi tokens]"
     ),
-    tokens: float = typer.Option(None, "--tokens", min=1, help="token budget: adds time-to-train and cost"),
+    tokens: float = typer.Option(
+        None, "--tokens", min=1, callback=token_budget, help="token budget: adds time-to-train and cost"
+    ),
     top: int = typer.Option(10, "--top", min=1, help="how many ranked plans to show"),
     memory_margin: float = typer.Option(0.9, "--memory-margin", help="fraction of usable HBM a plan may use"),
     objective: str = typer.Option("throughput", "--objective", help="throughput | time | cost"),
@@ -110,6 +115,11 @@ def plan_cmd(
     """
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    # every output path and the job name are checked before the search: a bad one writes nothing
+    for flag, path in (("--csv", csv_path), ("--output", output)):
+        if path is not None:
+            check_output_path(path, flag)
+    check_name(name)
     space = SearchSpace(
         tp=_int_list(tp, "tp"), pp=_int_list(pp, "pp"), cp=_int_list(cp, "cp"),
         ac=_str_list(ac, "ac", ("none", "selective", "full")),

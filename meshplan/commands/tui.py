@@ -66,4 +66,6 @@ def tui_cmd(
                          tokens, memory_margin, objective)
     from ui.tui.app import MeshplanApp
 
-    MeshplanApp(values, theme=theme).run()
+    app = MeshplanApp(values, theme=theme)
+    app.run()
+    raise typer.Exit(app.return_code or 0)  # an unexpected crash inside the app is a non-zero exit

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
-import subprocess
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -40,6 +42,35 @@ def streamlit_command(port: int, address: str | None = None) -> list[str]:
     return cmd
 
 
+def check_port_free(port: int, address: str | None = None) -> None:
+    """Raise MeshplanError (one line) unless Streamlit could listen on `address`:`port` now.
+
+    Binds and closes a probe socket on each address Streamlit would use (every interface when `address`
+    is None), with SO_REUSEADDR as Streamlit's server sets it, so a port in TIME_WAIT counts as free."""
+    try:
+        infos = socket.getaddrinfo(address or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise MeshplanError(f"--address {address!r} is not an address this host can listen on: {exc}") from None
+    where = f"{address}:{port}" if address else f"port {port}"
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError:  # e.g. no IPv6 on this host: Streamlit skips it too
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPV6_V6ONLY"):
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise MeshplanError(f"{where} is in use; stop what serves it or pass --port N") from None
+                if exc.errno == errno.EADDRNOTAVAIL and family == socket.AF_INET6 and not address:
+                    continue
+                raise MeshplanError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+
+
 def web_cmd(
     port: int = typer.Option(8501, "--port", "-p", help="TCP port to serve on"),
     address: str = typer.Option(None, "--address", help="interface to listen on, e.g. 127.0.0.1 [default: all]"),
@@ -55,10 +86,10 @@ def web_cmd(
     if importlib.util.find_spec("streamlit") is None or importlib.util.find_spec("plotly") is None:
         raise MeshplanError("the web app needs streamlit and plotly: pip install 'meshplan[ui]'")
     cmd = streamlit_command(port, address)
+    check_port_free(port, address)
     typer.echo(f"meshplan web: serving on http://{address or 'localhost'}:{port} (Ctrl-C stops)", err=True)
-    try:
-        rc = subprocess.call(cmd)
-    except KeyboardInterrupt:
-        rc = 0
-    if rc:
-        raise typer.Exit(rc)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Streamlit replaces this process (same pid): a signal sent to `meshplan web` (SIGTERM from a job
+    # scheduler, Ctrl-C) reaches the server itself, and no orphan is left holding the port.
+    os.execv(cmd[0], cmd)

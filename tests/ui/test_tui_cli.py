@@ -93,6 +93,37 @@ def test_export_files_and_launch_preview(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_export_with_a_bad_partition_writes_nothing(tmp_path):
+    """Shell characters in the Slurm partition: an error, and not one file written (all formats are
+    rendered before the first write), not even the folder."""
+    from ui.tui import logic
+
+    inp, _ = parse_form({**DEFAULTS, "model": "llama3-8b", "nodes": "1"})
+    result = logic.run(inp)
+    best = int(result.res.ranked[0])
+    folder = tmp_path / "plans" / "x"
+    with pytest.raises(MeshplanError, match="partition"):
+        logic.export_files(result, best, folder, partition="gpu;$(touch PWN3)")
+    assert not folder.exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(MeshplanError, match="partition"):
+        logic.export_files(result, best, existing, partition="gpu;$(touch PWN3)")
+    assert list(existing.iterdir()) == []
+    assert not list(tmp_path.rglob("PWN3"))
+
+
+def test_tui_cmd_exit_status_follows_the_app(monkeypatch):
+    """A crash inside the app (Textual sets return_code 1 and prints its traceback) is a non-zero exit."""
+
+    def crashed_run(self):
+        self._return_code = 1
+
+    monkeypatch.setattr("ui.tui.app.MeshplanApp.run", crashed_run)
+    result = CliRunner().invoke(_cli(), ["tui", "--model", "llama3-8b"])
+    assert result.exit_code == 1, result.output
+
+
 def _cli() -> typer.Typer:
     app = typer.Typer()
     app.command("tui")(tui.tui_cmd)

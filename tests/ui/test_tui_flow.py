@@ -255,6 +255,52 @@ async def _test_hardware_comparison_switches_hardware():
 
 
 
+async def _test_unreadable_model_file_is_an_inline_error(tmp_path, monkeypatch):
+    """A binary --model file, and any ValueError / OverflowError a search may still raise: the form shows
+    the error inline and keeps the previous results; the app does not crash."""
+    from ui.tui import logic
+
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    real_run = logic.run
+
+    def run(inp):
+        if inp.nodes == 3:
+            raise OverflowError("Python int too large to convert to C long")
+        if inp.nodes == 5:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return real_run(inp)
+
+    monkeypatch.setattr(logic, "run", run)
+    app = MeshplanApp({"model": "llama3-8b", "nodes": "1", "tokens": ""})
+    async with app.run_test(size=(100, 32)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        before, title = screen.result, text_of(app, "#title")
+        assert before is not None
+
+        await set_field(pilot, "model", str(binary))
+        await settle(pilot)
+        message = text_of(app, "#message")
+        assert "is not UTF-8 text" in message and "previous results kept" in message, message
+        assert screen.query_one("#f-model", Input).has_class("error")
+        assert screen.result is before and text_of(app, "#title") == title
+
+        await set_field(pilot, "model", "llama3-8b")
+        await settle(pilot)
+        before = screen.result
+        for nodes, needle in (("3", "OverflowError"), ("5", "UnicodeDecodeError")):
+            await set_field(pilot, "nodes", nodes)
+            await settle(pilot)
+            message = text_of(app, "#message")
+            assert needle in message and "previous results kept" in message, message
+            assert screen.result is before
+        assert app.is_running and app.return_code in (None, 0)
+
+
+def test_unreadable_model_file_is_an_inline_error(tmp_path, monkeypatch):
+    asyncio.run(_test_unreadable_model_file_is_an_inline_error(tmp_path, monkeypatch))
+
 
 def test_whole_flow(tmp_path):
     asyncio.run(_test_whole_flow(tmp_path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -30,11 +31,42 @@ def test_bad_port_is_a_one_line_error():
         web.streamlit_command(70000)
 
 
-def test_web_cmd_runs_streamlit(monkeypatch):
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_web_cmd_execs_streamlit(monkeypatch):
+    """Streamlit replaces the meshplan process (os.execv): a SIGTERM to `meshplan web` reaches the server."""
     seen = []
-    monkeypatch.setattr(web.subprocess, "call", lambda cmd: seen.append(cmd) or 0)
-    web.web_cmd(port=8600, address=None)
-    assert seen == [web.streamlit_command(8600)]
+    monkeypatch.setattr(web.os, "execv", lambda path, argv: seen.append((path, argv)))
+    port = free_port()
+    web.web_cmd(port=port, address="127.0.0.1")
+    cmd = web.streamlit_command(port, "127.0.0.1")
+    assert seen == [(cmd[0], cmd)] and cmd[0] == sys.executable
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", None])
+def test_busy_port_is_a_one_line_error(cli, address):
+    """The port is checked before `serving on ...` is printed or Streamlit starts: one line, exit 2."""
+    pytest.importorskip("streamlit")
+    pytest.importorskip("plotly")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = cli("web", "--port", str(port), *(["--address", address] if address else []), timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr.startswith("meshplan: error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert f"{port} is in use" in out.stderr and "--port N" in out.stderr
+    assert "serving on" not in out.stderr + out.stdout and "Traceback" not in out.stderr
+
+
+def test_check_port_free_accepts_a_free_port_and_rejects_a_bad_address():
+    web.check_port_free(free_port(), "127.0.0.1")
+    with pytest.raises(MeshplanError, match="--address"):
+        web.check_port_free(free_port(), "no-such-host.invalid")
 
 
 def test_web_is_registered_in_the_cli():

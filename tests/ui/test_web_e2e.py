@@ -68,6 +68,43 @@ def web_server(tmp_path):
                 proc.wait(timeout=10)
 
 
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_sigterm_to_meshplan_web_stops_the_server(tmp_path):
+    """SIGTERM to the `meshplan web` process alone (not its group), as a job scheduler or a service manager
+    sends it: the server goes away and frees its port; no orphaned Streamlit keeps serving."""
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "meshplan", "web", "--port", str(port), "--address", "127.0.0.1"],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while not port_is_free(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert port_is_free(port), f"port {port} still served after SIGTERM to meshplan web:\n{log.read_text()[-2000:]}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group this test started, should anything be left
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
 def test_change_model_updates_chart_and_table(web_server, tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (CI installs it: apt-get install chromium)")

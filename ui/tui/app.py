@@ -244,9 +244,12 @@ class MainScreen(Screen):
             if not worker.is_cancelled:
                 self.app.call_from_thread(self.search_failed, inp, str(exc), exc.field)
             return
-        except (MeshplanError, OSError) as exc:
+        except (MeshplanError, ValueError, ArithmeticError, OSError) as exc:
+            # MeshplanError is the expected one; ValueError (UnicodeDecodeError among them), OverflowError
+            # and OSError are what a reader or the numerics may still raise: an inline error, never a crash
             if not worker.is_cancelled:
-                self.app.call_from_thread(self.search_failed, inp, str(exc), None)
+                message = str(exc) if isinstance(exc, MeshplanError) else f"{type(exc).__name__}: {exc}"
+                self.app.call_from_thread(self.search_failed, inp, " ".join(message.split()), None)
             return
         if not worker.is_cancelled:
             self.app.call_from_thread(self.show_result, result)
@@ -498,8 +501,8 @@ class MainScreen(Screen):
         worker = get_current_worker()
         try:
             rows = logic.hardware_rows(inp, logic.hardware_ids(current))
-        except (MeshplanError, OSError) as exc:
-            rows, error = [], str(exc)
+        except (MeshplanError, ValueError, ArithmeticError, OSError) as exc:
+            rows, error = [], str(exc) if isinstance(exc, MeshplanError) else f"{type(exc).__name__}: {exc}"
         else:
             error = None
         if not worker.is_cancelled:
@@ -721,4 +724,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = vars(parser().parse_args(argv))
     theme = args.pop("theme")
-    MeshplanApp(args, theme=theme).run()
+    app = MeshplanApp(args, theme=theme)
+    app.run()
+    raise SystemExit(app.return_code or 0)  # non-zero when the app crashed

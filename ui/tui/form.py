@@ -3,8 +3,11 @@ no numpy, estimator or Textual, so the app can paint before those load)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+
+from estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SEQ_LEN, MAX_TOKENS
 
 # The form: field -> (label, default). Values are text as typed; `parse_form` turns them into Inputs.
 FIELDS = {
@@ -66,6 +69,8 @@ def _int(text: str, name: str, lo: int, hi: int) -> int:
         value = parse_number(text)
     except ValueError:
         raise FieldError(name, f"{FIELDS[name][0]}: {text.strip()!r} is not a number") from None
+    if not math.isfinite(value) or value > hi:  # before int(): 1e400 is inf
+        raise FieldError(name, f"{FIELDS[name][0]}: must be in {lo:,}..{hi:,}, got {text.strip()}")
     if value != int(value):
         raise FieldError(name, f"{FIELDS[name][0]}: must be a whole number, got {text.strip()}")
     if not lo <= value <= hi:
@@ -121,13 +126,13 @@ def parse_form(raw: dict[str, str]) -> tuple[Inputs | None, dict[str, str]]:
         return text
 
     def gpn(text):
-        return _int(text, "gpus_per_node", 1, 1024) if text else None
+        return _int(text, "gpus_per_node", 1, MAX_GPUS_PER_NODE) if text else None
 
     def batch(text):
         m = re.match(r"^(.*?)\s*(tokens|token|tok|sequences|sequence|seqs|seq)?$", text, re.IGNORECASE)
         unit = (m.group(2) or "seq").lower()
         out["batch_tokens"] = unit.startswith("tok")
-        return _int(m.group(1), "batch", 1, 10**12)
+        return _int(m.group(1), "batch", 1, MAX_GLOBAL_BATCH)
 
     def tokens(text):
         if not text or text in ("0", "-", "none"):
@@ -138,6 +143,8 @@ def parse_form(raw: dict[str, str]) -> tuple[Inputs | None, dict[str, str]]:
             raise FieldError("tokens", f"tokens: {text!r} is not a token count (e.g. 2T, 2e12, 500B; empty: none)") from None
         if value <= 0:
             raise FieldError("tokens", "tokens: must be positive (empty: no time-to-train)")
+        if not math.isfinite(value) or value > MAX_TOKENS:
+            raise FieldError("tokens", f"tokens: {text} is too large (at most {MAX_TOKENS:.0e})")
         return value
 
     def margin(text):
@@ -153,9 +160,9 @@ def parse_form(raw: dict[str, str]) -> tuple[Inputs | None, dict[str, str]]:
     take("model", text_field("model"))
     take("hardware", text_field("hardware"))
     take("objective", objective)
-    take("nodes", lambda t: _int(t, "nodes", 1, 100_000))
+    take("nodes", lambda t: _int(t, "nodes", 1, MAX_NODES))
     take("gpus_per_node", gpn)
-    take("seq_len", lambda t: _int(t, "seq_len", 1, 1 << 24))
+    take("seq_len", lambda t: _int(t, "seq_len", 1, MAX_SEQ_LEN))
     take("batch", batch)
     take("tokens", tokens)
     take("margin", margin)

@@ -271,7 +271,10 @@ def build_plan(result: Result, i: int):
 
 def export_files(result: Result, i: int, directory: str | Path, partition: str | None = None,
                  time: str | None = None) -> list[Path]:
-    """Write the plan YAML, the torchtitan config and the launch scripts into `directory` (created)."""
+    """Write the plan YAML, the torchtitan config and the launch scripts into `directory` (created).
+
+    Every file is rendered before anything is written (or the folder created), so a bad value (a Slurm
+    partition with shell characters, say) writes nothing; each file is then written atomically."""
     from planner.export import SCRIPT_FORMATS, render
     from planner.plan_file import plan_yaml, write_atomic
 
@@ -281,18 +284,17 @@ def export_files(result: Result, i: int, directory: str | Path, partition: str |
     folder = Path(text).expanduser()
     if folder.exists() and not folder.is_dir():
         raise MeshplanError(f"{folder} exists and is not a directory")
+    plan = build_plan(result, i)
+    plan_path = folder / f"{plan.name}.yaml"
+    files = [(plan_path, plan_yaml(plan), 0o644)]
+    for fmt, suffix in EXPORTS.items():
+        out = render(plan, fmt, str(plan_path.resolve()), partition=partition or None, time=time or None)
+        files.append((folder / f"{plan.name}{suffix}", out, 0o755 if fmt in SCRIPT_FORMATS else 0o644))
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise MeshplanError(f"cannot create {folder}: {exc.strerror or exc}") from None
-    plan = build_plan(result, i)
-    plan_path = folder / f"{plan.name}.yaml"
-    written = [write_atomic(plan_path, plan_yaml(plan))]
-    for fmt, suffix in EXPORTS.items():
-        out = render(plan, fmt, str(plan_path.resolve()), partition=partition or None, time=time or None)
-        written.append(write_atomic(folder / f"{plan.name}{suffix}", out,
-                                    mode=0o755 if fmt in SCRIPT_FORMATS else 0o644))
-    return written
+    return [write_atomic(path, body, mode=mode) for path, body, mode in files]
 
 
 def launch_preview(result: Result, i: int, backend: str, plan_file: str | None = None) -> tuple[str, str]:
