@@ -62,6 +62,17 @@ def _set(obj, path: str, value: float) -> None:
     setattr(obj, parts[-1], value)
 
 
+def _releases(stack_id: str) -> list:
+    """The cached profile `stack_id` and every release profile that extends it (`family`), so a fitted
+    value reaches the rows each release predicts. The releases differ only in fields not in PARAMS
+    (torchtitan-2024: the uncompiled loss), so they share every fitted value."""
+    from estimator.stack import stack_names
+
+    return [V._stack(stack_id)] + [
+        V._stack(n) for n in stack_names() if n != stack_id and V._stack(n).family == stack_id
+    ]
+
+
 def objective(rows: list[dict]) -> tuple[float, dict]:
     res = V.validate_rows(rows)
     terms = {}
@@ -96,16 +107,18 @@ def main() -> None:
     step = 0.2
     for rnd in range(args.rounds):
         for stack_id, path, lo, hi in PARAMS:
-            stack = V._stack(stack_id)
-            cur = _get(stack, path)
+            targets = _releases(stack_id)
+            cur = _get(targets[0], path)
             for cand in (cur * (1 + step), cur * (1 - step)):
                 cand = min(hi, max(lo, cand))
-                _set(stack, path, cand)
+                for stack in targets:
+                    _set(stack, path, cand)
                 val, t = objective(rows)
                 if val < best - 1e-6:
                     best, terms, cur = val, t, cand
                 else:
-                    _set(stack, path, cur)
+                    for stack in targets:
+                        _set(stack, path, cur)
         step *= 0.6
         print(f"round {rnd + 1}: {best:.4f} {terms}")
     for stack_id, path, _, _ in PARAMS:

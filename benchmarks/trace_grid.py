@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-BEGIN, END = "<!-- trace-grid:begin -->", "<!-- trace-grid:end -->"
+from readme_section import replace_section  # noqa: E402  (this script's folder is on sys.path)
 
 
 def main() -> None:
@@ -40,14 +40,7 @@ def main() -> None:
     )
     print(text)
     if args.write_readme:
-        readme = ROOT / "README.md"
-        body = readme.read_text()
-        if BEGIN not in body or END not in body:
-            sys.exit(f"README.md lacks the {BEGIN} / {END} markers")
-        head, rest = body.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
-        print("README.md updated", file=sys.stderr)
+        replace_section("trace-grid", text)
 
 
 if __name__ == "__main__":

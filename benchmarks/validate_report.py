@@ -16,9 +16,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from estimator_throughput import random_configs  # noqa: E402
+from readme_section import replace_section  # noqa: E402
 
 from estimator import load_hardware, load_model, load_stack  # noqa: E402
 from estimator.batch import estimate_arrays  # noqa: E402
@@ -27,7 +29,6 @@ from planner.search import plan_search  # noqa: E402
 from planner.tree import decision_tree  # noqa: E402
 
 DEFAULT_CSV = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
-BEGIN, END = "<!-- accuracy:begin -->", "<!-- accuracy:end -->"
 
 
 def _p(x: float | None) -> str:
@@ -98,14 +99,7 @@ def main() -> None:
     text = report(Path(args.csv))
     print(text)
     if args.write_readme:
-        readme = ROOT / "README.md"
-        body = readme.read_text()
-        if BEGIN not in body or END not in body:
-            sys.exit(f"README.md lacks the {BEGIN} / {END} markers")
-        head, rest = body.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
-        print("README.md updated", file=sys.stderr)
+        replace_section("accuracy", text)
 
 
 if __name__ == "__main__":

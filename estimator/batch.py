@@ -210,14 +210,21 @@ def estimate_arrays(
     loss_par = has_tp & np.bool_(stack.loss_parallel)
     vocab_rank = V / np.where(loss_par, t, 1.0)
     logits_el = np.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
+    if stack.compiled_loss_bytes_per_element is not None:  # compile also compiles the loss (not loss-parallel)
+        logits_el = np.where(comp & ~loss_par, stack.compiled_loss_bytes_per_element, logits_el)
     logits = logits_el * tok * vocab_rank
+
+    # the head's saved inputs on the last stage: the final norm's input (sequence-sharded under TP) and the
+    # output projection's input (all-gathered under TP), bf16, per microbatch in flight there
+    head_tok = np.where(has_tp, 2 * h / t + 2 * h, 4 * h)
+    head_inflight = np.where(~single & (sched == 0), m, 1.0)
 
     def stage_memory(k):
         """(allocated bytes, parts in MEMORY_CATEGORIES order without fragmentation) of stage k."""
         first, last = k == 0, k == p - 1
         prank = blocks + np.where(first, emb, 0.0) + np.where(last, out, 0.0)
         pf, gf, opt, up, ug = state_and_buffers(prank)
-        acts = act_tok * tok * inflight(k)
+        acts = act_tok * tok * inflight(k) + np.where(last, head_tok * tok * head_inflight, 0.0)
         lg = np.where(last, logits, 0.0)
         alloc = pf + gf + opt + up + ug + acts + np.maximum(lg, transient)
         return alloc, (pf, gf, opt, up, ug, acts, lg, np.where(lg > transient, 0.0, transient))

@@ -6,11 +6,15 @@ individual runs. Every constant carries a comment in its YAML on where it comes 
 
 from __future__ import annotations
 
+import re
+from functools import cache
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from estimator import data_files
+from estimator.errors import MeshplanError
 
 
 class Float8Recipe(BaseModel):
@@ -28,6 +32,13 @@ class StackProfile(BaseModel):
 
     id: str
     name: str
+    family: str | None = Field(
+        default=None, description="framework this profile is a release of (validate's `framework` column)"
+    )
+    until: str | None = Field(
+        default=None, pattern=r"^20\d\d-(0[1-9]|1[0-2])$",
+        description="YYYY-MM: last month of runs this (older) release describes; none for the current release",
+    )
     fsdp: Literal["fsdp2", "fsdp1"]
     default_compile: bool
     reshard_after_forward: bool
@@ -38,6 +49,10 @@ class StackProfile(BaseModel):
     repeat_kv: bool = Field(description="K/V expanded to all query heads before attention (GQA)")
     logits_bytes_per_element: float = Field(gt=0)
     loss_parallel_bytes_per_element: float = Field(gt=0)
+    compiled_loss_bytes_per_element: float | None = Field(
+        default=None, gt=0,
+        description="logits bytes per element when compile also compiles the (non-parallel) loss; none: never",
+    )
     fragmentation: float = Field(ge=0, description="reserved / allocated - 1 of the caching allocator")
     compile_activation_factor: float = Field(gt=0, le=1)
     compile_elementwise_factor: float = Field(gt=0, le=1)
@@ -67,5 +82,69 @@ def stack_names() -> list[str]:
 
 
 def load_stack(name_or_path: str) -> StackProfile:
-    """A built-in stack id (`torchtitan`, `llm-foundry`) or a path to a stack YAML."""
-    return data_files.load_named("stacks", name_or_path, StackProfile, "stack profile")
+    """A built-in stack id (`torchtitan`, `llm-foundry`, ...) or a path to a stack YAML.
+
+    A YAML may start with `extends: <built-in id>` and list only what differs from that profile (an older
+    release of the same framework, say)."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        return _builtin(name_or_path)
+    if not path.exists():
+        raise MeshplanError(f"stack profile file not found: {path}")
+    return _from_raw(data_files.read_yaml(path), path.name)
+
+
+@cache
+def _builtin(name: str) -> StackProfile:
+    path = data_files.data_dir("stacks") / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(stack_names())
+        raise MeshplanError(f"unknown stack profile '{name}'; choose one of: {known}, or pass a path to a YAML file")
+    return _from_raw(data_files.read_yaml(path), path.name)
+
+
+def _from_raw(raw: dict, label: str) -> StackProfile:
+    base_id = raw.pop("extends", None)
+    if base_id is not None:
+        if not isinstance(base_id, str) or base_id == raw.get("id"):
+            raise MeshplanError(f"stack profile {label}: 'extends' must name another built-in stack profile")
+        base = _builtin(base_id).model_dump()
+        for key in ("float8", "sources"):
+            if isinstance(raw.get(key), dict):
+                raw[key] = {**base[key], **raw[key]}
+        raw = {**base, "family": base.get("family") or base["id"], "until": None, **raw}
+    try:
+        return StackProfile.model_validate(raw)
+    except ValidationError as exc:
+        raise data_files.one_line(exc, f"stack profile {label}") from None
+
+
+_SOURCE_MONTH = re.compile(r"(?<!\d)(20\d\d)[-_]?(0[1-9]|1[0-2])(?!\d)")
+_ARXIV_ID = re.compile(r"(?i)arxiv(?:\.org)?[: /]*(?:abs/|pdf/)?(\d\d)(0[1-9]|1[0-2])\.\d{4,5}")
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTH_NAME = re.compile(r"(?i)\b(" + "|".join(_MONTHS) + r")[a-z]*\.?\s+(20\d\d)\b")
+
+
+def source_month(source: str) -> str | None:
+    """The YYYY-MM a source names for its run: a dated file or text (`llama3_h100_202412_torchtitan.md`,
+    `2025-06`), an arXiv id (`arXiv:2410.06511` -> 2024-10) or a month name (`Dec 2024`); None if none."""
+    source = source or ""
+    if m := _SOURCE_MONTH.search(source):
+        return f"{m.group(1)}-{m.group(2)}"
+    if m := _ARXIV_ID.search(source):
+        return f"20{m.group(1)}-{m.group(2)}"
+    if m := _MONTH_NAME.search(source):
+        return f"{m.group(2)}-{_MONTHS.index(m.group(1).lower()[:3]) + 1:02d}"
+    return None
+
+
+def stack_for_run(framework: str, month: str | None) -> str:
+    """The stack profile id of `framework`'s release that ran a job dated `month` (YYYY-MM): the oldest
+    release whose `until` is not before it; the current release when the date is unknown or later."""
+    if month is None:
+        return framework
+    older = [
+        s for s in (_builtin(n) for n in stack_names())
+        if s.family == framework and s.until is not None and month <= s.until
+    ]
+    return min(older, key=lambda s: s.until).id if older else framework

@@ -8,6 +8,12 @@ Defaults for cells a source left empty (documented in the README):
 - `compile` empty: the stack profile's `default_compile` (llm-foundry: false);
 - `pp_schedule` empty with pp > 1: 1F1B; `vpp` empty: 2 for Interleaved1F1B, else 1;
 - `float8_recipe` empty with precision fp8: tensorwise.
+
+The `framework` column picks the stack profile (`data/stacks/`). A framework's older releases behave
+differently (torchtitan before 2025 did not compile the loss), so when the `source` names the month of
+the run (torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md`), the release profile covering that
+month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
+which software ran, never what it measured.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from estimator.errors import MeshplanError
 from estimator.estimate import estimate
 from estimator.hardware import load_hardware
 from estimator.model_spec import ModelSpec
-from estimator.stack import load_stack
+from estimator.stack import load_stack, source_month, stack_for_run
 
 CONFIG_COLUMNS = (
     "id", "framework", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
@@ -35,6 +41,8 @@ CONFIG_COLUMNS = (
     "tp", "pp", "pp_schedule", "vpp", "cp", "global_batch_size", "micro_batch_size", "precision",
     "float8_recipe", "compile", "ac", "async_tp",
 )
+# read besides the configuration when present: which release of the framework ran the job (a dated source)
+RELEASE_COLUMNS = ("source",)
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -122,7 +130,10 @@ def row_inputs(row: dict) -> tuple[ModelSpec, str, str, TrainConfig]:
         )
     except ValidationError as exc:
         raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['msg']}") from None
-    stack_id = (row.get("framework") or "torchtitan").strip()
+    framework = (row.get("framework") or "torchtitan").strip()
+    # the framework's release that ran the job: the month the source names (a benchmark file dated 202412),
+    # else the current release
+    stack_id = stack_for_run(framework, source_month(row.get("source") or ""))
     stack = _stack(stack_id)
     pp = _int(row, "pp", 1)
     schedule = (row.get("pp_schedule") or "").strip() or "1F1B"
@@ -188,7 +199,7 @@ def validate_rows(rows: list[dict]) -> list[RowResult]:
             measured_mem_gib=_float(row.get("measured_mem_gib")),
         )
         try:
-            tps, mem = predict_row({k: row.get(k) for k in CONFIG_COLUMNS})
+            tps, mem = predict_row({k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS})
             results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, **base))
         except MeshplanError as exc:
             results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))

@@ -574,17 +574,15 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def head_activation_bytes(cfg: RunConfig, pp_rank: int) -> int:
-    """Saved activations of the head that the analytical model leaves out (see the trace report): the final
-    norm's input (sequence-sharded under TP) and the output projection's input (all-gathered under TP), per
-    microbatch in flight on the last stage, bf16 (fp32 without FSDP)."""
-    if pp_rank != cfg.pp - 1:
+def embedding_partial_bytes(cfg: RunConfig, pp_rank: int) -> int:
+    """Bytes on the first pipeline stage that the analytical model leaves out (see the trace report): with TP
+    and PP, DTensor's embedding backward has no vocab-sharded rule, so the embedding's weight gradient is a
+    Partial of the full vocabulary (bf16, one per microbatch) which FSDP2 accumulates unsharded in fp32
+    across the schedule's no-sync microbatches; the model counts only the TP-local (vocab / tp) part."""
+    if pp_rank != 0 or cfg.tp == 1 or cfg.pp == 1 or cfg.microbatches == 1:
         return 0
-    el = 2 if cfg.dp_replicate * cfg.dp_shard * cfg.cp > 1 else 4
-    h, t = cfg.model.hidden, cfg.tp
-    tok = cfg.micro_batch_size * cfg.seq_len
-    inflight = cfg.microbatches if cfg.pp > 1 and cfg.pp_schedule == "GPipe" else 1
-    return inflight * tok * el * (h // t + (h if t > 1 else h // t))
+    vh = cfg.model.vocab * cfg.model.hidden
+    return int(4 * vh * (1 - 1 / cfg.tp) + 2 * vh)
 
 
 # --- plan files -----------------------------------------------------------------------------------------
@@ -607,7 +605,7 @@ def trace_plan(plan: Any, progress: Progress | None = None) -> dict[str, Any]:
     rows = compare(result, plan.hardware, stack)
     cfg = RunConfig.from_dict(result.config)
     for row in rows:
-        row["unmodelled_head_activations"] = head_activation_bytes(cfg, row["pp_rank"])
+        row["unmodelled_embedding_gradient"] = embedding_partial_bytes(cfg, row["pp_rank"])
     worst = max(rows, key=lambda r: r["traced"]["total"])
     notes = list(result.notes)
     return {

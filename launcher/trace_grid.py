@@ -45,7 +45,12 @@ def grid_model(name: str) -> ModelSpec:
 def run_grid(quick: bool = False, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Trace every grid configuration; one row per traced rank with traced / analytical bytes and errors."""
     from launcher.core.config import RunConfig
-    from launcher.trace import _in_subprocess, compare, head_activation_bytes, trace_config
+    from launcher.trace import (
+        _in_subprocess,
+        compare,
+        embedding_partial_bytes,
+        trace_config,
+    )
 
     hw, stack = load_hardware("h100-sxm"), load_stack("torchtitan")
     rows = []
@@ -66,7 +71,7 @@ def run_grid(quick: bool = False, progress: Callable[[str], None] | None = None)
                 "model": name, "layers": GRID_LAYERS[name], "dp_shard": ds, "tp": tp, "pp": pp, "ac": ac,
                 "micro_batch": mbs, "seq_len": seq, "microbatches": micro, "pp_rank": row["pp_rank"],
                 "traced": row["traced"], "analytical": row["analytical"], "error": row["error"],
-                "head_activations": head_activation_bytes(cfg, row["pp_rank"]),
+                "embedding_partial": embedding_partial_bytes(cfg, row["pp_rank"]),
                 "seconds": round(time.perf_counter() - t0, 1), "max_rss_mib": round(result.max_rss_mib),
             })
     return rows
@@ -82,8 +87,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "hidden / heads / FFN / vocab sizes with "
         + ", ".join(f"{k} cut to {v} layers" for k, v in GRID_LAYERS.items())
         + "; `pp` rows are the first (0) and last (1) stage. Cells: traced GiB (analytical error, "
-        "analytical / traced - 1); in brackets, the activation error once the head's saved inputs (which the "
-        "model leaves out) are added.",
+        "analytical / traced - 1); in brackets, the total's error once stage 0's full-vocabulary embedding "
+        "gradient (TP + PP, which the model leaves out; see above) is added.",
         "",
         "| model | dp_shard x tp x pp | AC | mbs x seq | stage | params | grads | optimizer | unsharded params "
         "| activations | total at peak | trace s |",
@@ -91,8 +96,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         cells = [f"{r['traced'][k] / gib:.2f} ({r['error'][k]:+.1%})" for k in CATEGORIES]
-        with_head = (r["analytical"]["activations"] + r["head_activations"]) / r["traced"]["activations"] - 1
-        cells[CATEGORIES.index("activations")] += f" [{with_head:+.1%}]"
+        if r.get("embedding_partial"):
+            with_emb = (r["analytical"]["total"] + r["embedding_partial"]) / r["traced"]["total"] - 1
+            cells[CATEGORIES.index("total")] += f" [{with_emb:+.1%}]"
         lines.append(
             f"| {r['model']} ({r['layers']} layers) | {r['dp_shard']} x {r['tp']} x {r['pp']} | {r['ac']} "
             f"| {r['micro_batch']} x {r['seq_len']} | {r['pp_rank'] if r['pp'] > 1 else '-'} | "

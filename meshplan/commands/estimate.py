@@ -59,7 +59,7 @@ def estimate_cmd(
     compile_: bool = typer.Option(False, "--compile/--no-compile", help="per-block torch.compile"),
     float8: Float8 = typer.Option(Float8.none, "--float8", help="torchao Float8 recipe for Linear layers"),
     async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help="asynchronous TP (needs --tp > 1)"),
-    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan, llm-foundry"),
+    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan (current release), torchtitan-2024, llm-foundry, or a YAML path"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of tables"),
     plan_path: Path = typer.Option(None, "--plan", help="estimate the configuration of this plan file instead"),
     output: Path = typer.Option(None, "--output", "-o", help="write a plan file for exactly this configuration"),

@@ -79,10 +79,11 @@ def render(report: dict, console: Console | None = None) -> None:
         console.print(table)
         peak = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.2f}" for k, v in row["peak"].items() if v)
         console.print(f"  at the peak: {peak} GiB")
-        if row["unmodelled_head_activations"]:
+        if row["unmodelled_embedding_gradient"]:
             console.print(
-                f"  of the traced activations, {row['unmodelled_head_activations'] / GIB:.3f} GiB are the head's "
-                "(final norm and output projection inputs), which the analytical model leaves out"
+                f"  up to {row['unmodelled_embedding_gradient'] / GIB:.3f} GiB of it is the TP embedding's "
+                "full-vocabulary gradient (bf16 per microbatch + fp32 accumulated across no-sync microbatches), "
+                "which the analytical model leaves out (README, trace grid)"
             )
     for note in report["notes"]:
         console.print(f"[yellow]note:[/] {note}")
