@@ -55,8 +55,8 @@ def estimate(
         warnings.append(
             f"the first pipeline stage may hold up to {extra:.1f} GiB more than estimated: DTensor has no "
             "vocab-sharded embedding backward, so the TP embedding's gradient is a full-vocabulary partial that "
-            "FSDP2 accumulates across no-sync microbatches (seen in `meshplan trace` on torch 2.13; not in the "
-            "published Dec-2024 405B runs, so not in the peak)"
+            "FSDP2 accumulates across no-sync microbatches (seen in `meshplan trace` on torch 2.13; the published "
+            "Dec-2024 405B TP+PP runs do not show it, so it is not in the peak)"
         )
     return {
         "model": {

@@ -152,3 +152,19 @@ def test_per_stage_memory_worst_is_the_peak():
     assert stages[-1]["breakdown_gib"]["logits_loss"] > 0 and stages[0]["breakdown_gib"]["logits_loss"] == 0
     for s in stages:
         assert sum(s["breakdown_gib"].values()) == pytest.approx(s["peak_gib"], abs=0.02)
+
+
+def test_tp_pp_warns_of_the_full_vocabulary_embedding_gradient():
+    """TP + PP with several microbatches: the first stage may hold the embedding's full-vocabulary gradient
+    (README, trace grid); the warning gives its size. Without PP (one reduce-scatter per microbatch) or
+    without TP (the gradient is already vocabulary-sized on the rank) there is nothing to warn about."""
+    m70 = load_model("llama3-70b")
+
+    def warns(**kw):
+        cfg = TrainConfig(gpus=64, seq_len=8192, global_batch_size=128, ac="full", **kw)
+        return [w for w in estimate(m70, H100, cfg)["warnings"] if "full-vocabulary" in w]
+
+    extra = m70.vocab * m70.hidden * (4 * 7 / 8 + 2) / 2**30
+    [w] = warns(tp=8, pp=2)
+    assert f"{extra:.1f} GiB" in w
+    assert not warns(tp=8) and not warns(pp=2)

@@ -68,20 +68,22 @@ def render(report: dict, console: Console | None = None) -> None:
         + f" | seq {c['seq_len']}, micro-batch {c['micro_batch_size']}, global batch {c['global_batch_size']}"
         f" | AC {c['ac']} | traced in {report['seconds']:.1f} s, {report['max_rss_mib']:.0f} MiB RAM"
     )
+    # small models (smoke tests) read better in MiB
+    unit, div = ("GiB", GIB) if max(r["traced"]["total"] for r in report["ranks"]) >= GIB else ("MiB", 2**20)
     for row in report["ranks"]:
         stage = f", pipeline stage {row['pp_rank']}" if c["pp"] > 1 else ""
-        table = Table(title=f"rank {row['rank']}{stage}: step 2, GiB per GPU")
+        table = Table(title=f"rank {row['rank']}{stage}: step 2, {unit} per GPU")
         for col, just in (("", "left"), ("traced", "right"), ("analytical", "right"), ("error", "right")):
             table.add_column(col, justify=just)
         for key, name in ROW_NAMES.items():
             t, a, e = row["traced"][key], row["analytical"][key], row["error"][key]
-            table.add_row(name, f"{t / GIB:.3f}", f"{a / GIB:.3f}", f"{e:+.1%}" if t else "-")
+            table.add_row(name, f"{t / div:.3f}", f"{a / div:.3f}", f"{e:+.1%}" if t else "-")
         console.print(table)
-        peak = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.2f}" for k, v in row["peak"].items() if v)
-        console.print(f"  at the peak: {peak} GiB")
+        peak = ", ".join(f"{k.replace('_', ' ')} {v / div:.2f}" for k, v in row["peak"].items() if v)
+        console.print(f"  at the peak: {peak} {unit}")
         if row["unmodelled_embedding_gradient"]:
             console.print(
-                f"  up to {row['unmodelled_embedding_gradient'] / GIB:.3f} GiB of it is the TP embedding's "
+                f"  up to {row['unmodelled_embedding_gradient'] / div:.3f} {unit} of it is the TP embedding's "
                 "full-vocabulary gradient (bf16 per microbatch + fp32 accumulated across no-sync microbatches), "
                 "which the analytical model leaves out (README, trace grid)"
             )
