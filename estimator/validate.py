@@ -57,6 +57,7 @@ class RowResult:
     predicted_mem_gib: float | None
     measured_mem_gib: float | None
     error: str | None = None
+    stack: str | None = None  # the stack profile (framework release) that predicted the row
 
     @property
     def tps_err(self) -> float | None:
@@ -74,6 +75,7 @@ class RowResult:
         return {
             "id": self.id,
             "framework": self.framework,
+            "stack": self.stack,
             "model": self.model,
             "hardware": self.hardware,
             "predicted_tps_per_gpu": self.predicted_tps_per_gpu,
@@ -195,6 +197,7 @@ def validate_rows(rows: list[dict]) -> list[RowResult]:
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
             hardware=row.get("hardware", ""),
+            stack=stack_for_run((row.get("framework") or "torchtitan").strip(), source_month(row.get("source") or "")),
             measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu")),
             measured_mem_gib=_float(row.get("measured_mem_gib")),
         )

@@ -78,6 +78,9 @@ def test_validate_cli_json(cli, ground_truth):
                 "measured_mem_gib"):
         assert key in row
     assert set(data["summary"]["by_framework"]) == {"torchtitan", "llm-foundry"}
+    stacks = {r["id"]: r["stack"] for r in data["rows"]}
+    assert stacks["r0000"] == "torchtitan-2024"  # benchmarks/llama3_h100_202412_torchtitan.md
+    assert stacks["r0041"] == "torchtitan"  # benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md
 
 
 def test_validate_cli_table(cli, ground_truth):
