@@ -13,7 +13,8 @@ The `framework` column picks the stack profile (`data/stacks/`). A framework's o
 differently (torchtitan before 2025 did not compile the loss), so when the `source` names the month of
 the run (torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md`), the release profile covering that
 month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
-which software ran, never what it measured.
+which software ran, never what it measured. A framework with no profile (say `megatron`) is predicted
+with torchtitan's profile rather than failing; `--json` rows name the profile used (`stack`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from estimator.errors import MeshplanError
 from estimator.estimate import estimate
 from estimator.hardware import load_hardware
 from estimator.model_spec import ModelSpec
-from estimator.stack import load_stack, source_month, stack_for_run
+from estimator.stack import load_stack, source_month, stack_for_run, stack_names
 
 CONFIG_COLUMNS = (
     "id", "framework", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
@@ -119,6 +120,19 @@ def _float(cell: str | None) -> float | None:
     return float(cell) if cell else None
 
 
+DEFAULT_STACK = "torchtitan"
+
+
+def row_stack(row: dict) -> str:
+    """The stack profile that predicts a row: its framework's release that ran the job (the month the
+    `source` names, e.g. a benchmark file dated 202412; else the current release). A framework without a
+    profile in `data/stacks/` is predicted with torchtitan's, and the row's `stack` says so."""
+    framework = (row.get("framework") or DEFAULT_STACK).strip()
+    if framework not in stack_names():
+        framework = DEFAULT_STACK
+    return stack_for_run(framework, source_month(row.get("source") or ""))
+
+
 def row_inputs(row: dict) -> tuple[ModelSpec, str, str, TrainConfig]:
     """Model, hardware id, stack id and config of one row, from its configuration columns only."""
     mlp = (row.get("mlp") or "swiglu").strip()
@@ -132,10 +146,7 @@ def row_inputs(row: dict) -> tuple[ModelSpec, str, str, TrainConfig]:
         )
     except ValidationError as exc:
         raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['msg']}") from None
-    framework = (row.get("framework") or "torchtitan").strip()
-    # the framework's release that ran the job: the month the source names (a benchmark file dated 202412),
-    # else the current release
-    stack_id = stack_for_run(framework, source_month(row.get("source") or ""))
+    stack_id = row_stack(row)
     stack = _stack(stack_id)
     pp = _int(row, "pp", 1)
     schedule = (row.get("pp_schedule") or "").strip() or "1F1B"
@@ -197,7 +208,7 @@ def validate_rows(rows: list[dict]) -> list[RowResult]:
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
             hardware=row.get("hardware", ""),
-            stack=stack_for_run((row.get("framework") or "torchtitan").strip(), source_month(row.get("source") or "")),
+            stack=row_stack(row),
             measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu")),
             measured_mem_gib=_float(row.get("measured_mem_gib")),
         )

@@ -155,3 +155,13 @@ def test_stack_profile_extends_a_builtin(tmp_path):
     bad.write_text("extends: nope\nid: bad\n")
     with pytest.raises(MeshplanError, match="unknown stack profile 'nope'"):
         load_stack(str(bad))
+
+
+def test_a_framework_without_a_profile_is_predicted_with_torchtitans(ground_truth):
+    rows = [r for r in read_rows(ground_truth) if r["id"] in ("r0041", "r0000")]
+    other = [{**r, "framework": "megatron-lm"} for r in rows]
+    got, ref = validate_rows(other), validate_rows(rows)
+    assert [r.error for r in got] == [None, None]
+    assert [r.stack for r in got] == [r.stack for r in ref] == ["torchtitan-2024", "torchtitan"]
+    assert [r.predicted_mem_gib for r in got] == [r.predicted_mem_gib for r in ref]
+    assert summarize(got)["by_framework"]["megatron-lm"]["rows"] == 2
