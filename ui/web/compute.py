@@ -135,7 +135,8 @@ def ranked_frame(res: SearchResult, top: int, tokens: float | None, price: float
     df = pd.DataFrame({"rank": np.arange(1, len(idx) + 1), "configuration": summaries(cols)})
     df = pd.concat([df, cols], axis=1)
     df["peak_gib"] = np.round(res.peak_gib[idx], 2)
-    df["headroom_gib"] = np.round(res.limit_gib - res.peak_gib[idx], 2)
+    # 4 decimals: the table shows one, and rounding twice (to 2, then to 1) could disagree with the metric
+    df["headroom_gib"] = np.round(res.limit_gib - res.peak_gib[idx], 4)
     df["tokens_per_sec_per_gpu"] = np.round(res.tps[idx], 1)
     df["mfu_pct"] = np.round(res.mfu[idx] * 100, 2)
     df["step_time_s"] = np.round(res.step_s[idx], 3)

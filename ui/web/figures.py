@@ -69,8 +69,10 @@ def memory_bars(bars: Sequence[tuple[str, dict[str, float]]], usable_gib: float,
         ))
     totals = [sum(float(v) for v in b[1].values()) for b in bars]
     fig.add_trace(go.Scatter(
-        x=labels, y=totals, mode="text", text=[f"{t:.1f}" for t in totals], textposition="top center",
-        showlegend=False, hoverinfo="skip", name="peak", meta="peak",
+        # inside the bar's top: a chosen plan's peak sits near the margin and usable lines, which a label
+        # above the bar would collide with
+        x=labels, y=totals, mode="text", text=[f"{t:.1f}" for t in totals], textposition="bottom center",
+        textfont=dict(color="#1f1f1f"), showlegend=False, hoverinfo="skip", name="peak", meta="peak",
     ))
     fig.add_hline(y=usable_gib, line=dict(color=USABLE_COLOR, width=2),
                   annotation=dict(text=f"usable HBM {usable_gib:.1f} GiB", font_color=USABLE_COLOR),
