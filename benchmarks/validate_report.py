@@ -16,7 +16,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from estimator_throughput import random_configs  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TypeVar
@@ -72,8 +73,11 @@ def one_line(exc: ValidationError, what: str) -> MeshplanError:
     return MeshplanError(f"invalid {what}: " + "; ".join(parts) + more)
 
 
-def load_named(kind: str, name_or_path: str, cls: type[T], what: str) -> T:
-    """Load a built-in entry by name, or a YAML file by path, into `cls`."""
+def load_named(
+    kind: str, name_or_path: str, cls: type[T], what: str, prepare: Callable[[dict, str], dict] | None = None
+) -> T:
+    """Load a built-in entry by name, or a YAML file by path, into `cls`; `prepare(raw, file name)` may
+    rewrite the YAML mapping first (a stack profile's `extends:`)."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
         path = data_dir(kind) / f"{name_or_path}.yaml"
@@ -83,6 +87,8 @@ def load_named(kind: str, name_or_path: str, cls: type[T], what: str) -> T:
     elif not path.exists():
         raise MeshplanError(f"{what} file not found: {path}")
     raw = read_yaml(path)
+    if prepare is not None:
+        raw = prepare(raw, path.name)
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:

@@ -15,6 +15,17 @@ def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
 
+def embedding_partial_bytes(model: ModelSpec, tp: int, pp: int, microbatches: int, reduce_bytes: float) -> float:
+    """Bytes the first pipeline stage may hold beyond the model's peak (README, trace grid): with TP and PP,
+    DTensor has no vocab-sharded rule for the embedding's backward, so its weight gradient is a Partial of
+    the whole vocabulary (bf16, one per microbatch) that FSDP2 accumulates unsharded in the reduce dtype
+    across the schedule's no-sync microbatches; the model counts only the TP-local (vocab / tp) share."""
+    if tp == 1 or pp == 1 or microbatches == 1:
+        return 0.0
+    vh = float(model.vocab * model.hidden)
+    return reduce_bytes * vh * (1 - 1 / tp) + 2 * vh
+
+
 def estimate(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -50,8 +61,8 @@ def estimate(
         )
     if cfg.tp > cfg.gpus_per_node:
         warnings.append(f"tp {cfg.tp} spans nodes ({cfg.gpus_per_node} GPUs per node): TP traffic crosses the network")
-    if cfg.tp > 1 and cfg.pp > 1 and cfg.microbatches > 1:
-        extra = model.vocab * model.hidden * (stack.reduce_bytes * (1 - 1 / cfg.tp) + 2) / GIB
+    extra = embedding_partial_bytes(model, cfg.tp, cfg.pp, cfg.microbatches, stack.reduce_bytes) / GIB
+    if extra:
         warnings.append(
             f"the first pipeline stage may hold up to {extra:.1f} GiB more than estimated: DTensor has no "
             "vocab-sharded embedding backward, so the TP embedding's gradient is a full-vocabulary partial that "

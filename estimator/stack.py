@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from estimator import data_files
 from estimator.errors import MeshplanError
@@ -84,39 +83,38 @@ def stack_names() -> list[str]:
 def load_stack(name_or_path: str) -> StackProfile:
     """A built-in stack id (`torchtitan`, `llm-foundry`, ...) or a path to a stack YAML.
 
-    A YAML may start with `extends: <built-in id>` and list only what differs from that profile (an older
-    release of the same framework, say)."""
-    path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        return _builtin(name_or_path)
-    if not path.exists():
-        raise MeshplanError(f"stack profile file not found: {path}")
-    return _from_raw(data_files.read_yaml(path), path.name)
+    A YAML may start with `extends: <stack id or path>` and list only what differs from that profile (an
+    older release of the same framework, say)."""
+    return data_files.load_named("stacks", name_or_path, StackProfile, "stack profile", prepare=_extends)
+
+
+_EXTENDING: set[str] = set()  # profiles whose `extends:` chain is being resolved (a cycle is an error)
 
 
 @cache
 def _builtin(name: str) -> StackProfile:
-    path = data_files.data_dir("stacks") / f"{name}.yaml"
-    if not path.exists():
-        known = ", ".join(stack_names())
-        raise MeshplanError(f"unknown stack profile '{name}'; choose one of: {known}, or pass a path to a YAML file")
-    return _from_raw(data_files.read_yaml(path), path.name)
-
-
-def _from_raw(raw: dict, label: str) -> StackProfile:
-    base_id = raw.pop("extends", None)
-    if base_id is not None:
-        if not isinstance(base_id, str) or base_id == raw.get("id"):
-            raise MeshplanError(f"stack profile {label}: 'extends' must name another built-in stack profile")
-        base = _builtin(base_id).model_dump()
-        for key in ("float8", "sources"):
-            if isinstance(raw.get(key), dict):
-                raw[key] = {**base[key], **raw[key]}
-        raw = {**base, "family": base.get("family") or base["id"], "until": None, **raw}
+    """Profiles read once (release lookup and `extends:` bases); callers must not mutate them."""
+    if name in _EXTENDING:
+        raise MeshplanError(f"stack profile '{name}' extends itself (through 'extends:'); break the cycle")
+    _EXTENDING.add(name)
     try:
-        return StackProfile.model_validate(raw)
-    except ValidationError as exc:
-        raise data_files.one_line(exc, f"stack profile {label}") from None
+        return load_stack(name)
+    finally:
+        _EXTENDING.discard(name)
+
+
+def _extends(raw: dict, label: str) -> dict:
+    """The YAML mapping with the profile it `extends:` filled in underneath (float8 and sources merged)."""
+    base_id = raw.pop("extends", None)
+    if base_id is None:
+        return raw
+    if not isinstance(base_id, str) or base_id == raw.get("id"):
+        raise MeshplanError(f"stack profile {label}: 'extends' must name another stack profile")
+    base = _builtin(base_id).model_dump()
+    for key in ("float8", "sources"):
+        if isinstance(raw.get(key), dict):
+            raw[key] = {**base[key], **raw[key]}
+    return {**base, "family": base.get("family") or base["id"], "until": None, **raw}
 
 
 _SOURCE_MONTH = re.compile(r"(?<!\d)(20\d\d)[-_]?(0[1-9]|1[0-2])(?!\d)")

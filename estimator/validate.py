@@ -133,8 +133,9 @@ def row_stack(row: dict) -> str:
     return stack_for_run(framework, source_month(row.get("source") or ""))
 
 
-def row_inputs(row: dict) -> tuple[ModelSpec, str, str, TrainConfig]:
-    """Model, hardware id, stack id and config of one row, from its configuration columns only."""
+def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, str, TrainConfig]:
+    """Model, hardware id, stack id (`row_stack` unless given) and config of one row, from its configuration
+    columns only."""
     mlp = (row.get("mlp") or "swiglu").strip()
     try:
         model = ModelSpec(
@@ -146,7 +147,7 @@ def row_inputs(row: dict) -> tuple[ModelSpec, str, str, TrainConfig]:
         )
     except ValidationError as exc:
         raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['msg']}") from None
-    stack_id = row_stack(row)
+    stack_id = stack_id or row_stack(row)
     stack = _stack(stack_id)
     pp = _int(row, "pp", 1)
     schedule = (row.get("pp_schedule") or "").strip() or "1F1B"
@@ -194,9 +195,9 @@ def _stack(stack_id: str):
     return load_stack(stack_id)
 
 
-def predict_row(row: dict) -> tuple[float, float]:
+def predict_row(row: dict, stack_id: str | None = None) -> tuple[float, float]:
     """(tokens/s/GPU, peak reserved GiB) predicted from the row's configuration columns."""
-    model, hw_id, stack_id, cfg = row_inputs(row)
+    model, hw_id, stack_id, cfg = row_inputs(row, stack_id)
     est = estimate(model, _hardware(hw_id), cfg, _stack(stack_id))
     return est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
 
@@ -213,7 +214,7 @@ def validate_rows(rows: list[dict]) -> list[RowResult]:
             measured_mem_gib=_float(row.get("measured_mem_gib")),
         )
         try:
-            tps, mem = predict_row({k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS})
+            tps, mem = predict_row({k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS}, base["stack"])
             results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, **base))
         except MeshplanError as exc:
             results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))

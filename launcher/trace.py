@@ -575,14 +575,14 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
 
 
 def embedding_partial_bytes(cfg: RunConfig, pp_rank: int) -> int:
-    """Bytes on the first pipeline stage that the analytical model leaves out (see the trace report): with TP
-    and PP, DTensor's embedding backward has no vocab-sharded rule, so the embedding's weight gradient is a
-    Partial of the full vocabulary (bf16, one per microbatch) which FSDP2 accumulates unsharded in fp32
-    across the schedule's no-sync microbatches; the model counts only the TP-local (vocab / tp) part."""
-    if pp_rank != 0 or cfg.tp == 1 or cfg.pp == 1 or cfg.microbatches == 1:
+    """Bytes of stage `pp_rank` that the analytical model leaves out: the TP embedding's full-vocabulary
+    gradient under PP (`estimator.estimate.embedding_partial_bytes`; fp32 reduce, as the trace runs), on
+    the first stage only."""
+    from estimator.estimate import embedding_partial_bytes as partial
+
+    if pp_rank != 0:
         return 0
-    vh = cfg.model.vocab * cfg.model.hidden
-    return int(4 * vh * (1 - 1 / cfg.tp) + 2 * vh)
+    return int(partial(cfg.model, cfg.tp, cfg.pp, cfg.microbatches, reduce_bytes=4.0))
 
 
 # --- plan files -----------------------------------------------------------------------------------------

@@ -45,12 +45,7 @@ def grid_model(name: str) -> ModelSpec:
 def run_grid(quick: bool = False, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Trace every grid configuration; one row per traced rank with traced / analytical bytes and errors."""
     from launcher.core.config import RunConfig
-    from launcher.trace import (
-        _in_subprocess,
-        compare,
-        embedding_partial_bytes,
-        trace_config,
-    )
+    from launcher.trace import _in_subprocess, compare, embedding_partial_bytes, trace_config
 
     hw, stack = load_hardware("h100-sxm"), load_stack("torchtitan")
     rows = []

@@ -155,6 +155,11 @@ def test_stack_profile_extends_a_builtin(tmp_path):
     bad.write_text("extends: nope\nid: bad\n")
     with pytest.raises(MeshplanError, match="unknown stack profile 'nope'"):
         load_stack(str(bad))
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(f"extends: {b}\nid: a\nname: a\n")
+    b.write_text(f"extends: {a}\nid: b\nname: b\n")
+    with pytest.raises(MeshplanError, match="extends itself"):
+        load_stack(str(a))
 
 
 def test_a_framework_without_a_profile_is_predicted_with_torchtitans(ground_truth):

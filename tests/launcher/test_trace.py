@@ -8,18 +8,15 @@ import subprocess
 import sys
 
 import pytest
+from rich.console import Console
 
 from estimator.errors import MeshplanError
 from estimator.hardware import load_hardware
 from estimator.model_spec import ModelSpec
 from estimator.stack import load_stack
 from launcher.core.config import RunConfig
-from launcher.trace import (
-    analytical_terms,
-    compare,
-    embedding_partial_bytes,
-    trace_config,
-)
+from launcher.trace import analytical_terms, compare, embedding_partial_bytes, trace_config
+from meshplan.commands.trace import render
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 HW = load_hardware("h100-sxm")
@@ -163,6 +160,11 @@ def test_cli_trace_json_and_errors(tmp_path):
     row = report["ranks"][0]
     assert row["traced"]["params"] == row["analytical"]["params"]
     assert any("fragmentation" in n for n in report["notes"])
+    assert row["unmodelled_embedding_gradient"] == 0  # TP without PP: nothing beyond the model
+    console = Console(record=True, width=120)
+    render(report, console)
+    text = console.export_text()
+    assert "MiB per GPU" in text and "GiB per GPU" not in text  # a tiny model reads in MiB
     missing = _cli("trace", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2
     assert missing.stderr.strip().count("\n") == 0 and "plan file not found" in missing.stderr

@@ -90,6 +90,8 @@ def test_chosen_plan_is_highlighted_and_drives_the_metrics(web_app):
     assert "255, 215, 0" in styled.styles
     peak = at.metric[0].value
     assert peak == f"{df.peak_gib.iloc[2]:.1f} GiB"
+    # the table's headroom, shown to one decimal, says what the metric above it says (no double rounding)
+    assert at.metric[0].proto.delta == f"{df.headroom_gib.iloc[2]:.1f} GiB headroom"
 
 
 HF_CONFIG = {

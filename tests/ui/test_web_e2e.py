@@ -44,8 +44,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
     pytest.fail(f"meshplan web did not answer on {url} within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def web_server(tmp_path):
+def start_web(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """`meshplan web` on a free port in its own process group; (process, port, log file)."""
     port = free_port()
     log = tmp_path / "server.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -54,6 +54,12 @@ def web_server(tmp_path):
             [sys.executable, "-m", "meshplan", "web", "--port", str(port), "--address", "127.0.0.1"],
             cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
+    return proc, port, log
+
+
+@pytest.fixture
+def web_server(tmp_path):
+    proc, port, log = start_web(tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
@@ -81,14 +87,7 @@ def port_is_free(port: int) -> bool:
 def test_sigterm_to_meshplan_web_stops_the_server(tmp_path):
     """SIGTERM to the `meshplan web` process alone (not its group), as a job scheduler or a service manager
     sends it: the server goes away and frees its port; no orphaned Streamlit keeps serving."""
-    port = free_port()
-    log = tmp_path / "server.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "meshplan", "web", "--port", str(port), "--address", "127.0.0.1"],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    proc, port, log = start_web(tmp_path)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, log)
         os.kill(proc.pid, signal.SIGTERM)

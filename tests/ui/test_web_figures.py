@@ -43,6 +43,9 @@ def test_memory_bars_sum_to_each_stage_peak():
     lines = sorted(s.y0 for s in fig.layout.shapes)
     assert lines == pytest.approx(sorted([hw.usable_hbm_gib, 0.9 * hw.usable_hbm_gib]))
     assert fig.layout.barmode == "stack"
+    # each bar's peak label sits inside the bar's top, clear of the usable and margin lines near it
+    [label] = [t for t in fig.data if t.meta == "peak"]
+    assert label.textposition == "bottom center" and list(label.text) == [f"{p:.1f}" for p in peaks]
 
 
 def test_time_bars_sum_to_step_time():
