@@ -39,6 +39,7 @@ PARAMS = [
     ("torchtitan", "float8.tensorwise.cast_bytes_per_element", 1, 16),
     ("torchtitan", "float8.rowwise.gemm_factor", 0.3, 1.0),
     ("torchtitan", "float8.rowwise.cast_bytes_per_element", 2, 24),
+    ("torchtitan", "fragmentation", 0.05, 0.4),
     ("llm-foundry", "gemm_efficiency", 0.7, 1.0),
     ("llm-foundry", "attention_factor", 0.4, 1.2),
     ("llm-foundry", "elementwise_passes", 5, 80),

@@ -32,6 +32,9 @@ MEMORY_CATEGORIES = (
     "transient",
     "fragmentation",
 )
+# when the allocated peak happens: at the loss (every activation + the logits buffers), in the backward of a
+# block (its temporaries + unsharded buffers), or at the root at the end of the backward (every gradient)
+PEAK_PHASES = ("loss", "block backward", "end of backward")
 TIME_CATEGORIES = (
     "compute",
     "recompute",
@@ -118,11 +121,14 @@ def estimate_arrays(
 ) -> dict:
     """Estimate every configuration in `c`. Returns a dict of float arrays (bytes, seconds, tokens/s).
 
-    Memory is for the worst pipeline stage (the first or the last), or for pipeline stage `stage`
-    (an int or an array of ints, 0-based) when given.
-    Keys: one per MEMORY_CATEGORIES entry (bytes, worst rank), `peak_bytes`, `allocated_bytes`,
-    `host_bytes_per_node`, `host_full_load_bytes_per_node`, one per TIME_CATEGORIES entry (seconds per
-    optimizer step), `step_time_s`, `tokens_per_sec_per_gpu`, `mfu`, `worst_stage` (0-based pipeline stage index).
+    Memory is for the worst pipeline stage (the first, the second or the last), or for pipeline stage
+    `stage` (an int or an array of ints, 0-based) when given.
+    Keys: one per MEMORY_CATEGORIES entry (bytes at the peak phase, worst rank; they sum to
+    `allocated_bytes`), `peak_bytes` (reserved), `allocated_bytes`, `peak_phase` (index into PEAK_PHASES),
+    `saved_activations` (bytes saved for backward at the end of a forward), `grads_after_backward` and
+    `unsharded_params_max` (bytes), `host_bytes_per_node`, `host_full_load_bytes_per_node`, one per
+    TIME_CATEGORIES entry (seconds per optimizer step), `step_time_s`, `tokens_per_sec_per_gpu`, `mfu`,
+    `worst_stage` (0-based pipeline stage index).
     """
     h, L, V = float(model.hidden), float(model.layers), float(model.vocab)
     q, kv, F = float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
@@ -132,7 +138,7 @@ def estimate_arrays(
     s, mbs, gbs = _f(c.seq_len), _f(c.micro_batch), _f(c.global_batch)
     gpn = _f(c.gpus_per_node)
     world = ds * dr * t * p * cp
-    full_ac, sel_ac, no_ac = c.ac == 2, c.ac == 1, c.ac == 0
+    full_ac, sel_ac = c.ac == 2, c.ac == 1
     comp = c.compile.astype(bool)
     fp8 = c.float8 > 0
     has_tp = t > 1
@@ -189,24 +195,38 @@ def estimate_arrays(
         gpipe = m * layers_rank
         return np.where(single, L, np.where(sched == 0, gpipe, np.where(sched == 2, inter, one_f)))
 
-    # ---- model state and unsharded buffers --------------------------------------------------------
-    def state_and_buffers(prank):
+    # ---- memory by phase of a microbatch ----------------------------------------------------------
+    # The allocated peak is the largest of three moments of a microbatch (the traced timeline of
+    # launcher/trace.py shows each; summing every term as if all were live at once overshoots it by 8-39 %):
+    #   loss:            every saved activation + the logits buffers of the loss (last stage only);
+    #   block backward:  the saved activations + the temporaries of the block in backward (its activation
+    #                    gradients, MLP weight gradients, what AC recomputes) + the unsharded parameters
+    #                    (current + prefetched block, the root) + the reduce-scatter input of the block
+    #                    before it (FSDP2 holds it until the next reduce-scatter);
+    #   end of backward: every sharded gradient + the root's parameters and bf16 weight gradients.
+    # Parameters, optimizer state and (from the second microbatch on) sharded gradients are live in all.
+    # Reserved memory is the allocated peak x (1 + fragmentation), the caching allocator's share.
+    pp_nosync = ~single  # with PP, FSDP2 accumulates unsharded grads across the schedule's microbatches
+    out_rank = out  # the output projection (+ final norm) on this rank; the root also holds the embedding
+
+    def state(prank):
         params_fp32 = 4 * prank / fsdp_n
         grads_fp32 = 4 * prank / fsdp_n
         optim = 8 * prank / fsdp_n
-        nblock = nb_rank
-        if_pp = ~single | ~np.bool_(stack.reshard_after_forward)
-        unsharded_params = np.where(
-            if_pp, 2 * prank, stack.prefetch_blocks * 2 * nblock + np.where(single, 2 * out, 0.0)
-        )
-        # FSDP2 keeps unsharded grads across no-sync microbatches, upcast to the reduce dtype
-        accum_grads = np.where(~single & (m > 1), stack.reduce_bytes * prank, 0.0)
-        grad_buffers = (2 + stack.reduce_bytes) * np.maximum(nblock, out)
-        return params_fp32, grads_fp32, optim, unsharded_params, accum_grads + grad_buffers
+        return params_fp32, grads_fp32, optim
 
-    # one block recomputed (or its gradient temporaries) during backward
-    recompute_tok = np.where(no_ac, 2 * (2 * h + 2 * F / t), a_none)
-    transient = recompute_tok * tok
+    # the backward's temporaries of one block: its activation gradients, the bf16 weight gradients of the
+    # MLP, and whatever the checkpoint recomputes (op-SAC: the unsaved MLP tensors; full AC: the block)
+    if model.mlp == "swiglu":
+        grad_tok = 6 * F / t  # gradients of the w2 input, the silu output and w3's output
+        sac_tok = 8 * F / t  # w3 output, silu, product and silu's gradient temporaries recomputed
+        mlp_w = 3 * h * F / t
+    else:
+        grad_tok = 4 * F / t
+        sac_tok = 4 * F / t
+        mlp_w = 2 * h * F / t
+    ac_tok = np.where(full_ac, a_none + 4 * F / t - grad_tok, np.where(sel_ac, sac_tok, 0.0))
+    bwd_temp = (grad_tok + ac_tok) * tok + 2 * mlp_w
     loss_par = has_tp & np.bool_(stack.loss_parallel)
     vocab_rank = V / np.where(loss_par, t, 1.0)
     logits_el = np.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
@@ -218,26 +238,81 @@ def estimate_arrays(
     # output projection's input (all-gathered under TP), bf16, per microbatch in flight there
     head_tok = np.where(has_tp, 2 * h / t + 2 * h, 4 * h)
     head_inflight = np.where(~single & (sched == 0), m, 1.0)
+    block_act = act_tok * tok  # one block's saved activations for one microbatch
 
     def stage_memory(k):
-        """(allocated bytes, parts in MEMORY_CATEGORIES order without fragmentation) of stage k."""
+        """(allocated bytes, parts in MEMORY_CATEGORIES order without fragmentation, (saved activations,
+        sharded grads after the backward, peak phase)) of stage k, at the phase that peaks."""
         first, last = k == 0, k == p - 1
         prank = blocks + np.where(first, emb, 0.0) + np.where(last, out, 0.0)
-        pf, gf, opt, up, ug = state_and_buffers(prank)
-        acts = act_tok * tok * inflight(k) + np.where(last, head_tok * tok * head_inflight, 0.0)
+        pf, gf, opt = state(prank)
+        # sharded grads exist from the second microbatch on (FSDP2 reduce-scatters every microbatch)
+        g_live = np.where(single & (m > 1), gf, 0.0)
+        # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded
+        acc = np.where(pp_nosync & (m > 1), stack.reduce_bytes * prank, 0.0)
+        holds_root = np.where(first, emb, 0.0) + np.where(last, out_rank, 0.0)
+        resharded = single & np.bool_(stack.reshard_after_forward)
+        up_bwd = np.where(resharded, stack.prefetch_blocks * 2 * nb_rank + 2 * holds_root, 2 * prank)
+        up_loss = np.where(resharded, 2 * np.where(last, out_rank, 0.0), 2 * prank)
+        # the previous block's reduce-scatter input (reduce dtype), held until the next reduce-scatter
+        rs = np.where(resharded | ~pp_nosync, stack.reduce_bytes * nb_rank, 0.0)
+        # a non-first stage's PipelineStage keeps one receive buffer (micro-batch, seq / tp, hidden) per
+        # microbatch of the step
+        recv_mb = np.where(~single & ~first, tok * 2 * h / t, 0.0)
+        acts_blocks = block_act * inflight(k) + m * recv_mb
+        head = np.where(last, head_tok * tok * head_inflight, 0.0)
         lg = np.where(last, logits, 0.0)
-        alloc = pf + gf + opt + up + ug + acts + np.maximum(lg, transient)
-        return alloc, (pf, gf, opt, up, ug, acts, lg, np.where(lg > transient, 0.0, transient))
+        loss_alloc = pf + opt + g_live + up_loss + acc + acts_blocks + head + lg
+        # backward: the last block (all activations, no reduce-scatter yet) or one before it (one block's
+        # activations freed, the reduce-scatter input of the block after it held)
+        held_rs = np.maximum(rs - block_act, 0.0)
+        g_bwd = np.where(single & (m > 1), gf, 4 * nb_rank / fsdp_n)
+        bwd_alloc = pf + opt + g_bwd + up_bwd + acc + acts_blocks + held_rs + bwd_temp
+        # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight
+        # gradients (under TP the embedding's is a Partial of the whole vocabulary: DTensor has no
+        # vocab-sharded embedding backward), the first block's reduce-scatter input, and the gradient
+        # arriving at the embedding output (full sequence, bf16) with its copy
+        root_grads = 2 * holds_root + np.where(first, 2 * V * h - 2 * emb, 0.0)
+        end_temp = np.where(first, 2 * 2 * h * tok, 0.0)
+        up_end = np.where(resharded, 2 * holds_root, 2 * prank)
+        end_alloc = pf + opt + gf + up_end + acc + rs + root_grads + m * recv_mb + end_temp
+        phases = np.stack([loss_alloc, bwd_alloc, end_alloc])
+        phase = np.where(last, np.argmax(phases, axis=0), np.argmax(phases[1:], axis=0) + 1)
+        alloc = np.choose(phase, phases)
+
+        def pick(loss_v, bwd_v, end_v):
+            return np.choose(phase, np.broadcast_arrays(loss_v, bwd_v, end_v))
+
+        parts = (
+            pf,
+            pick(g_live, g_bwd, gf),
+            opt,
+            pick(up_loss, up_bwd, up_end),
+            pick(acc, acc + held_rs, acc + rs + root_grads),
+            pick(acts_blocks + head, acts_blocks, m * recv_mb),
+            pick(lg, 0.0, 0.0),
+            pick(0.0, bwd_temp, end_temp),
+        )
+        # saved for backward at the end of a forward: the receive buffers of the microbatches in flight only
+        saved = acts_blocks - m * recv_mb + recv_mb * inflight(k) / layers_rank + head
+        return alloc, parts, (saved, gf, phase.astype(float), up_bwd)
 
     if stage is None:
-        (a0, parts0), (a1, parts1) = stage_memory(np.zeros_like(p)), stage_memory(p - 1)
-        worst_last = a1 > a0
-        parts = [np.where(worst_last, b, a) for a, b in zip(parts0, parts1, strict=True)]
-        allocated = np.maximum(a0, a1)
-        worst_stage = np.where(worst_last, p - 1, 0.0)
+        # the worst stage is the first (most microbatches in flight, the embedding), the second (the most
+        # in flight among those holding receive buffers) or the last (the logits)
+        cands = [stage_memory(np.zeros_like(p)), stage_memory(np.minimum(1.0, p - 1)), stage_memory(p - 1)]
+        allocated, parts, extra = cands[0]
+        worst_stage = np.zeros_like(p)
+        for k_c, (a_c, parts_c, extra_c) in zip((np.minimum(1.0, p - 1), p - 1), cands[1:], strict=True):
+            worse = a_c > allocated
+            allocated = np.where(worse, a_c, allocated)
+            parts = [np.where(worse, b, a) for a, b in zip(parts, parts_c, strict=True)]
+            extra = tuple(np.where(worse, b, a) for a, b in zip(extra, extra_c, strict=True))
+            worst_stage = np.where(worse, k_c, worst_stage)
+        saved, grads_step, phase, up_max = extra
     else:
         k = np.minimum(_f(stage), p - 1)
-        allocated, parts = stage_memory(k)
+        allocated, parts, (saved, grads_step, phase, up_max) = stage_memory(k)
         worst_stage = k
     usable = hw.usable_hbm_gib * GIB
     reserved = allocated * (1 + stack.fragmentation)
@@ -248,6 +323,10 @@ def estimate_arrays(
     out_mem["peak_bytes"] = reserved
     out_mem["allocated_bytes"] = allocated
     out_mem["worst_stage"] = worst_stage
+    out_mem["saved_activations"] = saved  # every saved activation at the end of a forward (loss phase)
+    out_mem["grads_after_backward"] = grads_step  # sharded fp32 gradients once the step's backward is done
+    out_mem["peak_phase"] = phase  # index into PEAK_PHASES
+    out_mem["unsharded_params_max"] = up_max  # all-gathered bf16 params at their most (a block's backward)
 
     # ---- host RAM per node: DCP loads/saves each rank's shard; plus each process's own footprint ---
     ranks_node = np.minimum(gpn, world)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from estimator.batch import GIB, MEMORY_CATEGORIES, TIME_CATEGORIES, ConfigArrays, estimate_arrays
+from estimator.batch import (
+    GIB,
+    MEMORY_CATEGORIES,
+    PEAK_PHASES,
+    TIME_CATEGORIES,
+    ConfigArrays,
+    estimate_arrays,
+)
 from estimator.config import TrainConfig
 from estimator.hardware import HardwareProfile
 from estimator.model_spec import ModelSpec
@@ -16,14 +23,14 @@ def _r(x: float, nd: int = 3) -> float:
 
 
 def embedding_partial_bytes(model: ModelSpec, tp: int, pp: int, microbatches: int, reduce_bytes: float) -> float:
-    """Bytes the first pipeline stage may hold beyond the model's peak (README, trace grid): with TP and PP,
-    DTensor has no vocab-sharded rule for the embedding's backward, so its weight gradient is a Partial of
-    the whole vocabulary (bf16, one per microbatch) that FSDP2 accumulates unsharded in the reduce dtype
-    across the schedule's no-sync microbatches; the model counts only the TP-local (vocab / tp) share."""
+    """Bytes the first pipeline stage may hold beyond the model's peak (README, trace grid): with TP, DTensor
+    has no vocab-sharded rule for the embedding's backward, so its weight gradient is a Partial of the whole
+    vocabulary (bf16; the model counts it at the end of the backward), and with PP FSDP2 accumulates it
+    unsharded in the reduce dtype across the schedule's no-sync microbatches, where the model counts only
+    the TP-local (vocab / tp) share."""
     if tp == 1 or pp == 1 or microbatches == 1:
         return 0.0
-    vh = float(model.vocab * model.hidden)
-    return reduce_bytes * vh * (1 - 1 / tp) + 2 * vh
+    return reduce_bytes * float(model.vocab * model.hidden) * (1 - 1 / tp)
 
 
 def estimate(
@@ -86,6 +93,8 @@ def estimate(
             "usable_gib": _r(usable),
             "fits": bool(peak <= usable * memory_margin),
             "breakdown_gib": {k: _r(r[k] / GIB) for k in MEMORY_CATEGORIES},
+            "peak_phase": PEAK_PHASES[int(r["peak_phase"])],
+            "saved_activations_gib": _r(r["saved_activations"] / GIB),
             "worst_rank": _stage_name(int(r["worst_stage"]), cfg.pp),
             "per_stage": per_stage(model, hw, stack, cfg) if cfg.pp > 1 else [],
             "host_ram_gib_per_node": _r(host, 1),
@@ -125,6 +134,8 @@ def per_stage(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, cfg: T
             "stage": k,
             "peak_gib": _r(r["peak_bytes"][k] / GIB),
             "breakdown_gib": {c: _r(r[c][k] / GIB) for c in MEMORY_CATEGORIES},
+            "peak_phase": PEAK_PHASES[int(r["peak_phase"][k])],
+            "saved_activations_gib": _r(r["saved_activations"][k] / GIB),
         }
         for k in range(n)
     ]

@@ -557,10 +557,10 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
         }
         model = {
             "params": a["params_fp32"],
-            "grads": a["grads_fp32"],
+            "grads": a["grads_after_backward"],
             "optimizer": a["optimizer_states"] + 4 * r.param_tensors,
-            "unsharded_params": a["unsharded_params"],
-            "activations": a["activations"],
+            "unsharded_params": a["unsharded_params_max"],
+            "activations": a["saved_activations"],
             "total": a["allocated_bytes"],
         }
         rows.append({

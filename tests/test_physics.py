@@ -3,7 +3,7 @@
 import pytest
 
 from estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
-from estimator.batch import ConfigArrays, estimate_arrays
+from estimator.batch import MEMORY_CATEGORIES, PEAK_PHASES, ConfigArrays, estimate_arrays
 
 M8 = load_model("llama3-8b")
 H100 = load_hardware("h100-sxm")
@@ -17,13 +17,13 @@ def raw(cfg: TrainConfig, model=M8, hw=H100, stack=TT) -> dict:
 
 def test_fsdp_model_state_is_16_bytes_per_param_over_dp_shard():
     r = raw(TrainConfig(gpus=8, seq_len=4096))
-    assert r["params_fp32"] + r["grads_fp32"] + r["optimizer_states"] == pytest.approx(16 * M8.params / 8)
+    assert r["params_fp32"] + r["grads_after_backward"] + r["optimizer_states"] == pytest.approx(16 * M8.params / 8)
     assert r["optimizer_states"] == pytest.approx(8 * M8.params / 8)
 
 
 def test_hsdp_shards_only_within_replica_group():
     r = raw(TrainConfig(gpus=16, gpus_per_node=8, dp_replicate=2, dp_shard=8, seq_len=4096))
-    assert r["params_fp32"] + r["grads_fp32"] + r["optimizer_states"] == pytest.approx(16 * M8.params / 8)
+    assert r["params_fp32"] + r["grads_after_backward"] + r["optimizer_states"] == pytest.approx(16 * M8.params / 8)
 
 
 def test_tp_pp_shard_model_state():
@@ -41,21 +41,41 @@ def test_activation_bytes_by_hand():
     h, kv, f, L, s = 4096, 1024, 14336, 32, 8192
     head = 4 * h * s  # the final norm's and the output projection's inputs, bf16, kept whatever the AC
     full = raw(TrainConfig(gpus=1, seq_len=s, ac="full"))
-    assert full["activations"] == pytest.approx(2 * h * s * L + head)  # block inputs only
+    assert full["saved_activations"] == pytest.approx(2 * h * s * L + head)  # block inputs only
     sel = raw(TrainConfig(gpus=1, seq_len=s, ac="selective"))
     # op-SAC: block input, wq, wv, attention output + fp32 logsumexp, w1 and w2 outputs
-    assert sel["activations"] == pytest.approx(
+    assert sel["saved_activations"] == pytest.approx(
         (2 * h + 2 * h + 2 * kv + 2 * h + 4 * 32 + 2 * f + 2 * h) * s * L + head
     )
     none = raw(TrainConfig(gpus=1, seq_len=s, ac="none"))
     # no AC: norm inputs and outputs (4 x 2h), q + repeated k, v (3 x 2h), SDPA out + its contiguous copy
     # (2 x 2h), lse, and SwiGLU's four F-wide tensors
-    assert none["activations"] == pytest.approx((18 * h + 4 * 32 + 8 * f) * s * L + head)
+    assert none["saved_activations"] == pytest.approx((18 * h + 4 * 32 + 8 * f) * s * L + head)
 
 
 def test_logits_buffer_scales_with_vocab_and_tokens():
-    r = raw(TrainConfig(gpus=1, seq_len=4096, micro_batch_size=2))
+    """FSDP over 8 GPUs: the peak is at the loss, where the logits buffers sit on top of every activation."""
+    r = raw(TrainConfig(gpus=8, seq_len=4096, micro_batch_size=2))
+    assert PEAK_PHASES[int(r["peak_phase"])] == "loss"
     assert r["logits_loss"] == pytest.approx(TT.logits_bytes_per_element * 2 * 4096 * M8.vocab)
+    assert r["activations"] == pytest.approx(r["saved_activations"])
+
+
+def test_unsharded_peak_is_at_the_end_of_the_backward():
+    """On one GPU the fp32 gradients of the whole model (4 bytes per parameter) outweigh the logits: the
+    peak is at the end of the backward, with every gradient and no activation left."""
+    r = raw(TrainConfig(gpus=1, seq_len=4096, micro_batch_size=2))
+    assert PEAK_PHASES[int(r["peak_phase"])] == "end of backward"
+    assert r["grads_fp32"] == pytest.approx(4 * M8.params) and r["activations"] == 0 and r["logits_loss"] == 0
+
+
+def test_phases_take_the_larger_not_the_sum():
+    """The allocated peak is the larger phase, so it lies below the sum of every term and above each phase's
+    shared state (params + optimizer + saved activations)."""
+    r = raw(TrainConfig(gpus=8, seq_len=8192, micro_batch_size=1, ac="selective"))
+    state = r["params_fp32"] + r["optimizer_states"]
+    assert state + r["saved_activations"] < r["allocated_bytes"]
+    assert r["allocated_bytes"] == pytest.approx(sum(r[k] for k in MEMORY_CATEGORIES[:-1]))
 
 
 @pytest.mark.parametrize(
@@ -145,26 +165,29 @@ def test_per_stage_memory_worst_is_the_peak():
     stages = e["memory"]["per_stage"]
     assert len(stages) == 8 and [s["stage"] for s in stages] == list(range(8))
     assert max(s["peak_gib"] for s in stages) == pytest.approx(e["memory"]["peak_gib"], abs=1e-3)
-    # 1F1B: earlier stages hold more microbatches in flight
-    acts = [s["breakdown_gib"]["activations"] for s in stages]
-    assert acts == sorted(acts, reverse=True) and acts[0] > acts[-1]
+    # 1F1B: earlier stages hold more microbatches in flight; stages after the first also keep one receive
+    # buffer per microbatch, so stage 0 is compared with the last only
+    acts = [s["saved_activations_gib"] for s in stages]
+    assert acts[1:] == sorted(acts[1:], reverse=True) and acts[0] > acts[-1]
     # only the last stage carries the logits
-    assert stages[-1]["breakdown_gib"]["logits_loss"] > 0 and stages[0]["breakdown_gib"]["logits_loss"] == 0
+    assert all(s["breakdown_gib"]["logits_loss"] == 0 for s in stages[:-1])
     for s in stages:
         assert sum(s["breakdown_gib"].values()) == pytest.approx(s["peak_gib"], abs=0.02)
 
 
 def test_tp_pp_warns_of_the_full_vocabulary_embedding_gradient():
-    """TP + PP with several microbatches: the first stage may hold the embedding's full-vocabulary gradient
-    (README, trace grid); the warning gives its size. Without PP (one reduce-scatter per microbatch) or
-    without TP (the gradient is already vocabulary-sized on the rank) there is nothing to warn about."""
+    """TP + PP with several microbatches: the first stage may accumulate the embedding's full-vocabulary
+    gradient in fp32 (README, trace grid); the warning gives what that adds beyond the model's TP-local share.
+    Without PP (one reduce-scatter per microbatch; the bf16 full-vocabulary gradient is in the model's end of
+    backward) or without TP (the gradient is already vocabulary-sized on the rank) there is nothing to warn
+    about."""
     m70 = load_model("llama3-70b")
 
     def warns(**kw):
         cfg = TrainConfig(gpus=64, seq_len=8192, global_batch_size=128, ac="full", **kw)
         return [w for w in estimate(m70, H100, cfg)["warnings"] if "full-vocabulary" in w]
 
-    extra = m70.vocab * m70.hidden * (4 * 7 / 8 + 2) / 2**30
+    extra = m70.vocab * m70.hidden * 4 * 7 / 8 / 2**30
     [w] = warns(tp=8, pp=2)
     assert f"{extra:.1f} GiB" in w
     assert not warns(tp=8) and not warns(pp=2)

@@ -288,7 +288,8 @@ with tab["Plans & memory"]:
             )
             right.caption(
                 f"Host RAM per node: {mem['host_ram_gib_per_node']:,.0f} GiB of {hw.host_ram_gib_per_node:,.0f}. "
-                f"Worst rank: {mem['worst_rank']}. Allocated {mem['allocated_gib']:.1f} GiB + fragmentation "
+                f"Worst rank: {mem['worst_rank']}, peak at the {mem['peak_phase']}. "
+                f"Allocated {mem['allocated_gib']:.1f} GiB + fragmentation "
                 f"= {mem['peak_gib']:.1f} GiB reserved."
             )
 

@@ -136,7 +136,9 @@ def render(result: dict, console: Console | None = None) -> None:
         f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {'on' if c['compile'] else 'off'}, "
         f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "")
     )
-    table = Table(title=f"memory per GPU, {mem['worst_rank']} (peak reserved)", show_footer=True)
+    table = Table(
+        title=f"memory per GPU, {mem['worst_rank']} (peak reserved, at the {mem['peak_phase']})", show_footer=True
+    )
     table.add_column("category", footer="peak")
     fits = "[green]fits[/]" if mem["fits"] else "[red]does not fit[/]"
     table.add_column("GiB", justify="right", footer=f"{mem['peak_gib']:.1f} / {mem['usable_gib']:.1f} usable: {fits}")

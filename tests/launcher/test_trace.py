@@ -60,7 +60,7 @@ def test_state_bytes_equal_closed_form(name):
     for r in result.ranks:
         a = analytical_terms(CASES[name], HW, STACK, r.pp_rank)
         assert r.state["params"] == int(a["params_fp32"])
-        assert r.state["grads"] == int(a["grads_fp32"])
+        assert r.state["grads"] == int(a["grads_after_backward"])
         assert r.state["optimizer"] == int(a["optimizer_states"]) + 4 * r.param_tensors
         assert r.peak["params"] == r.state["params"]  # bf16 compute copies are never counted as params
 
@@ -73,20 +73,18 @@ def test_activations_within_10_percent(name):
     result = traced(name)
     for r in result.ranks:
         a = analytical_terms(CASES[name], HW, STACK, r.pp_rank)
-        model = a["activations"]
+        model = a["saved_activations"]
         assert r.saved_activations > 0
         assert model == pytest.approx(r.saved_activations, rel=0.10), (name, r.pp_rank)
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_total_tensor_memory_bounded_by_model(name):
-    """Known disagreement (README, trace grid): the analytical model adds every term as if all were live at
-    once (full fp32 grads, unsharded grads and logits buffers at the peak), so its allocated memory is an
-    upper bound of the traced step-2 peak, 8-39 % above it on these shapes. A trace that grew past the
-    model, or fell far below it, fails."""
+def test_total_tensor_memory_within_10_percent(name):
+    """The analytical allocated peak (the larger of the loss, block-backward and end-of-backward phases,
+    `estimator/batch.py`) agrees with the traced step-2 peak within 10 %, on every traced rank."""
     for row in compare(traced(name), HW, STACK):
         err = row["error"]["total"]
-        assert 0.0 <= err <= 0.45, (name, row["pp_rank"], err)
+        assert abs(err) <= 0.10, (name, row["pp_rank"], err)
 
 
 def test_ac_ordering_and_tp_sharding():
@@ -103,13 +101,14 @@ def test_tp_pp_first_stage_holds_a_full_vocabulary_embedding_gradient():
     gradient of the whole vocabulary (bf16, per microbatch), which FSDP2 accumulates unsharded in fp32
     across the no-sync microbatches. With a vocabulary large enough to dominate, stage 0's temporaries
     hold both full-vocabulary buffers, twice what a vocabulary-sharded (vocab / tp) gradient would take;
-    `embedding_partial_bytes` is what that adds beyond the model's TP-local share."""
+    `embedding_partial_bytes` is what the fp32 accumulation adds beyond the model's TP-local share (the bf16
+    partial is in the model's end of backward)."""
     vocab, h = 65536, SPEC.hidden
     big_vocab = SPEC.model_copy(update={"vocab": vocab}).model_dump()
     c = RunConfig.from_dict({**cfg(2, tp=2, pp=2, ac="full").dump(), "model": big_vocab})
     first = next(r for r in trace_config(c).ranks if r.pp_rank == 0)
     assert first.category_max["temporaries"] >= (4 + 2) * vocab * h
-    assert embedding_partial_bytes(c, 0) == 4 * vocab * h // 2 + 2 * vocab * h
+    assert embedding_partial_bytes(c, 0) == 4 * vocab * h // 2
     assert embedding_partial_bytes(c, 1) == 0  # the last stage's output projection is vocab-sharded
     assert embedding_partial_bytes(CASES["tp-sp-selective"], 0) == 0  # no PP: one microbatch, no no-sync
 
