@@ -95,7 +95,7 @@ def capacity_options(
             t = train_time(tokens, float(res.tps[i]), world, price)
             cfg = res.config(i)
             options.append(Option(
-                hw.id, nodes, world, True, cfg, short_config(cfg), round(float(res.peak_gib[i]), 2),
+                hw.id, nodes, world, True, cfg, short_config(cfg), round(float(res.peak_gib[i]), 3),
                 round(float(res.tps[i]), 1), round(float(res.mfu[i]), 4), t["days"], t["gpu_hours"],
                 t["cost_usd"], price,
             ))

@@ -147,7 +147,7 @@ def plan_cmd(
         out = {
             "plans": plans, "tree": tree, "evaluated": res.evaluated, "rejected": res.rejected,
             "rejected_by_reason": res.reason_counts(),
-            "pareto": [{"config": res.config(int(i)), "peak_gib": round(float(res.peak_gib[i]), 2),
+            "pareto": [{"config": res.config(int(i)), "peak_gib": round(float(res.peak_gib[i]), 3),
                         "tokens_per_sec_per_gpu": round(float(res.tps[i]), 1)} for i in res.pareto],
         }
         if tokens:

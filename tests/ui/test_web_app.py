@@ -94,6 +94,18 @@ def test_chosen_plan_is_highlighted_and_drives_the_metrics(web_app):
     assert at.metric[0].proto.delta == f"{df.headroom_gib.iloc[2]:.1f} GiB headroom"
 
 
+def test_default_plan_reads_the_same_everywhere(web_app):
+    """llama3-70b's best plan peaks at 68.5505 GiB: the picker, the table and the metric all say 68.6 (the
+    table used to round to 2 decimals first and show 68.5)."""
+    at = web_app()
+    no_errors(at)
+    df = ranked(at)
+    shown = f"{df.peak_gib.iloc[0]:.1f} GiB"
+    assert at.metric[0].value == shown
+    assert f"{shown}  ·" in at.selectbox(key="chosen").format_func(at.selectbox(key="chosen").value)
+    assert at.metric[0].proto.delta == f"{df.headroom_gib.iloc[0]:.1f} GiB headroom"
+
+
 HF_CONFIG = {
     "_name_or_path": "Qwen/Qwen2.5-7B", "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
     "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
