@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ def child_env(**extra: str) -> dict[str, str]:
         PYTHONPATH=str(ROOT),
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",  # a worker killed by a signal prints its Python stack
         TORCHINDUCTOR_CACHE_DIR=str(Path(os.environ.get("TMPDIR", "/tmp")) / "meshplan-inductor-cache"),
     )
     env.update(extra)
@@ -86,16 +89,25 @@ def train(nproc: int, cfg: dict[str, Any], cfg_path: Path, **kw: Any) -> subproc
 
 
 def run_cases(nproc: int, cases: list[dict[str, Any]], tmp: Path, timeout: float = 120) -> dict[str, Any]:
-    """Run several configurations in one torchrun launch (tests/launcher/cases_worker.py); {name: result}."""
+    """Run several configurations in one torchrun launch (tests/launcher/cases_worker.py); {name: result}.
+
+    A launch whose worker died by a signal (a native crash inside torch / gloo, seen once in a fresh-clone
+    CI: SIGSEGV in one rank, the same launch passing on every other run) is repeated once, with a warning
+    carrying the first attempt's output; any other failure, or a second crash, fails."""
     tmp.mkdir(parents=True, exist_ok=True)
     cases_path, out_path = tmp / "cases.json", tmp / "out.json"
     cases_path.write_text(json.dumps(cases))
-    proc = torchrun(nproc, [str(WORKER), str(cases_path), str(out_path)], timeout=timeout)
-    if proc.returncode != 0 or not out_path.exists():
-        raise AssertionError(
-            f"torchrun failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        )
-    return json.loads(out_path.read_text())
+    for attempt in (1, 2):
+        out_path.unlink(missing_ok=True)
+        proc = torchrun(nproc, [str(WORKER), str(cases_path), str(out_path)], timeout=timeout)
+        if proc.returncode == 0 and out_path.exists():
+            return json.loads(out_path.read_text())
+        crashed = re.search(r"exitcode\s*:\s*-\d+", proc.stderr) is not None
+        if attempt == 1 and crashed:
+            warnings.warn(f"a torchrun worker died by a signal; launching again:\n{proc.stderr[-4000:]}", stacklevel=2)
+            continue
+        break
+    raise AssertionError(f"torchrun failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
