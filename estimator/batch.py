@@ -252,22 +252,38 @@ def estimate_arrays(
         acc = np.where(pp_nosync & (m > 1), stack.reduce_bytes * prank, 0.0)
         holds_root = np.where(first, emb, 0.0) + np.where(last, out_rank, 0.0)
         resharded = single & np.bool_(stack.reshard_after_forward)
+        # in a block's backward: the root, the current block and (unless it is the stage's last to run) the
+        # prefetched next one
+        up_cur = np.where(resharded, 2 * nb_rank + 2 * holds_root, 2 * prank)
         up_bwd = np.where(resharded, stack.prefetch_blocks * 2 * nb_rank + 2 * holds_root, 2 * prank)
         up_loss = np.where(resharded, 2 * np.where(last, out_rank, 0.0), 2 * prank)
         # the previous block's reduce-scatter input (reduce dtype), held until the next reduce-scatter
         rs = np.where(resharded | ~pp_nosync, stack.reduce_bytes * nb_rank, 0.0)
         # a non-first stage's PipelineStage keeps one receive buffer (micro-batch, seq / tp, hidden) per
-        # microbatch of the step
+        # microbatch of the step, and the gradient of each once its backward ran (cleared when the step ends)
         recv_mb = np.where(~single & ~first, tok * 2 * h / t, 0.0)
         acts_blocks = block_act * inflight(k) + m * recv_mb
+        acc = acc + m * recv_mb
         head = np.where(last, head_tok * tok * head_inflight, 0.0)
         lg = np.where(last, logits, 0.0)
         loss_alloc = pf + opt + g_live + up_loss + acc + acts_blocks + head + lg
-        # backward: the last block (all activations, no reduce-scatter yet) or one before it (one block's
-        # activations freed, the reduce-scatter input of the block after it held)
-        held_rs = np.maximum(rs - block_act, 0.0)
-        g_bwd = np.where(single & (m > 1), gf, 4 * nb_rank / fsdp_n)
-        bwd_alloc = pf + opt + g_bwd + up_bwd + acc + acts_blocks + held_rs + bwd_temp
+        # backward, in the first block to run (every activation, the next block prefetched, no reduce-scatter
+        # yet) or in the second (its predecessor's activations freed, that block's reduce-scatter input held,
+        # the one after it prefetched if the stage has three or more)
+        g_first = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 0.0))
+        # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
+        # (the schedule's microbatches accumulate unsharded until the last one)
+        g_bwd = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 4 * nb_rank / fsdp_n))
+        up_last = np.where(layers_rank >= 2, up_bwd, up_cur)
+        up_prev = np.where(layers_rank >= 3, up_bwd, up_cur)
+        bwd_last = pf + opt + g_first + up_last + acc + acts_blocks + bwd_temp
+        bwd_prev = pf + opt + g_bwd + up_prev + acc + acts_blocks - block_act + rs + bwd_temp
+        prev = (layers_rank >= 2) & (bwd_prev > bwd_last)
+        bwd_alloc = np.where(prev, bwd_prev, bwd_last)
+        g_b = np.where(prev, g_bwd, g_first)
+        up_b = np.where(prev, up_prev, up_last)
+        ug_b = acc + np.where(prev, rs, 0.0)
+        acts_b = acts_blocks - np.where(prev, block_act, 0.0)
         # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight
         # gradients (under TP the embedding's is a Partial of the whole vocabulary: DTensor has no
         # vocab-sharded embedding backward), the first block's reduce-scatter input, and the gradient
@@ -285,11 +301,11 @@ def estimate_arrays(
 
         parts = (
             pf,
-            pick(g_live, g_bwd, gf),
+            pick(g_live, g_b, gf),
             opt,
-            pick(up_loss, up_bwd, up_end),
-            pick(acc, acc + held_rs, acc + rs + root_grads),
-            pick(acts_blocks + head, acts_blocks, m * recv_mb),
+            pick(up_loss, up_b, up_end),
+            pick(acc, ug_b, acc + rs + root_grads),
+            pick(acts_blocks + head, acts_b, m * recv_mb),
             pick(lg, 0.0, 0.0),
             pick(0.0, bwd_temp, end_temp),
         )

@@ -437,7 +437,8 @@ def _pipeline_step(
         out = part(x)
         with trainer._loss_context():
             loss = cross_entropy(out, labels[i * mbs : (i + 1) * mbs]) if last else None
-        cache[i] = (out, loss)
+        # the last stage backpropagates from the loss and drops its logits (as torchtitan's train step)
+        cache[i] = (None if last else out, loss)
 
     def backward(i: int) -> None:
         out, loss = cache.pop(i)

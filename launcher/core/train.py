@@ -241,6 +241,7 @@ class Trainer:
             for i in range(n):
                 pred = model(inputs[i * mbs : (i + 1) * mbs])
                 loss = cross_entropy(pred, labels[i * mbs : (i + 1) * mbs]) / n
+                del pred  # as torchtitan's train step: the bf16 logits are not needed by the backward
                 loss.backward()
                 total = total + _scalar(loss).detach().float().cpu()
             return total

@@ -40,6 +40,7 @@ CASES = {
     "tp-sp-none": cfg(2, tp=2, ac="none"),
     "tp-sp-selective": cfg(2, tp=2, ac="selective"),
     "tp-sp-full": cfg(2, tp=2, ac="full"),
+    "pp-1f1b-none": cfg(2, pp=2, ac="none"),
     "pp-1f1b-selective": cfg(2, pp=2, ac="selective"),
 }
 _CACHE: dict[str, object] = {}

@@ -215,7 +215,7 @@ async def _test_invalid_input_shows_inline_error_and_keeps_results():
 
 
 async def _test_pipeline_plan_shows_a_bar_per_stage():
-    app = MeshplanApp({"model": "llama3-70b", "nodes": "4"})
+    app = MeshplanApp({"model": "llama3-70b", "nodes": "8"})
     async with app.run_test(size=(80, 40)) as pilot:
         await settle(pilot)
         screen = main_screen(app)

@@ -59,7 +59,7 @@ def test_plans_pipeline_stages(snap_compare, size):
         row = next(r for r, i in enumerate(screen.rows) if res.config(i)["pp"] > 1)
         screen.query_one("#table", DataTable).move_cursor(row=row, animate=False)
 
-    assert snap_compare(MeshplanApp({"nodes": "4"}), terminal_size=size, run_before=shot(pipeline_row))
+    assert snap_compare(MeshplanApp({"nodes": "8"}), terminal_size=size, run_before=shot(pipeline_row))
 
 
 @pytest.mark.parametrize("size", SIZES)
