@@ -207,13 +207,10 @@ def estimate_arrays(
     # Parameters, optimizer state and (from the second microbatch on) sharded gradients are live in all.
     # Reserved memory is the allocated peak x (1 + fragmentation), the caching allocator's share.
     pp_nosync = ~single  # with PP, FSDP2 accumulates unsharded grads across the schedule's microbatches
-    out_rank = out  # the output projection (+ final norm) on this rank; the root also holds the embedding
 
     def state(prank):
-        params_fp32 = 4 * prank / fsdp_n
-        grads_fp32 = 4 * prank / fsdp_n
-        optim = 8 * prank / fsdp_n
-        return params_fp32, grads_fp32, optim
+        """(fp32 params, fp32 grads, AdamW states) of a rank holding `prank` parameters, sharded by FSDP."""
+        return 4 * prank / fsdp_n, 4 * prank / fsdp_n, 8 * prank / fsdp_n
 
     # the backward's temporaries of one block: its activation gradients, the bf16 weight gradients of the
     # MLP, and whatever the checkpoint recomputes (op-SAC: the unsaved MLP tensors; full AC: the block)
@@ -250,13 +247,13 @@ def estimate_arrays(
         g_live = np.where(single & (m > 1), gf, 0.0)
         # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded
         acc = np.where(pp_nosync & (m > 1), stack.reduce_bytes * prank, 0.0)
-        holds_root = np.where(first, emb, 0.0) + np.where(last, out_rank, 0.0)
+        holds_root = np.where(first, emb, 0.0) + np.where(last, out, 0.0)
         resharded = single & np.bool_(stack.reshard_after_forward)
         # in a block's backward: the root, the current block and (unless it is the stage's last to run) the
         # prefetched next one
         up_cur = np.where(resharded, 2 * nb_rank + 2 * holds_root, 2 * prank)
         up_bwd = np.where(resharded, stack.prefetch_blocks * 2 * nb_rank + 2 * holds_root, 2 * prank)
-        up_loss = np.where(resharded, 2 * np.where(last, out_rank, 0.0), 2 * prank)
+        up_loss = np.where(resharded, 2 * np.where(last, out, 0.0), 2 * prank)
         # the previous block's reduce-scatter input (reduce dtype), held until the next reduce-scatter
         rs = np.where(resharded | ~pp_nosync, stack.reduce_bytes * nb_rank, 0.0)
         # a non-first stage's PipelineStage keeps one receive buffer (micro-batch, seq / tp, hidden) per

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -23,9 +24,14 @@ def data_dir(kind: str) -> Path:
         return Path(__file__).resolve().parents[1] / "data" / kind
 
 
+@functools.cache
+def _names(kind: str) -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in data_dir(kind).glob("*.yaml")))
+
+
 def names(kind: str) -> list[str]:
-    """Built-in names of one kind, sorted (file stems)."""
-    return sorted(p.stem for p in data_dir(kind).glob("*.yaml"))
+    """Built-in names of one kind, sorted (file stems); the folder is listed once per process."""
+    return list(_names(kind))
 
 
 def not_utf8(path: Path, exc: UnicodeDecodeError) -> MeshplanError:

@@ -18,7 +18,10 @@ from estimator.stack import StackProfile, load_stack
 FLOP_CONVENTION = "6*(N - N_embedding) + 12*L*h*s per token (torchtitan; full attention, no recompute)"
 
 
-def _r(x: float, nd: int = 3) -> float:
+GIB_DECIMALS = 3  # GiB figures are rounded once, to this many decimals, wherever they are reported
+
+
+def _r(x: float, nd: int = GIB_DECIMALS) -> float:
     return round(float(x), nd)
 
 

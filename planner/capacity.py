@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from estimator.errors import MeshplanError
+from estimator.estimate import GIB_DECIMALS
 from estimator.hardware import HardwareProfile
 from estimator.limits import check_tokens
 from estimator.model_spec import ModelSpec
@@ -95,7 +96,7 @@ def capacity_options(
             t = train_time(tokens, float(res.tps[i]), world, price)
             cfg = res.config(i)
             options.append(Option(
-                hw.id, nodes, world, True, cfg, short_config(cfg), round(float(res.peak_gib[i]), 3),
+                hw.id, nodes, world, True, cfg, short_config(cfg), round(float(res.peak_gib[i]), GIB_DECIMALS),
                 round(float(res.tps[i]), 1), round(float(res.mfu[i]), 4), t["days"], t["gpu_hours"],
                 t["cost_usd"], price,
             ))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from estimator.config import AC_MODES
+from estimator.estimate import GIB_DECIMALS
 from planner.search import SearchResult, short_config
 
 # (key, label, what the step adds) - masks are cumulative
@@ -49,7 +50,7 @@ def _entry(res: SearchResult, i: int) -> dict:
     return {
         "config": res.config(i),
         "summary": short_config(res.config(i)),
-        "peak_gib": round(float(res.peak_gib[i]), 3),
+        "peak_gib": round(float(res.peak_gib[i]), GIB_DECIMALS),
         "tokens_per_sec_per_gpu": round(float(res.tps[i]), 1),
         "mfu": round(float(res.mfu[i]), 4),
     }
@@ -97,7 +98,7 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
             "adds": adds,
             "best": _entry(res, best) if best is not None else None,
             "fits": best is not None,
-            "min_peak_gib": round(float(np.nanmin(res.peak_gib[mask & evaluated])), 3) if (mask & evaluated).any() else None,
+            "min_peak_gib": round(float(np.nanmin(res.peak_gib[mask & evaluated])), GIB_DECIMALS) if (mask & evaluated).any() else None,
             "feature_best": _entry(res, feature) if feature is not None else None,
             "rejected": [{**_entry(res, int(i)), "reason": res.reason_text(int(i))} for i in closest],
         })

@@ -14,7 +14,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from estimator.errors import MeshplanError
-from estimator.estimate import estimate
+from estimator.estimate import GIB_DECIMALS, estimate
 from estimator.hardware import load_hardware
 from estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
 from estimator.model_spec import load_model
@@ -147,7 +147,7 @@ def plan_cmd(
         out = {
             "plans": plans, "tree": tree, "evaluated": res.evaluated, "rejected": res.rejected,
             "rejected_by_reason": res.reason_counts(),
-            "pareto": [{"config": res.config(int(i)), "peak_gib": round(float(res.peak_gib[i]), 3),
+            "pareto": [{"config": res.config(int(i)), "peak_gib": round(float(res.peak_gib[i]), GIB_DECIMALS),
                         "tokens_per_sec_per_gpu": round(float(res.tps[i]), 1)} for i in res.pareto],
         }
         if tokens:

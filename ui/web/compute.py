@@ -15,7 +15,7 @@ import pandas as pd
 
 from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
 from estimator.errors import MeshplanError
-from estimator.estimate import estimate
+from estimator.estimate import GIB_DECIMALS, estimate
 from estimator.hardware import HardwareProfile, load_hardware
 from estimator.model_spec import ModelSpec
 from estimator.stack import load_stack
@@ -134,10 +134,10 @@ def ranked_frame(res: SearchResult, top: int, tokens: float | None, price: float
     cols = config_columns(res, idx)
     df = pd.DataFrame({"rank": np.arange(1, len(idx) + 1), "configuration": summaries(cols)})
     df = pd.concat([df, cols], axis=1)
-    # the estimate's own rounding (3 decimals, `meshplan estimate --json`), so the table, the plan picker
+    # the estimate's own rounding (GIB_DECIMALS, `meshplan estimate --json`), so the table, the plan picker
     # and the metrics, each shown to one decimal, agree (68.5505 rounded to 2 first would show 68.5, the
     # estimate's 68.551 shows 68.6)
-    df["peak_gib"] = np.round(res.peak_gib[idx], 3)
+    df["peak_gib"] = np.round(res.peak_gib[idx], GIB_DECIMALS)
     df["headroom_gib"] = np.round(res.limit_gib - df["peak_gib"].to_numpy(), 4)
     df["tokens_per_sec_per_gpu"] = np.round(res.tps[idx], 1)
     df["mfu_pct"] = np.round(res.mfu[idx] * 100, 2)
@@ -306,7 +306,7 @@ def hardware_row(job: Job, res: SearchResult, tokens: float | None) -> dict:
         row["why_not"] = explain_empty(res)
         return row
     i = int(res.ranked[0])
-    row.update(configuration=short_config(res.config(i)), peak_gib=round(float(res.peak_gib[i]), 3),
+    row.update(configuration=short_config(res.config(i)), peak_gib=round(float(res.peak_gib[i]), GIB_DECIMALS),
                tokens_per_sec_per_gpu=round(float(res.tps[i]), 1), mfu=round(float(res.mfu[i]), 4))
     t = time_to_train(tokens, float(res.tps[i]), res.world, price_of(hw))
     if t:
