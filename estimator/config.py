@@ -51,6 +51,10 @@ class TrainConfig(BaseModel):
         """Microbatches per optimizer step on one DP rank (gradient accumulation or pipeline microbatches)."""
         return self.global_batch_size // (self.dp * self.micro_batch_size)
 
+    def rule_fields(self) -> dict:
+        """The torchtitan-named values `estimator.rules` checks."""
+        return self.model_dump(exclude={"gpus"})
+
     def resolve(self, model: ModelSpec, hw: HardwareProfile) -> TrainConfig:
         """Return a copy with inferred fields set; raise MeshplanError naming the first problem."""
         c = self.model_copy()
@@ -90,42 +94,19 @@ class TrainConfig(BaseModel):
             )
         if c.gpus > c.gpus_per_node and c.gpus % c.gpus_per_node:
             raise MeshplanError(f"{c.gpus} GPUs is not a whole number of {c.gpus_per_node}-GPU nodes")
-        if model.heads % c.tp or model.kv_heads % c.tp:
-            raise MeshplanError(
-                f"tp {c.tp} must divide the attention heads ({model.heads}) and KV heads ({model.kv_heads})"
-            )
-        if model.ffn_hidden % c.tp:
-            raise MeshplanError(f"tp {c.tp} must divide the MLP width ({model.ffn_hidden})")
-        if c.seq_len % (2 * c.cp) and c.cp > 1:
-            raise MeshplanError(f"cp {c.cp} needs seq_len divisible by 2*cp = {2 * c.cp} (load-balanced causal CP)")
         if c.vpp is None:
             c.vpp = 2 if c.pp_schedule == "Interleaved1F1B" else 1
         if c.vpp < 1:
             raise MeshplanError(f"--vpp must be a positive integer, got {c.vpp}")
-        if c.pp_schedule != "Interleaved1F1B" and c.vpp != 1:
-            raise MeshplanError(f"vpp {c.vpp} > 1 needs --pp-schedule Interleaved1F1B")
-        if c.pp * c.vpp > model.layers:
-            raise MeshplanError(f"pp {c.pp} x vpp {c.vpp} stages exceed the model's {model.layers} layers")
         dp = c.dp_replicate * c.dp_shard
         if c.global_batch_size == 0:
             c.global_batch_size = dp * c.micro_batch_size * max(1, c.pp if c.pp > 1 else 1)
         if c.global_batch_size < 0:
             raise MeshplanError(f"--global-batch-size must be positive, got {c.global_batch_size}")
         check_size(c.global_batch_size, "--global-batch-size", MAX_GLOBAL_BATCH)
-        if c.global_batch_size % (dp * c.micro_batch_size):
-            raise MeshplanError(
-                f"global batch {c.global_batch_size} does not divide into dp {dp} x micro-batch {c.micro_batch_size}"
-            )
-        if c.pp > 1 and c.microbatches < c.pp:
-            raise MeshplanError(
-                f"{c.microbatches} microbatches per step < pp {c.pp}: the pipeline cannot fill; "
-                "raise --global-batch-size or lower --micro-batch-size"
-            )
-        if c.float8 != "none":
-            if not hw.supports_fp8:
-                raise MeshplanError(f"--float8 {c.float8} needs fp8 tensor cores; {hw.id} has none")
-            if c.float8 == "mxfp8" and not hw.mx_formats:
-                raise MeshplanError(f"--float8 mxfp8 needs hardware MX formats (Blackwell); {hw.id} lacks them")
-        if c.async_tp and c.tp == 1:
-            raise MeshplanError("--async-tp needs --tp > 1")
+        from estimator import rules  # the one validator shared with the planner, the plan file and the core
+
+        problem = rules.check(model, hw, c.rule_fields())
+        if problem:
+            raise MeshplanError(problem)
         return c

@@ -7,6 +7,8 @@ hardware profile it was made with, so it stays reproducible when presets change:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import tempfile
@@ -114,7 +116,17 @@ class Plan(BaseModel):
             raise ValueError(
                 f"parallel degrees multiply to {product} but the cluster has {self.cluster.gpus} GPUs"
             )
+        from estimator import rules  # the one validator: what the planner ranks, the core and torchtitan run
+
+        problem = rules.check(self.model, self.hardware, self.rule_fields())
+        if problem:
+            raise ValueError(problem)
         return self
+
+    def rule_fields(self) -> dict:
+        """The torchtitan-named values `estimator.rules` checks."""
+        return {**self.parallel.model_dump(), "seq_len": self.training.seq_len,
+                "global_batch_size": self.training.global_batch_size, "gpus_per_node": self.cluster.gpus_per_node}
 
     def train_config(self) -> TrainConfig:
         """The estimator's view of this plan (resolved against the embedded model and hardware)."""
@@ -170,6 +182,26 @@ def make_plan(
         ),
         estimate=estimate,
     )
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    """A short hash (16 hex digits) of what makes a run's checkpoints this plan's: the model, the parallel
+    layout (degrees, schedule, micro-batch, AC, Float8, compile), the sequence length, the global batch and the
+    seed. Two plans with the same fingerprint can resume each other's run directories; any other cannot."""
+    key = {
+        "model": plan.model.model_dump(mode="json"),
+        "parallel": plan.parallel.model_dump(mode="json"),
+        "seq_len": plan.training.seq_len,
+        "global_batch_size": plan.training.global_batch_size,
+        "seed": plan.training.seed,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def default_run_dir(plan: Plan) -> Path:
+    """`runs/<name>-<fingerprint[:8]>`: relative to where the launch starts, one folder per plan layout, so
+    two different plans launched from one directory never share a run directory."""
+    return Path("runs") / f"{plan.name}-{plan_fingerprint(plan)[:8]}"
 
 
 def check_name(name: str | None) -> None:

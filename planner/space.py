@@ -13,25 +13,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from estimator import rules
 from estimator.batch import ConfigArrays
 from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
 from estimator.hardware import HardwareProfile
 from estimator.model_spec import ModelSpec
 
-# Rejection reasons, by code (0 = valid). The text is formatted with the configuration's values.
-REASONS = {
-    1: "tp {tp} does not divide the {heads} attention heads and {kv_heads} KV heads",
-    2: "tp {tp} spans nodes of {gpus_per_node} GPUs (TP traffic would cross the network)",
-    3: "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers",
-    4: "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill",
-    5: "cp {cp} does not divide seq_len {seq_len} into 2*cp load-balanced chunks",
-    6: "global batch {global_batch} does not divide into dp {dp} x micro-batch {micro_batch}",
-    7: "float8 needs fp8 tensor cores; {hardware} has none",
-    8: "mxfp8 needs MX formats (Blackwell); {hardware} lacks them",
-    9: "does not fit: peak {peak_gib:.1f} GiB > {limit_gib:.1f} GiB ({margin:.0%} of {usable_gib:.1f} usable)",
-}
-REASON_KEYS = {1: "tp_heads", 2: "tp_across_nodes", 3: "pp_layers", 4: "pp_microbatches", 5: "cp_seq",
-               6: "batch_divides", 7: "float8_unsupported", 8: "mxfp8_unsupported", 9: "memory"}
+# Rejection reasons, by code (0 = valid): the shared rules of `estimator.rules` plus the planner's memory rule.
+REASONS = {r.code: r.message for r in rules.RULES}
+REASONS[rules.MEMORY] = "does not fit: peak {peak_gib:.1f} GiB > {limit_gib:.1f} GiB ({margin:.0%} of {usable_gib:.1f} usable)"
+REASON_KEYS = {r.code: r.key for r in rules.RULES}
+REASON_KEYS[rules.MEMORY] = "memory"
 
 
 @dataclass
@@ -145,40 +137,14 @@ def enumerate_space(
 
 
 def rule_reasons(model: ModelSpec, hw: HardwareProfile, c: ConfigArrays, allow_tp_across_nodes: bool) -> np.ndarray:
-    """Reason code per configuration for the first rule it breaks (0: none), in REASONS order."""
-    reason = np.zeros(len(c), dtype=np.int64)
-
-    def mark(code: int, bad: np.ndarray) -> None:
-        reason[(reason == 0) & bad] = code
-
-    dp = c.dp_replicate * c.dp_shard
-    mark(1, (model.heads % c.tp != 0) | (model.kv_heads % c.tp != 0) | (model.ffn_hidden % c.tp != 0))
-    if not allow_tp_across_nodes:
-        mark(2, c.tp > c.gpus_per_node)
-    mark(3, c.pp * c.vpp > model.layers)
-    divisible = c.global_batch % (dp * c.micro_batch) == 0
-    micro = np.where(divisible, c.global_batch // np.maximum(dp * c.micro_batch, 1), 0)
-    mark(4, (c.pp > 1) & divisible & (micro < c.pp))
-    mark(5, (c.cp > 1) & (c.seq_len % (2 * c.cp) != 0))
-    mark(6, ~divisible)
-    if not hw.supports_fp8:
-        mark(7, c.float8 > 0)
-    elif not hw.mx_formats:
-        mark(8, c.float8 == FLOAT8_RECIPES.index("mxfp8"))
-    return reason
+    """Reason code per configuration for the first rule it breaks (0: none), in `estimator.rules` order."""
+    return rules.violations(model, c, hw, policies=not allow_tp_across_nodes)
 
 
 def describe_reason(code: int, model: ModelSpec, hw: HardwareProfile, cfg: dict, extra: dict | None = None) -> str:
     """Human text for one configuration's reason code."""
     if code == 0:
         return ""
-    values = dict(cfg)
-    values.update(
-        heads=model.heads, kv_heads=model.kv_heads, layers=model.layers, hardware=hw.id,
-        stages=cfg.get("pp", 1) * cfg.get("vpp", 1), dp=cfg.get("dp_replicate", 1) * cfg.get("dp_shard", 1),
-        global_batch=cfg.get("global_batch_size"), micro_batch=cfg.get("micro_batch_size"),
-    )
-    dp_mb = values["dp"] * max(1, values["micro_batch"] or 1)
-    values.setdefault("microbatches", (values["global_batch"] or 0) // dp_mb)
+    values = rules.values(model, hw, cfg)
     values.update(extra or {})
     return REASONS[code].format(**values)

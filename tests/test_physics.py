@@ -130,7 +130,7 @@ def test_knobs_move_throughput_the_right_way():
     assert tps(compile=True, float8="tensorwise") > tps(compile=True)
     assert tps(ac="full") < tps(ac="selective") < tps(ac="none")
     m70 = load_model("llama3-70b")
-    tp_base = TrainConfig(gpus=64, tp=8, seq_len=8192, micro_batch_size=4, global_batch_size=32)
+    tp_base = TrainConfig(gpus=64, tp=8, seq_len=8192, micro_batch_size=4, global_batch_size=32, compile=True)
     a = estimate(m70, H100, tp_base.model_copy(update={"async_tp": True}), TT)["throughput"]["tokens_per_sec_per_gpu"]
     b = estimate(m70, H100, tp_base, TT)["throughput"]["tokens_per_sec_per_gpu"]
     assert a > b

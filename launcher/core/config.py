@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from estimator.model_spec import ModelSpec, load_model
 
+RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size",
+               "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp"}
+
 
 class RunConfig(BaseModel):
     """Everything one training run needs. Degrees multiply to the world size (checked by `check_world`)."""
@@ -68,44 +71,11 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        m = self.model
-        if m.heads % self.tp or m.kv_heads % self.tp:
-            raise ValueError(f"tp ({self.tp}) must divide heads ({m.heads}) and kv_heads ({m.kv_heads})")
-        if self.tp > 1 and (m.ffn_hidden % self.tp or m.vocab % self.tp):
-            raise ValueError(f"tp ({self.tp}) must divide ffn_hidden ({m.ffn_hidden}) and vocab ({m.vocab})")
-        if self.vpp > 1 and self.pp_schedule != "Interleaved1F1B":
-            raise ValueError(f"vpp={self.vpp} needs pp_schedule Interleaved1F1B, not {self.pp_schedule}")
-        if self.pp_schedule == "Interleaved1F1B" and self.pp > 1 and self.vpp < 2:
-            raise ValueError("pp_schedule Interleaved1F1B needs vpp >= 2 stages per rank")
-        stages = self.pp * self.vpp
-        if stages > m.layers:
-            raise ValueError(f"pp*vpp = {stages} pipeline stages exceed the model's {m.layers} layers")
-        if self.pp > 1 and m.tied_embeddings:
-            raise ValueError("tied embeddings cannot be split across pipeline stages (pp > 1)")
-        if self.tp > 1 and m.tied_embeddings:
-            raise ValueError("tied embeddings are not supported with tp > 1 in this training core")
-        dp = self.dp_replicate * self.dp_shard
-        if self.global_batch_size % (dp * self.micro_batch_size):
-            raise ValueError(
-                f"global_batch_size ({self.global_batch_size}) must divide by "
-                f"dp_replicate*dp_shard*micro_batch_size ({dp * self.micro_batch_size})"
-            )
-        if self.pp > 1 and self.microbatches % self.pp:
-            raise ValueError(
-                f"pipeline microbatches ({self.microbatches}) must be a multiple of pp ({self.pp})"
-            )
-        if self.seq_len % (self.cp * self.tp):
-            raise ValueError(f"seq_len ({self.seq_len}) must divide by cp*tp ({self.cp * self.tp})")
-        if self.cp > 1 and self.seq_len % (2 * self.cp):
-            raise ValueError(
-                f"seq_len ({self.seq_len}) must divide by 2*cp ({2 * self.cp}) for load balancing"
-            )
-        if self.async_tp and not self.compile:
-            raise ValueError("async_tp needs compile: true (it is a torch.compile pass)")
-        if self.float8 != "none" and self.tp > 1:
-            raise ValueError(
-                "float8 with tp > 1 is not supported by this training core; use FSDP with float8"
-            )
+        from estimator import rules  # the one validator shared with the estimator, planner and plan file
+
+        problem = rules.check(self.model, None, self.model_dump(include=RULE_FIELDS))
+        if problem:
+            raise ValueError(problem)
         if self.stop_at_step is not None and self.stop_at_step > self.steps:
             raise ValueError(f"stop_at_step ({self.stop_at_step}) is past steps ({self.steps})")
         return self

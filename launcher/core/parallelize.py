@@ -51,6 +51,11 @@ def check_environment(cfg: RunConfig) -> None:
         raise RuntimeError(
             "float8 training needs CUDA compute capability >= 8.9 (H100/Ada); use float8: none"
         )
+    if cfg.float8 == "tensorwise" and cfg.tp > 1 and cfg.device != "cuda":
+        raise RuntimeError(
+            "float8 tensorwise with tp > 1 all-gathers float8 tensors, which gloo (CPU) cannot carry; "
+            "it runs on CUDA with NCCL (on CPU use float8: rowwise, or tp 1)"
+        )
     if (
         cfg.compile
         and cfg.device == "cpu"
@@ -170,7 +175,7 @@ def parallelize_part(
     if cfg.float8 != "none":
         convert_float8(model, cfg.float8)
     if cfg.tp > 1:
-        apply_tp(model, par.mesh["tp"], async_tp=cfg.async_tp)
+        apply_tp(model, par.mesh["tp"], async_tp=cfg.async_tp, float8_tensorwise=cfg.float8 == "tensorwise")
     if cfg.cp > 1:
         model.set_context_parallel(
             ContextParallel(par.mesh["cp"].get_group(), cfg.seq_len, par.cp_rank, cfg.cp)
@@ -206,16 +211,35 @@ def convert_float8(model: nn.Module, recipe: str) -> None:
     convert_to_float8_training(model, config=config, module_filter_fn=float8_filter)
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool) -> None:
-    """Megatron-style TP with sequence parallel (norms, residual stream sharded on seq) and loss parallel."""
+def tp_styles(float8_tensorwise: bool) -> tuple[type, type, type]:
+    """(ColwiseParallel, RowwiseParallel, PrepareModuleInput) for the blocks, as torchtitan picks them: torchao's
+    Float8 styles under tensorwise Float8 (the all-gathers move float8 with one scale per tensor); the plain
+    styles otherwise (rowwise and MX recipes scale the local shards inside the converted Linear)."""
+    if float8_tensorwise:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool, float8_tensorwise: bool = False) -> None:
+    """Megatron-style TP with sequence parallel (norms, residual stream sharded on seq) and loss parallel.
+    The embeddings and output projection stay in high precision, so they take the plain styles."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
     )
+
+    colwise, rowwise, prepare_input = tp_styles(float8_tensorwise)
 
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -231,22 +255,22 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool) -> None:
     for block in model.layers.values():
         plan: dict[str, Any] = {
             "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(
+            "attention": prepare_input(
                 input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
             ),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "attention.wq": colwise(),
+            "attention.wk": colwise(),
+            "attention.wv": colwise(),
+            "attention.wo": rowwise(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(
+            "feed_forward": prepare_input(
                 input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
             ),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w1": colwise(),
+            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
         }
         if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = ColwiseParallel()
+            plan["feed_forward.w3"] = colwise()
         parallelize_module(block, tp_mesh, plan)
     if async_tp:
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group

@@ -32,14 +32,17 @@ def make(**overrides) -> RunConfig:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"tp": 4, "model": {**TINY_MODEL, "kv_heads": 2}}, "tp (4) must divide heads (4) and kv_heads (2)"),
-        ({"vpp": 2}, "vpp=2 needs pp_schedule Interleaved1F1B"),
-        ({"pp": 2, "pp_schedule": "Interleaved1F1B"}, "needs vpp >= 2"),
-        ({"dp_shard": 3}, "global_batch_size (8) must divide by"),
-        ({"pp": 8, "vpp": 1}, "exceed the model's 4 layers"),
-        ({"cp": 2, "seq_len": 30}, "seq_len (30) must divide by"),
+        ({"tp": 4, "model": {**TINY_MODEL, "kv_heads": 2}}, "tp 4 does not divide the 4 attention heads, 2 KV heads"),
+        ({"vpp": 2}, "pp schedule 1F1B with vpp 2"),
+        ({"pp": 2, "pp_schedule": "Interleaved1F1B"}, "Interleaved1F1B takes 2 or more stages per rank"),
+        ({"dp_shard": 3}, "global batch 8 does not divide into dp 3 x micro-batch 2"),
+        ({"pp": 8, "vpp": 1}, "pp 8 x vpp 1 = 8 stages exceed the 4 layers"),
+        ({"cp": 2, "seq_len": 30}, "cp 2 does not divide seq_len 30"),
         ({"pp_schedule": "Zero Bubble"}, "pp_schedule"),
-        ({"async_tp": True, "tp": 2}, "async_tp needs compile"),
+        ({"async_tp": True, "tp": 2}, "async TP is a torch.compile pass: it needs compile on"),
+        ({"pp": 4, "global_batch_size": 4}, "2 microbatches per step < pp 4"),
+        ({"tp": 2, "model": {**TINY_MODEL, "vocab": 255}}, "tp 2 does not divide the vocabulary (255)"),
+        ({"tp": 2, "model": {**TINY_MODEL, "tied_embeddings": True}}, "ties its input and output embeddings"),
     ],
 )
 def test_invalid_configs_fail_with_one_line(overrides, message):
@@ -69,6 +72,7 @@ def test_model_preset_name_resolves():
         ({"backend": "nccl"}, "backend 'nccl' needs device 'cuda'"),
         ({"async_tp": True, "compile": True, "tp": 2}, "async_tp needs CUDA GPUs"),
         ({"float8": "mxfp8"}, "float8 'mxfp8' needs a Blackwell GPU"),
+        ({"float8": "tensorwise", "tp": 2}, "float8 tensorwise with tp > 1 all-gathers float8 tensors"),
     ],
 )
 def test_cuda_only_requests_fail_early_on_cpu(overrides, message):

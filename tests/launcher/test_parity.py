@@ -45,6 +45,7 @@ FEATURES_2 = {
     "ac_selective_fsdp2": {"dp_shard": 2, "ac": "selective"},
     "ac_full_tp2": {"tp": 2, "ac": "full"},
     "float8_fsdp2": {"dp_shard": 2, "float8": "tensorwise"},
+    "float8_rowwise_tp2": {"tp": 2, "float8": "rowwise"},
     "compile_tp2": {"tp": 2, "compile": True},
     "compile_fsdp2_ac_selective": {"dp_shard": 2, "compile": True, "ac": "selective"},
 }
@@ -136,6 +137,8 @@ def test_float8_close_to_fp32(single, two_features):
         _assert_losses(res, ref, rtol=0, atol=1e-2)
     assert single["float8"]["losses"] != ref  # float8 really ran (not a silent fp32 path)
     _assert_losses(two_features["float8_fsdp2"], single["float8"]["losses"], rtol=1e-4)
+    # Float8 with TP 2 (what the planner ranks first for 405B): converted, sharded and trained on CPU
+    _assert_losses(two_features["float8_rowwise_tp2"], single["float8_rowwise"]["losses"], rtol=0, atol=2e-3)
 
 
 def test_compile_tp_gradients_match_eager(two_features, single):

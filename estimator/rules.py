@@ -1,0 +1,154 @@
+"""The one set of rules a parallel configuration must pass: the contract between the estimator, the planner's
+search, the plan file and the training core (`launcher.core.config.RunConfig`), like torchtitan's
+`ParallelDims` validation in one place.
+
+A rule is a predicate over a :class:`~estimator.batch.ConfigArrays` (so the planner checks 10^5 configurations
+in one pass and a single configuration is the length-1 case) with a message about the user's inputs. A
+configuration the planner ranks therefore passes every check the core and the exported torchtitan job make.
+
+Rules whose `needs_hw` is set look at the hardware profile (Float8 tensor cores, MX formats); the training
+core, which has no profile, skips them and checks the device it really runs on instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from estimator.batch import ConfigArrays
+from estimator.config import FLOAT8_RECIPES, PP_SCHEDULES
+from estimator.hardware import HardwareProfile
+from estimator.model_spec import ModelSpec
+
+INTERLEAVED = PP_SCHEDULES.index("Interleaved1F1B")
+MXFP8 = FLOAT8_RECIPES.index("mxfp8")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: `bad(model, c, hw)` marks the configurations that break it; `message` is formatted with the
+    configuration's values (see :func:`values`)."""
+
+    code: int
+    key: str
+    message: str
+    bad: Callable[[ModelSpec, ConfigArrays, HardwareProfile | None], np.ndarray]
+    needs_hw: bool = False
+    policy: bool = False  # a search preference (not a validity rule): only the planner applies it
+
+
+def _micro(c: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(global batch divides into dp x micro-batch, microbatches per step; 0 where it does not divide)."""
+    dp_mb = np.maximum(c.dp_replicate * c.dp_shard * c.micro_batch, 1)
+    divisible = c.global_batch % dp_mb == 0
+    return divisible, np.where(divisible, c.global_batch // dp_mb, 0)
+
+
+def _pp_fill(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    divisible, micro = _micro(c)
+    return (c.pp > 1) & divisible & (micro < c.pp)
+
+
+def _interleaved_rounds(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    # torch.distributed.pipelining's ScheduleInterleaved1F1B: microbatches in whole rounds of max(1, n // pp)
+    divisible, micro = _micro(c)
+    rounds = np.maximum(1, micro // np.maximum(c.pp, 1))
+    return (c.schedule == INTERLEAVED) & (c.pp > 1) & divisible & (micro % rounds != 0)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(1, "tp_heads", "tp {tp} does not divide the {heads} attention heads, {kv_heads} KV heads and "
+         "MLP width {ffn_hidden}",
+         lambda m, c, hw: (m.heads % c.tp != 0) | (m.kv_heads % c.tp != 0) | (m.ffn_hidden % c.tp != 0)),
+    Rule(2, "tp_across_nodes", "tp {tp} spans nodes of {gpus_per_node} GPUs (TP traffic would cross the network)",
+         lambda m, c, hw: c.tp > c.gpus_per_node, policy=True),
+    Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers",
+         lambda m, c, hw: c.pp * c.vpp > m.layers),
+    Rule(4, "pp_microbatches", "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill",
+         _pp_fill),
+    Rule(5, "cp_seq", "cp {cp} does not divide seq_len {seq_len} into 2*cp load-balanced chunks",
+         lambda m, c, hw: (c.cp > 1) & (c.seq_len % (2 * c.cp) != 0)),
+    Rule(6, "batch_divides", "global batch {global_batch} does not divide into dp {dp} x micro-batch {micro_batch}",
+         lambda m, c, hw: ~_micro(c)[0]),
+    Rule(7, "float8_unsupported", "float8 needs fp8 tensor cores; {hardware} has none",
+         lambda m, c, hw: (c.float8 > 0) & (not hw.supports_fp8), needs_hw=True),
+    Rule(8, "mxfp8_unsupported", "mxfp8 needs MX formats (Blackwell); {hardware} lacks them",
+         lambda m, c, hw: (c.float8 == MXFP8) & (not hw.mx_formats), needs_hw=True),
+    Rule(10, "tp_vocab", "tp {tp} does not divide the vocabulary ({vocab}), which loss parallel shards",
+         lambda m, c, hw: (c.tp > 1) & (m.vocab % c.tp != 0)),
+    Rule(11, "seq_tp", "seq_len {seq_len} does not divide by cp x tp = {cp_tp} (sequence parallel shards it)",
+         lambda m, c, hw: c.seq_len % (c.cp * c.tp) != 0),
+    Rule(12, "tied_embeddings", "the model ties its input and output embeddings, which cannot be split by "
+         "tp {tp} or pp {pp} (use tp 1 and pp 1)",
+         lambda m, c, hw: ((c.tp > 1) | (c.pp > 1)) & bool(m.tied_embeddings)),
+    Rule(14, "async_tp_tp1", "async TP needs tp > 1", lambda m, c, hw: (c.async_tp > 0) & (c.tp == 1)),
+    Rule(13, "async_tp_compile", "async TP is a torch.compile pass: it needs compile on",
+         lambda m, c, hw: (c.async_tp > 0) & (c.compile == 0)),
+    Rule(15, "schedule_vpp", "pp schedule {pp_schedule} with vpp {vpp}: Interleaved1F1B takes 2 or more stages "
+         "per rank, the other schedules exactly 1",
+         lambda m, c, hw: np.where(c.schedule == INTERLEAVED, (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),
+    Rule(16, "interleaved_rounds", "Interleaved1F1B runs microbatches in rounds of pp: {microbatches} microbatches"
+         " is not a whole number of rounds for pp {pp}", _interleaved_rounds),
+)
+MEMORY = 9  # the planner's own rule: the configuration does not fit in memory
+BY_CODE = {r.code: r for r in RULES}
+
+
+def violations(
+    model: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None, *, policies: bool = False
+) -> np.ndarray:
+    """Code of the first rule each configuration breaks (0: none), in RULES order. Hardware rules are skipped
+    when `hw` is None; search policies (TP inside a node) only with `policies`."""
+    reason = np.zeros(len(c.tp), dtype=np.int64)
+    for rule in RULES:
+        if (rule.needs_hw and hw is None) or (rule.policy and not policies):
+            continue
+        bad = np.broadcast_to(np.asarray(rule.bad(model, c, hw), dtype=bool), reason.shape)
+        reason[(reason == 0) & bad] = rule.code
+    return reason
+
+
+def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
+    """The fields rule messages are formatted with, from one configuration's torchtitan-named values."""
+    out = dict(cfg)
+    pp, vpp = cfg.get("pp", 1), cfg.get("vpp", 1) or 1
+    dp = cfg.get("dp_replicate", 1) * cfg.get("dp_shard", 1)
+    gb, mb = cfg.get("global_batch_size") or 0, cfg.get("micro_batch_size") or 1
+    out.update(
+        heads=model.heads, kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, layers=model.layers,
+        vocab=model.vocab, hardware=hw.id if hw is not None else "this hardware", stages=pp * vpp, dp=dp,
+        global_batch=gb, micro_batch=mb, cp_tp=cfg.get("cp", 1) * cfg.get("tp", 1),
+    )
+    out.setdefault("microbatches", gb // max(dp * mb, 1))
+    return out
+
+
+def message(code: int, model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> str:
+    """The text of rule `code` for one configuration (a dict of torchtitan-named values)."""
+    return BY_CODE[code].message.format(**values(model, hw, cfg))
+
+
+def arrays_of(cfg: dict) -> ConfigArrays:
+    """A length-1 ConfigArrays from torchtitan-named values (pp_schedule, float8, ... as names)."""
+    from estimator.config import AC_MODES
+
+    def col(v: object) -> np.ndarray:
+        return np.asarray([v], dtype=np.int64)
+
+    return ConfigArrays(
+        dp_replicate=col(cfg.get("dp_replicate", 1)), dp_shard=col(cfg.get("dp_shard", 1)), tp=col(cfg.get("tp", 1)),
+        pp=col(cfg.get("pp", 1)), cp=col(cfg.get("cp", 1)), vpp=col(cfg.get("vpp") or 1),
+        schedule=col(PP_SCHEDULES.index(cfg.get("pp_schedule", "1F1B"))), seq_len=col(cfg["seq_len"]),
+        global_batch=col(cfg["global_batch_size"]), micro_batch=col(cfg.get("micro_batch_size", 1)),
+        ac=col(AC_MODES.index(cfg.get("ac", "none"))), compile=col(bool(cfg.get("compile", False))),
+        float8=col(FLOAT8_RECIPES.index(cfg.get("float8", "none"))), async_tp=col(bool(cfg.get("async_tp", False))),
+        gpus_per_node=col(cfg.get("gpus_per_node") or 1),
+    )
+
+
+def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> str | None:
+    """The first rule one configuration breaks, as a message; None when it passes every rule."""
+    code = int(violations(model, arrays_of(cfg), hw)[0])
+    return message(code, model, hw, cfg) if code else None
