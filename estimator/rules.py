@@ -58,6 +58,17 @@ def _interleaved_rounds(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | Non
     return (c.schedule == INTERLEAVED) & (c.pp > 1) & divisible & (micro % rounds != 0)
 
 
+def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    # torchtitan splits layers + 2 (the embedding and the output count as one layer each) into
+    # ceil((layers + 2) / layers_per_stage) stages; it takes its default (2 stages per rank for Interleaved1F1B,
+    # 1 otherwise) without one. Other stage counts must be some ceil(T / k).
+    total = m.layers + 2
+    stages = np.maximum(c.pp * c.vpp, 1)
+    default = np.where(c.schedule == INTERLEAVED, 2, 1)
+    lps = -(-total // stages)  # the smallest layers-per-stage giving at most `stages` stages
+    return (c.pp > 1) & (c.vpp != default) & (-(-total // lps) != stages)
+
+
 RULES: tuple[Rule, ...] = (
     Rule(1, "tp_heads", "tp {tp} does not divide the {heads} attention heads, {kv_heads} KV heads and "
          "MLP width {ffn_hidden}",
@@ -91,6 +102,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: np.where(c.schedule == INTERLEAVED, (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),
     Rule(16, "interleaved_rounds", "Interleaved1F1B runs microbatches in rounds of pp: {microbatches} microbatches"
          " is not a whole number of rounds for pp {pp}", _interleaved_rounds),
+    Rule(17, "torchtitan_stages", "pp {pp} x vpp {vpp} = {stages} stages: torchtitan cannot split the {layers} "
+         "layers (+ embedding and output) into that many stages", _torchtitan_stages),
 )
 MEMORY = 9  # the planner's own rule: the configuration does not fit in memory
 BY_CODE = {r.code: r for r in RULES}

@@ -1,0 +1,68 @@
+"""The configuration contract: every plan the planner ranks is one the plan file, the training core's own
+validation (`launcher.core.config.RunConfig`) and the exported torchtitan job accept."""
+
+from __future__ import annotations
+
+import pytest
+
+from estimator.hardware import load_hardware
+from estimator.model_spec import load_model
+from estimator.stack import load_stack
+from launcher.core.config import RunConfig
+from launcher.plan_run import run_config_fields
+from planner.export import render
+from planner.plan_file import Plan, make_plan
+from planner.search import plan_search
+
+TOP = 50
+TOKENS_PER_STEP = 4 * 1024 * 1024
+SEARCHES = [  # (model, nodes, hardware, seq_len)
+    ("llama3-405b", 64, "h100-sxm", 8192),
+    ("llama3-70b", 8, "h100-sxm", 8192),
+    ("llama3-8b", 2, "h100-sxm", 8192),
+    ("llama3-70b", 8, "h200-sxm", 8192),
+    ("llama3-70b", 4, "b200", 8192),
+    ("llama3-8b", 1, "b200", 4096),
+    ("llama3-405b", 16, "h200-sxm", 4096),
+]
+
+
+def top_plans(model_name: str, nodes: int, hardware: str, seq_len: int) -> list[Plan]:
+    model, hw, stack = load_model(model_name), load_hardware(hardware), load_stack("torchtitan")
+    gpn = hw.gpus_per_node
+    res = plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, TOKENS_PER_STEP // seq_len)
+    assert len(res.ranked) >= 1, f"nothing fits for {model_name} on {nodes} x {hardware}"
+    return [make_plan(model, model_name, hw, res.train_config(int(i))) for i in res.ranked[:TOP]]
+
+
+@pytest.mark.parametrize("search", SEARCHES, ids=lambda s: f"{s[0]}-{s[1]}n-{s[2]}")
+def test_top_plans_pass_the_core_and_export(search):
+    plans = top_plans(*search)
+    refused = []
+    for rank, plan in enumerate(plans, 1):
+        Plan.model_validate(plan.model_dump())  # the plan file reads back
+        try:
+            cfg = RunConfig.from_dict(run_config_fields(plan, "/tmp/unused", device="cuda"))
+        except ValueError as exc:
+            refused.append(f"#{rank}: {exc}")
+            continue
+        assert cfg.world_size == plan.cluster.gpus
+        render(plan, "torchtitan-toml", "p.yaml")  # the exporter takes it (real parsers: test_torchtitan_real)
+    assert not refused, "\n".join(refused)
+
+
+def test_float8_tp_plans_are_ranked_and_accepted():
+    """405B on 64 nodes ranks Float8 with TP first; the core takes it (torchao float8 TP styles)."""
+    plans = top_plans("llama3-405b", 64, "h100-sxm", 8192)
+    first = plans[0].parallel
+    assert first.tp > 1 and first.float8 != "none", first
+    RunConfig.from_dict(run_config_fields(plans[0], "/tmp/unused", device="cuda"))
+
+
+def test_async_tp_without_compile_is_never_ranked():
+    model, hw, stack = load_model("llama3-70b"), load_hardware("h100-sxm"), load_stack("torchtitan")
+    res = plan_search(model, hw, stack, 64, 8, 8192, 512)
+    c = res.configs
+    bad = (c.async_tp > 0) & (c.compile == 0)
+    assert bad.any() and (res.reason[bad] != 0).all()
+    assert "async_tp_compile" in res.reason_counts()
