@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.plan_file import Plan
+from planner.plan_file import Plan, plan_fingerprint
 
 
 def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int | None = None,
@@ -34,9 +34,14 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "async_tp": p.async_tp,
         "steps": steps or t.steps,
         "lr": t.optimizer.lr,
+        "betas": list(t.optimizer.betas),
+        "eps": t.optimizer.eps,
         "warmup_steps": min(t.lr_schedule.warmup_steps, max(0, (steps or t.steps) - 1)),
+        "decay": t.lr_schedule.decay,
         "min_lr_ratio": t.lr_schedule.min_lr_ratio,
         "weight_decay": t.optimizer.weight_decay,
+        "peak_flops": plan.hardware.peak_tflops_bf16 * 1e12,
+        "fingerprint": plan_fingerprint(plan),
         "grad_clip": t.grad_clip,
         "seed": t.seed,
         "checkpoint_interval": t.checkpoint_interval,

@@ -62,10 +62,16 @@ class Optimizer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["adamw"] = "adamw"
-    lr: float = Field(default=3e-4, gt=0)
+    lr: float = Field(default=3e-4, gt=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(default=1e-8, gt=0)
-    weight_decay: float = Field(default=0.1, ge=0)
+    eps: float = Field(default=1e-8, gt=0, allow_inf_nan=False)
+    weight_decay: float = Field(default=0.1, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _betas(self) -> Optimizer:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"AdamW betas must each lie in [0, 1), got {list(self.betas)}")
+        return self
 
 
 class LRSchedule(BaseModel):
@@ -83,7 +89,7 @@ class Training(BaseModel):
     global_batch_size: int = Field(ge=1, description="sequences per optimizer step")
     steps: int = Field(default=1000, ge=1)
     tokens: int | None = Field(default=None, ge=1, description="token budget the steps were derived from")
-    grad_clip: float = Field(default=1.0, gt=0)
+    grad_clip: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     seed: int = 0
     checkpoint_interval: int = Field(default=500, ge=1, description="steps between DCP checkpoints")
     optimizer: Optimizer = Field(default_factory=Optimizer)

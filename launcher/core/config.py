@@ -43,11 +43,14 @@ class RunConfig(BaseModel):
     # --- training -------------------------------------------------------------------------------------
     steps: int = Field(10, ge=1, description="total optimizer steps (sets the LR schedule)")
     stop_at_step: int | None = Field(None, ge=1, description="checkpoint and exit after this step")
-    lr: float = Field(3e-4, gt=0)
+    lr: float = Field(3e-4, gt=0, allow_inf_nan=False)
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1)")
+    eps: float = Field(1e-8, gt=0, allow_inf_nan=False)
     warmup_steps: int = Field(2, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
-    weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
+    decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="LR decay after the warmup")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="decay floor as a fraction of lr")
+    weight_decay: float = Field(0.1, ge=0, allow_inf_nan=False)
+    grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False, description="max global grad norm; 0 disables clipping")
     seed: int = 0
     checkpoint_interval: int = Field(0, ge=0, description="save every N steps; 0 saves only on stop/signal")
     checkpoint_dir: str | None = Field(None, description="defaults to RUN_DIR/checkpoints")
@@ -61,6 +64,12 @@ class RunConfig(BaseModel):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     run_dir: str = "runs/latest"
     log_every: int = Field(1, ge=1)
+    peak_flops: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="dense bf16 FLOP/s per GPU for MFU (the plan's hardware)"
+    )
+    fingerprint: str | None = Field(
+        None, pattern=r"^[0-9a-f]{8,64}$", description="the plan's layout hash; checkpoints of another are refused"
+    )
 
     @field_validator("model", mode="before")
     @classmethod
@@ -76,6 +85,8 @@ class RunConfig(BaseModel):
         problem = rules.check(self.model, None, self.model_dump(include=RULE_FIELDS))
         if problem:
             raise ValueError(problem)
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"AdamW betas must each lie in [0, 1), got {list(self.betas)}")
         if self.stop_at_step is not None and self.stop_at_step > self.steps:
             raise ValueError(f"stop_at_step ({self.stop_at_step}) is past steps ({self.steps})")
         return self

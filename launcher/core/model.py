@@ -244,18 +244,25 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = rope_tables(self.positions, self.spec.d_head, device)
 
     def init_weights(self, seed: int, device: torch.device) -> None:
-        """Fill each (possibly sharded) parameter with its sharding-independent seeded value; rebuild RoPE."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        """Fill each (possibly sharded) parameter with its sharding-independent seeded value, generating only
+        this rank's shard on `device` (no full-model RNG per rank); rebuild RoPE."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         self.init_rope(device)
         with torch.no_grad():
             for name, param in self.named_parameters():
-                full = init_value(clean_fqn(name), tuple(param.shape), self.spec, seed).to(param.dtype)
+                shape = tuple(param.shape)
                 if isinstance(param, DTensor):
-                    local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-                    param.to_local().copy_(local.to_local())
+                    local = param.to_local()
+                    lshape, offset = compute_local_shape_and_global_offset(shape, param.device_mesh, param.placements)
+                    if local.numel():
+                        value = init_region(clean_fqn(name), shape, tuple(offset), tuple(lshape), self.spec, seed,
+                                            local.device)
+                        local.copy_(value.reshape(local.shape).to(local.dtype))
                 else:
-                    param.copy_(full)
+                    value = init_region(clean_fqn(name), shape, (0,) * len(shape), shape, self.spec, seed, param.device)
+                    param.copy_(value.to(param.dtype))
 
 
 def clean_fqn(name: str) -> str:
@@ -265,22 +272,44 @@ def clean_fqn(name: str) -> str:
     return name
 
 
-def init_value(name: str, shape: tuple[int, ...], spec: ModelSpec, seed: int) -> torch.Tensor:
-    """The full initial value of one parameter, from a generator seeded by (seed, name)."""
-    if name.endswith(("norm.weight",)):
-        return torch.ones(shape)
-    if name.endswith(".bias"):
-        return torch.zeros(shape)
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+INIT_BLOCK_ROWS = 256  # rows generated from one seed: a shard generates only the blocks it overlaps
+
+
+def init_std(name: str, spec: ModelSpec) -> float:
     if name.startswith("tok_embeddings"):
-        std = 0.02 if spec.tied_embeddings else 1.0  # tied (GPT-2 style): it is also the output projection
-    elif name.startswith("output"):
-        std = spec.hidden**-0.5
-    elif name.endswith(("wo.weight", "w2.weight")):
-        std = 0.02 / math.sqrt(2 * spec.layers)
-    else:
-        std = 0.02
-    return torch.randn(shape, generator=gen) * std
+        return 0.02 if spec.tied_embeddings else 1.0  # tied (GPT-2 style): it is also the output projection
+    if name.startswith("output"):
+        return spec.hidden**-0.5
+    if name.endswith(("wo.weight", "w2.weight")):
+        return 0.02 / math.sqrt(2 * spec.layers)
+    return 0.02
+
+
+def init_region(
+    name: str, shape: tuple[int, ...], offset: tuple[int, ...], local_shape: tuple[int, ...], spec: ModelSpec,
+    seed: int, device: torch.device,
+) -> torch.Tensor:
+    """The initial values of the box `offset : offset + local_shape` of parameter `name` (full shape `shape`).
+
+    Rows come in blocks of INIT_BLOCK_ROWS, each from a generator seeded by (seed, name, block), so a value does
+    not depend on how the parameter is sharded and a rank generates only the row blocks its shard covers
+    (on its own device)."""
+    if name.endswith("norm.weight"):
+        return torch.ones(local_shape, device=device)
+    if name.endswith(".bias"):
+        return torch.zeros(local_shape, device=device)
+    base = (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**62)
+    r0, r1 = offset[0], offset[0] + local_shape[0]
+    rest = tuple(slice(o, o + n) for o, n in zip(offset[1:], local_shape[1:], strict=True))
+    pieces = []
+    gen = torch.Generator(device=device)
+    for block in range(r0 // INIT_BLOCK_ROWS, -(-r1 // INIT_BLOCK_ROWS)):
+        lo = block * INIT_BLOCK_ROWS
+        rows = min(INIT_BLOCK_ROWS, shape[0] - lo)
+        gen.manual_seed((base * 7919 + block) % (2**63))
+        full = torch.randn((rows, *shape[1:]), generator=gen, device=device)
+        pieces.append(full[(slice(max(r0, lo) - lo, min(r1, lo + rows) - lo), *rest)])
+    return torch.cat(pieces) * init_std(name, spec)
 
 
 def build_meta_model(spec: ModelSpec, seq_len: int) -> Transformer:

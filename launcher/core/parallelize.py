@@ -150,7 +150,7 @@ Materialize = Callable[[Transformer], None]
 
 
 def build_model_parts(
-    cfg: RunConfig, par: Parallel, materialize: Materialize | None = None
+    cfg: RunConfig, par: Parallel, materialize: Materialize | None = None, init_weights: bool = True
 ) -> tuple[list[Transformer], list[int]]:
     """The model parts this rank owns (one, or vpp pipeline stages), parallelised and materialised.
 
@@ -164,12 +164,13 @@ def build_model_parts(
         part = build_meta_model(cfg.model, cfg.seq_len)
         if cfg.pp > 1:
             part.keep_stage(split[sid], first=sid == 0, last=sid == n_stages - 1)
-        parts.append(parallelize_part(part, cfg, par, materialize))
+        parts.append(parallelize_part(part, cfg, par, materialize, init_weights))
     return parts, ids
 
 
 def parallelize_part(
-    model: Transformer, cfg: RunConfig, par: Parallel, materialize: Materialize | None = None
+    model: Transformer, cfg: RunConfig, par: Parallel, materialize: Materialize | None = None,
+    init_weights: bool = True,
 ) -> Transformer:
     """Float8 -> TP -> CP -> AC -> compile -> FSDP -> materialise, on one model part."""
     if cfg.float8 != "none":
@@ -192,7 +193,10 @@ def parallelize_part(
         materialize(model)
         return model
     model.to_empty(device=par.device)
-    model.init_weights(cfg.seed, par.device)
+    if init_weights:
+        model.init_weights(cfg.seed, par.device)
+    else:  # the checkpoint fills the parameters; only the RoPE buffers are computed
+        model.init_rope(par.device)
     return model
 
 

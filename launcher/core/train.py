@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from launcher.core import faults
-from launcher.core.checkpoint import Checkpointer
+from launcher.core.checkpoint import Checkpointer, CheckpointError
 from launcher.core.config import RunConfig
 from launcher.core.data import ShardedLoader, TokenSource
 from launcher.core.model import cross_entropy
@@ -44,7 +44,9 @@ from launcher.core.parallelize import (
     check_environment,
 )
 
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12}
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradient norm became inf/NaN: the run stops without checkpointing that state."""
 
 
 # --- process group -----------------------------------------------------------------------------------------
@@ -96,13 +98,16 @@ def _elastic_store() -> dict[str, Any]:
 
 # --- optimisation ------------------------------------------------------------------------------------------
 def lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
-    """Linear warmup to lr, then cosine decay to min_lr_ratio*lr at the last step."""
+    """Linear warmup to lr, then `cfg.decay` (cosine, linear or constant) to min_lr_ratio*lr at the last step."""
 
     def fn(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.decay == "constant":
+            return 1.0
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        shape = 1 - progress if cfg.decay == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
     return fn
 
@@ -153,6 +158,7 @@ class Trainer:
         device: torch.device,
         materialize: Materialize | None = None,
         mixed_precision: bool | None = None,
+        init_weights: bool = True,
     ) -> None:
         """`materialize` and `mixed_precision` are for the memory trace (`launcher.trace`): fake-tensor
         materialisation, and the GPU run's bf16/fp32 FSDP policy on CPU. Real runs leave them None."""
@@ -161,15 +167,15 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.par: Parallel = build_parallel(cfg, device)
         self.par.mixed_precision = mixed_precision
-        self.parts, self.stage_ids = build_model_parts(cfg, self.par, materialize)
+        self.parts, self.stage_ids = build_model_parts(cfg, self.par, materialize, init_weights)
         self.params = [p for part in self.parts for p in part.parameters()]
         self.optimizers = [
             torch.optim.AdamW(
                 part.parameters(),
                 lr=cfg.lr,
-                betas=(0.9, 0.95),
+                betas=tuple(cfg.betas),
                 weight_decay=cfg.weight_decay,
-                eps=1e-8,
+                eps=cfg.eps,
                 foreach=device.type == "cuda" and cfg.tp == 1,
             )
             for part in self.parts
@@ -297,14 +303,12 @@ def peak_memory_gib(device: torch.device) -> dict[str, float]:
     return {"peak_mem_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak of this GPU (torchtitan's table), MESHPLAN_PEAK_FLOPS if set, None on CPU."""
+def peak_flops(cfg: RunConfig, device: torch.device) -> float | None:
+    """Dense bf16 peak per GPU for MFU: MESHPLAN_PEAK_FLOPS if set, else the plan's hardware profile (the
+    estimate's own denominator); None on CPU."""
     if os.environ.get("MESHPLAN_PEAK_FLOPS"):
         return float(os.environ["MESHPLAN_PEAK_FLOPS"])
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return cfg.peak_flops if device.type == "cuda" else None
 
 
 class StopFlag:
@@ -329,18 +333,21 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True) -> list[dict[str
     rank = dist.get_rank()
     world = dist.get_world_size()
     run_dir = Path(cfg.run_dir)
-    trainer = Trainer(cfg, device)
-    ckpt = Checkpointer(cfg.checkpoint_path, keep=cfg.keep_checkpoints)
+    ckpt = Checkpointer(cfg.checkpoint_path, keep=cfg.keep_checkpoints, fingerprint=cfg.fingerprint)
     ckpt.clean_partial()
-    if cfg.resume and (path := ckpt.latest()) is not None:
+    path = ckpt.latest() if cfg.resume else None
+    trainer = Trainer(cfg, device, init_weights=path is None)  # a restart loads, it does not initialise first
+    if path is not None:
         trainer.load_train_state(ckpt.load(path, trainer.parts, trainer.optimizers))
         if rank == 0 and log:
             print(f"resumed from {path} at step {trainer.step}", flush=True)
+    if rank == 0:
+        keep_metrics_until(run_dir / "metrics.jsonl", trainer.step)
     stop = StopFlag()
     last = cfg.stop_at_step or cfg.steps
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     flops_per_token = cfg.model.flops_per_token(cfg.seq_len)
-    peak = peak_flops(device)
+    peak = peak_flops(cfg, device)
     device_name = describe_device(device)
     records: list[dict[str, Any]] = []
     metrics = None
@@ -356,6 +363,11 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True) -> list[dict[str
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
+        if not (math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"])):
+            raise NonFiniteLoss(
+                f"step {trainer.step}: loss {out['loss']}, grad norm {out['grad_norm']} (not finite); stopped "
+                f"without checkpointing; the last good checkpoint is kept in {cfg.checkpoint_path}"
+            )
         tps = tokens_per_step / dt / world
         rec = {
             "step": trainer.step,
@@ -397,6 +409,25 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True) -> list[dict[str
     return records
 
 
+def keep_metrics_until(path: Path, step: int) -> None:
+    """Drop the records of steps after `step` (a restart repeats them from its checkpoint), so no step is
+    counted twice; atomic rewrite."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except ValueError:
+            continue  # a line cut by a kill mid-write
+    if len(kept) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(x + "\n" for x in kept))
+        os.replace(tmp, path)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m launcher.core.train", description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -436,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
             (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.dump(), indent=1))
         run(cfg, device)
+    except (CheckpointError, NonFiniteLoss) as exc:  # every rank reaches the same verdict (collective checks)
+        if dist.get_rank() == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 3
     finally:
         dist.destroy_process_group()
     return 0
