@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,9 +15,15 @@ from estimator.hardware import HardwareProfile
 from estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from estimator.model_spec import ModelSpec
 
-PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
-AC_MODES = ("none", "selective", "full")
-FLOAT8_RECIPES = ("none", "tensorwise", "rowwise", "mxfp8")
+# The value types of the configuration, shared by TrainConfig, the plan file and the core's RunConfig; the
+# tuples give each value its integer code in the estimator's arrays.
+PPSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B"]
+ACMode = Literal["none", "selective", "full"]
+Float8Recipe = Literal["none", "tensorwise", "rowwise", "mxfp8"]
+LRDecay = Literal["cosine", "linear", "constant"]
+PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
+AC_MODES: tuple[str, ...] = get_args(ACMode)
+FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
 
 
 class TrainConfig(BaseModel):
@@ -32,14 +38,14 @@ class TrainConfig(BaseModel):
     tp: int = 1
     pp: int = 1
     cp: int = 1
-    pp_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    pp_schedule: PPSchedule = "1F1B"
     vpp: int | None = Field(default=None, description="stages per pipeline rank; Interleaved1F1B default 2")
     seq_len: int = 8192
     global_batch_size: int = Field(default=0, description="sequences per optimizer step; 0: one per DP rank")
     micro_batch_size: int = 1
-    ac: Literal["none", "selective", "full"] = "selective"
+    ac: ACMode = "selective"
     compile: bool = False
-    float8: Literal["none", "tensorwise", "rowwise", "mxfp8"] = "none"
+    float8: Float8Recipe = "none"
     async_tp: bool = False
 
     @property

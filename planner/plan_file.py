@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from estimator import data_files
-from estimator.config import TrainConfig
+from estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule, TrainConfig
 from estimator.errors import MeshplanError
 from estimator.hardware import HardwareProfile
 from estimator.model_spec import ModelSpec
@@ -49,11 +49,11 @@ class Parallel(BaseModel):
     cp: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
-    pp_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    pp_schedule: PPSchedule = "1F1B"
     vpp: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=1, ge=1)
-    ac: Literal["none", "selective", "full"] = "selective"
-    float8: Literal["none", "tensorwise", "rowwise", "mxfp8"] = "none"
+    ac: ACMode = "selective"
+    float8: Float8Recipe = "none"
     compile: bool = False
     async_tp: bool = False
 
@@ -78,7 +78,7 @@ class LRSchedule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     warmup_steps: int = Field(default=200, ge=0)
-    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    decay: LRDecay = "cosine"
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
 
 

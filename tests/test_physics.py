@@ -80,7 +80,7 @@ def test_phases_take_the_larger_not_the_sum():
 
 @pytest.mark.parametrize(
     "schedule,vpp,pp,gbs",
-    [("1F1B", 1, 4, 64), ("GPipe", 1, 4, 64), ("Interleaved1F1B", 2, 4, 64), ("Interleaved1F1B", 4, 2, 128)],
+    [("1F1B", 1, 4, 64), ("GPipe", 1, 4, 64), ("Interleaved1F1B", 2, 4, 64), ("Interleaved1F1B", 3, 2, 128)],
 )
 def test_pp_bubble_fraction(schedule, vpp, pp, gbs):
     r = raw(TrainConfig(gpus=8 * pp, pp=pp, pp_schedule=schedule, vpp=vpp, seq_len=4096, global_batch_size=gbs))

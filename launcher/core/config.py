@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule
 from estimator.model_spec import ModelSpec, load_model
 
 RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size",
@@ -31,14 +32,14 @@ class RunConfig(BaseModel):
     cp: int = Field(1, ge=1, description="context parallel degree")
     tp: int = Field(1, ge=1, description="tensor parallel degree (with sequence and loss parallel)")
     pp: int = Field(1, ge=1, description="pipeline parallel degree")
-    pp_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    pp_schedule: PPSchedule = "1F1B"
     vpp: int = Field(1, ge=1, description="pipeline stages per rank (>1 needs Interleaved1F1B)")
     micro_batch_size: int = Field(1, ge=1, description="sequences per microbatch per data-parallel rank")
     global_batch_size: int = Field(8, ge=1, description="sequences per optimizer step, all ranks together")
     seq_len: int = Field(64, ge=2)
-    ac: Literal["none", "selective", "full"] = "none"
+    ac: ACMode = "none"
     compile: bool = False
-    float8: Literal["none", "tensorwise", "rowwise", "mxfp8"] = "none"
+    float8: Float8Recipe = "none"
     async_tp: bool = False
     # --- training -------------------------------------------------------------------------------------
     steps: int = Field(10, ge=1, description="total optimizer steps (sets the LR schedule)")
@@ -47,7 +48,7 @@ class RunConfig(BaseModel):
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1)")
     eps: float = Field(1e-8, gt=0, allow_inf_nan=False)
     warmup_steps: int = Field(2, ge=0)
-    decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="LR decay after the warmup")
+    decay: LRDecay = Field("cosine", description="LR decay after the warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="decay floor as a fraction of lr")
     weight_decay: float = Field(0.1, ge=0, allow_inf_nan=False)
     grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False, description="max global grad norm; 0 disables clipping")
