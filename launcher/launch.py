@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from estimator.errors import MeshplanError
 from planner.export import SUFFIX, render
-from planner.plan_file import Plan, load_plan, save_plan
+from planner.plan_file import Plan, default_run_dir, load_plan, plan_fingerprint, save_plan
 
 BACKENDS = ("local", "torchrun", "slurm", "mpirun")
 TRAIN_MODULE = "launcher.core.train"
@@ -34,6 +35,8 @@ class Launch:
     argv: list[str]
     script: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+    resolved: dict[str, object] = field(default_factory=dict)
+    text: str | None = None  # the script's text, for the script backends
 
     def describe(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
@@ -73,8 +76,22 @@ def validate_torchrun_args(args: list[str]) -> None:
         raise MeshplanError(f"torchrun rejects the arguments: {shlex.join(args)}") from None
 
 
+def check_run_dir_owner(plan: Plan, run_dir: Path) -> None:
+    """A run directory belongs to one plan layout: refuse one that holds another plan's copy."""
+    existing = run_dir / "plan.yaml"
+    if not existing.exists():
+        return
+    theirs = plan_fingerprint(load_plan(existing))
+    if theirs != plan_fingerprint(plan):
+        raise MeshplanError(
+            f"{run_dir} holds a run of another plan (fingerprint {theirs}, this plan {plan_fingerprint(plan)}); "
+            f"choose another --run-dir (default: {default_run_dir(plan)})"
+        )
+
+
 def prepare_run_dir(plan: Plan, run_dir: Path, steps: int | None) -> Path:
     """Copy the plan (with the step override) into the run directory; return the copy's path."""
+    check_run_dir_owner(plan, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if steps is not None:
         if steps < 1:
@@ -82,6 +99,29 @@ def prepare_run_dir(plan: Plan, run_dir: Path, steps: int | None) -> Path:
         training = plan.training.model_copy(update={"steps": steps})
         plan = plan.model_copy(update={"training": training})
     return save_plan(plan, run_dir / "plan.yaml")
+
+
+def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, device: str) -> dict[str, object]:
+    """The training core's own validation of the plan (RunConfig, no torch needed) and what the run will be."""
+    from launcher.core.config import RunConfig
+    from launcher.plan_run import run_config_fields
+
+    try:
+        cfg = RunConfig.from_dict(run_config_fields(plan, run_dir, steps, device))
+    except ValueError as exc:
+        raise MeshplanError(f"the training core refuses this plan: {exc}") from None
+    return {
+        "backend": backend,
+        "device": device,
+        "process_group": "nccl" if device == "cuda" else "gloo",
+        "world": cfg.world_size,
+        "nodes": plan.cluster.nodes,
+        "processes_per_node": plan.cluster.gpus_per_node,
+        "run_dir": str(run_dir.resolve()),
+        "checkpoints": str(cfg.checkpoint_path.resolve()),
+        "fingerprint": cfg.fingerprint,
+        "steps": cfg.steps,
+    }
 
 
 def build_launch(
@@ -96,6 +136,7 @@ def build_launch(
     time: str | None = None,
     account: str | None = None,
     write: bool = True,
+    wait: bool = False,
 ) -> Launch:
     """Work out the launch; with `write`, create the run directory, plan copy and script."""
     if backend not in BACKENDS:
@@ -105,7 +146,9 @@ def build_launch(
     if max_restarts < 0:
         raise MeshplanError(f"--max-restarts must be >= 0, got {max_restarts}")
     plan = load_plan(plan_file)
-    run_dir = Path(run_dir) if run_dir else Path("runs") / plan.name
+    run_dir = Path(run_dir) if run_dir else default_run_dir(plan)
+    check_run_dir_owner(plan, run_dir)
+    resolved = resolve_run(plan, backend, run_dir, steps, device)
     plan_copy = run_dir / "plan.yaml"
     if backend == "local":
         nproc = nproc_per_node or plan.cluster.gpus
@@ -117,25 +160,31 @@ def build_launch(
         torchrun_args = ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
         validate_torchrun_args([*torchrun_args, "-m", TRAIN_MODULE])
         argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "-m", TRAIN_MODULE,
-                "--plan", str(plan_copy), "--run-dir", str(run_dir), "--device", device]
+                "--plan", str(plan_copy.resolve()), "--run-dir", str(run_dir.resolve()), "--device", device]
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         if write:
             prepare_run_dir(plan, run_dir, steps)
-        return Launch(backend, run_dir, plan_copy, argv, env=env)
+        return Launch(backend, run_dir, plan_copy, argv, env=env, resolved=resolved)
     fmt = backend
     script = run_dir / f"launch{SUFFIX[fmt]}"
-    text = render(plan, fmt, str(plan_copy.resolve()), max_restarts=max_restarts, partition=partition, time=time,
-                  account=account)
+    text = render_script(plan, fmt, plan_copy, run_dir, device, max_restarts, partition, time, account)
     if write:
         prepare_run_dir(plan, run_dir, steps)
         from planner.plan_file import write_atomic
 
         write_atomic(script, text, mode=0o755)
     if backend == "slurm":
-        argv = ["sbatch", "--chdir", str(run_dir.resolve()), str(script)]
+        argv = ["sbatch", *(["--wait"] if wait else []), "--chdir", str(run_dir.resolve()), str(script.resolve())]
     else:
-        argv = ["bash", str(script)]
-    return Launch(backend, run_dir, plan_copy, argv, script=script)
+        argv = ["bash", str(script.resolve())]
+    return Launch(backend, run_dir, plan_copy, argv, script=script, resolved=resolved, text=text)
+
+
+def render_script(plan: Plan, fmt: str, plan_copy: Path, run_dir: Path, device: str, max_restarts: int,
+                  partition: str | None, time: str | None, account: str | None) -> str:
+    """The launch script `meshplan export` writes, for this run directory and device."""
+    return render(plan, fmt, str(plan_copy.resolve()), max_restarts=max_restarts, partition=partition, time=time,
+                  account=account, device=device, run_dir=str(run_dir.resolve()))
 
 
 def preflight(launch: Launch, device: str) -> None:
@@ -149,8 +198,44 @@ def preflight(launch: Launch, device: str) -> None:
         raise MeshplanError(f"{tool} is not on PATH here; run the script {launch.script} where {tool} is available")
 
 
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+
+
+def _pointer(launch: Launch) -> str:
+    path = launch.run_dir / "checkpoints" / "latest"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def run_launch(launch: Launch, device: str) -> int:
-    """Start the launch in the foreground and return its exit status."""
+    """Start the launch in the foreground and return its exit status. SIGTERM, SIGINT, SIGUSR1 and SIGHUP sent
+    to meshplan are passed on to the job (torchrun hands them to the workers, which checkpoint and stop), and
+    meshplan waits for it instead of leaving it orphaned. A job stopped that way whose checkpoint was saved
+    ends with status 0 (torchrun itself exits 1 after a signal), so a scheduler can requeue or chain it."""
     preflight(launch, device)
     env = {**os.environ, **launch.env}
-    return subprocess.call(launch.argv, env=env)
+    before = _pointer(launch)
+    child = subprocess.Popen(launch.argv, env=env)
+    previous = {}
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in FORWARDED:
+        previous[sig] = signal.signal(sig, forward)
+    try:
+        rc = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    after = _pointer(launch)
+    if rc != 0 and received and after and after != before and (launch.run_dir / "checkpoints" / after).is_dir():
+        print(f"meshplan: stopped by signal {received[0]}; checkpoint {after} saved; launch again to resume",
+              file=sys.stderr)
+        return 0
+    return rc

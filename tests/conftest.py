@@ -13,9 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUND_TRUTH = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `python -m meshplan ARGS` as a user would, capturing output (`timeout` in seconds)."""
-    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(ROOT)}
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m meshplan ARGS` as a user would, capturing output (`timeout` in seconds; `env` adds to or
+    replaces variables of this environment)."""
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=timeout
     )

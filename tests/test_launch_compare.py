@@ -3,6 +3,7 @@ tests/launcher runs the real core)."""
 
 import csv
 import json
+import sys
 
 import pytest
 
@@ -39,7 +40,11 @@ def test_script_backends_dry_run(cli, plan_path, tmp_path, backend, first):
 
 def test_launch_writes_run_dir_and_fails_clearly_without_sbatch(cli, plan_path, tmp_path):
     run = tmp_path / "r"
-    out = cli("launch", str(plan_path), "--backend", "slurm", "--run-dir", str(run), "--steps", "7")
+    bare = tmp_path / "bin"  # a PATH with python but no Slurm client, as on a login node without it
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    out = cli("launch", str(plan_path), "--backend", "slurm", "--run-dir", str(run), "--steps", "7",
+              env={"PATH": str(bare)})
     assert out.returncode == 2 and "sbatch is not on PATH" in out.stderr and out.stderr.count("\n") <= 3
     assert (run / "launch.sbatch").exists() and (run / "launch.sbatch").stat().st_mode & 0o111
     from planner.plan_file import load_plan

@@ -66,3 +66,26 @@ def test_async_tp_without_compile_is_never_ranked():
     bad = (c.async_tp > 0) & (c.compile == 0)
     assert bad.any() and (res.reason[bad] != 0).all()
     assert "async_tp_compile" in res.reason_counts()
+
+
+@pytest.mark.parametrize("model, nodes", [("llama3-405b", 64), ("llama3-70b", 8), ("llama3-8b", 2)])
+def test_planned_plan_dry_runs_to_cuda_in_its_run_dir(cli, tmp_path, model, nodes):
+    """`meshplan plan -o` then `meshplan launch --dry-run`: the core validates it, and every backend's script
+    sends the core to cuda/NCCL in the run dir it names, with the interpreter meshplan was installed with."""
+    import json
+    import sys
+
+    plan = tmp_path / "plan.yaml"
+    out = cli("plan", "--model", model, "--nodes", str(nodes), "-o", str(plan), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for backend in ("slurm", "torchrun", "mpirun", "local"):
+        out = cli("launch", str(plan), "--dry-run", "--json", "--backend", backend, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        run = json.loads(out.stdout)
+        assert run["device"] == "cuda" and run["process_group"] == "nccl" and run["world"] == nodes * 8
+        assert run["run_dir"].startswith(str(tmp_path / "runs")) and run["fingerprint"] in run["run_dir"]
+        text = run["script"] if backend != "local" else " ".join(run["command"])
+        assert "cuda" in text and run["run_dir"] in text and "launcher.core.train" in text
+        assert sys.executable in text
+        if backend == "slurm":
+            assert "#SBATCH --gpus-per-node=8" in text

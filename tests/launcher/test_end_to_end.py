@@ -52,3 +52,65 @@ def test_estimate_launch_compare(cli, tmp_path):
     with csv_path.open() as f:
         (row,) = list(csv.DictReader(f))
     assert row["id"] == "tiny-cpu-1" and row["hardware"] == "cpu" and row["layers"] == "4"
+
+
+def _tiny_plan(cli, path: Path, **kw: str) -> Path:
+    args = ["estimate", "--model", str(TINY), "--gpus", "2", "--gpus-per-node", "2", "--seq-len", "64",
+            "--global-batch-size", "8", "--micro-batch-size", "2", "-o", str(path)]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", v]
+    out = cli(*args)
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+def test_two_plans_from_one_directory_never_share_a_run_dir(cli, tmp_path):
+    """Default run dirs are per plan layout; a run dir of another plan is refused in one line."""
+    fsdp = _tiny_plan(cli, tmp_path / "fsdp.yaml")
+    tp = _tiny_plan(cli, tmp_path / "tp.yaml", tp="2")
+    dirs = []
+    for plan in (fsdp, tp):
+        out = cli("launch", str(plan), "--dry-run", "--json", "--device", "cpu", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        dirs.append(json.loads(out.stdout)["run_dir"])
+    assert dirs[0] != dirs[1] and all(d.startswith(str(tmp_path / "runs")) for d in dirs)
+    run = tmp_path / "shared"
+    run.mkdir()
+    (run / "plan.yaml").write_text(fsdp.read_text())
+    out = cli("launch", str(tp), "--dry-run", "--device", "cpu", "--run-dir", str(run))
+    assert out.returncode == 2 and "holds a run of another plan" in out.stderr and out.stderr.count("\n") == 1
+    out = cli("launch", str(fsdp), "--dry-run", "--device", "cpu", "--run-dir", str(run))
+    assert out.returncode == 0, out.stderr  # the same plan may resume its own run dir
+
+
+@pytest.mark.slow
+def test_sigterm_to_meshplan_launch_reaches_the_job(tmp_path):
+    """`meshplan launch` passes SIGTERM on to torchrun and its workers (they checkpoint) and waits for them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    plan = tmp_path / "p.yaml"
+    subprocess.run([sys.executable, "-m", "meshplan", "estimate", "--model", str(TINY), "--gpus", "2",
+                    "--gpus-per-node", "2", "--seq-len", "64", "--global-batch-size", "8", "-o", str(plan)],
+                   check=True, capture_output=True, cwd=ROOT)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshplan", "launch", str(plan), "--device", "cpu", "--steps", "500",
+         "--run-dir", str(run)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=90)
+    last = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    assert 2 <= last < 500, err[-3000:]
+    assert (run / "checkpoints" / "latest").read_text() == f"step-{last:08d}", err[-3000:]
+    assert f"checkpoint saved at step {last}" in out + err
+    assert proc.returncode == 0 and "launch again to resume" in err, err[-3000:]  # requeue-able, not FAILED
+    ps = subprocess.run(["pgrep", "-f", f"--run-dir {run}"], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", "the job outlived meshplan launch"
