@@ -7,6 +7,7 @@ Regenerate the golden files with MESHPLAN_UPDATE_GOLDEN=1 after an intended chan
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -35,7 +36,7 @@ from planner.export import (
     render,
 )
 from planner.export.torchtitan import layers_per_stage
-from planner.plan_file import Plan, make_plan, save_plan
+from planner.plan_file import Plan, default_run_dir, make_plan, save_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden" / "export"
@@ -45,6 +46,8 @@ EST = {
     "memory": {"peak_gib": 61.23, "usable_gib": 72.0, "fits": True},
     "throughput": {"tokens_per_sec_per_gpu": 7421.4, "mfu": 0.412},
 }
+# Fixed run dir and interpreter for the scripts' golden files (render's defaults depend on the machine).
+PYTHON = "/opt/meshplan/.venv/bin/python"
 HOSTILE = "it's a \"plan\" $(touch /tmp/pwned-{tag}) `touch /tmp/pwned-{tag}` ;&|<>*?!{{}}~\\"
 SCRIPTS = sorted(SCRIPT_FORMATS)
 
@@ -99,6 +102,17 @@ def plan_path_for(case: str) -> str:
     return f"/shared/plans/{case}.yaml"
 
 
+def run_dir_for(case: str) -> str:
+    return f"/shared/runs/{case}"
+
+
+def script(plan: Plan, fmt: str, plan_path: str = "/p/plan.yaml", **kw) -> str:
+    """A script with a fixed run dir and interpreter (override with run_dir= / python=)."""
+    kw.setdefault("run_dir", "/r/run")
+    kw.setdefault("python", PYTHON)
+    return render(plan, fmt, plan_path, **kw)
+
+
 def check_script(text: str, tmp_path: Path, shellcheck: str | None = None) -> None:
     script = tmp_path / f"s-{uuid.uuid4().hex}.sh"
     script.write_text(text)
@@ -109,23 +123,39 @@ def check_script(text: str, tmp_path: Path, shellcheck: str | None = None) -> No
         assert out.returncode == 0, out.stdout + out.stderr
 
 
+# With STUB_WAIT set, a launcher stub waits for a signal like torchrun/srun/mpirun with the training core
+# under them: it records the signal, and on SIGUSR1 "checkpoints" (writes $STUB_CKPT/latest unless
+# STUB_NO_SAVE) and exits $STUB_RC (torchrun exits 1 after a signal); SIGTERM kills it (143).
+WAIT = (
+    'if [ -n "${STUB_WAIT:-}" ]; then\n'
+    "  save() { echo usr1 >> \"$STUB_DIR/signals\"; if [ -z \"${STUB_NO_SAVE:-}\" ]; then mkdir -p \"$STUB_CKPT\";"
+    " echo step-00000007 > \"$STUB_CKPT/latest\"; fi; exit \"${STUB_RC:-1}\"; }\n"
+    "  trap save USR1\n"
+    "  trap 'echo term >> \"$STUB_DIR/signals\"; exit 143' TERM\n"
+    '  touch "$STUB_DIR/started"\n'
+    "  while :; do sleep 0.05; done\n"
+    "fi\n"
+)
+
+
 def stub_bin(tmp_path: Path) -> Path:
     """Stub `python`, `torchrun`, `srun`, `scontrol` and `mpirun` that record their argv (NUL-separated) and env."""
     d = tmp_path / "stubbin"
     d.mkdir(exist_ok=True)
     record = 'printf \'%s\\0\' "$@" > "$STUB_DIR/$(basename "$0").argv"; env -0 > "$STUB_DIR/$(basename "$0").env"\n'
     stubs = {
-        "python": record,
+        "python": record + WAIT,
         "torchrun": record,
-        "mpirun": record,
-        "scontrol": 'printf "node001\\nnode002\\n"\n',
+        "mpirun": record + WAIT,
+        "scontrol": (
+            'if [ "$1" = requeue ]; then printf \'%s\\0\' "$@" > "$STUB_DIR/scontrol.argv"; exit 0; fi\n'
+            'printf "node001\\nnode002\\n"\n'
+        ),
+        "hostname": 'if [ "$1" = --all-ip-addresses ]; then echo "${STUB_ALL_IPS:-}"; else echo stubhost; fi\n',
         "srun": (
-            'if [ "$1" = "--nodes=1" ]; then echo "$STUB_IP"; exit 0; fi\n' + record
-            + 'if [ -n "${STUB_WAIT:-}" ]; then\n'
-            "  trap 'echo usr1 > \"$STUB_DIR/usr1\"; exit 0' USR1\n"
-            '  touch "$STUB_DIR/started"\n'
-            "  while :; do sleep 0.05; done\n"
-            "fi\n"
+            # the head-node address step: `hostname --ip-address`, then `hostname --all-ip-addresses`
+            'if [ "$1" = "--nodes=1" ]; then echo "$STUB_IP"; echo "${STUB_ALL_IPS:-}"; exit 0; fi\n'
+            + record + WAIT
         ),
     }
     for name, body in stubs.items():
@@ -136,12 +166,13 @@ def stub_bin(tmp_path: Path) -> Path:
 
 
 def run_script(text: str, tmp_path: Path, env: dict | None = None, **popen) -> subprocess.CompletedProcess:
-    script = tmp_path / "launch.sh"
-    script.write_text(text)
-    script.chmod(0o755)
+    path = tmp_path / "launch.sh"
+    path.write_text(text)
+    path.chmod(0o755)
     stubs = stub_bin(tmp_path)
-    base = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_DIR": str(tmp_path), "HOME": str(tmp_path)}
-    return subprocess.run([str(script)], capture_output=True, text=True, env={**base, **(env or {})}, cwd=tmp_path,
+    base = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_DIR": str(tmp_path), "HOME": str(tmp_path),
+            "MESHPLAN_PYTHON": str(stubs / "python")}
+    return subprocess.run([str(path)], capture_output=True, text=True, env={**base, **(env or {})}, cwd=tmp_path,
                           timeout=30, **popen)
 
 
@@ -163,7 +194,7 @@ def torchrun_parse(argv: list[str]):
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_golden(plans, case, fmt):
-    text = render(plans[case], fmt, plan_path_for(case))
+    text = render(plans[case], fmt, plan_path_for(case), run_dir=run_dir_for(case), python=PYTHON)
     path = GOLDEN / f"{case}.{fmt}{SUFFIX[fmt]}"
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,17 +203,43 @@ def test_golden(plans, case, fmt):
     assert text == path.read_text(), f"{path.name} differs from the golden file (MESHPLAN_UPDATE_GOLDEN=1 to accept)"
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(CASES) + ["one-node"])
 @pytest.mark.parametrize("fmt", SCRIPTS)
-def test_scripts_pass_bash_n_and_shellcheck(plans, case, fmt, tmp_path, shellcheck):
-    text = render(plans[case], fmt, plan_path_for(case))
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_scripts_pass_bash_n_and_shellcheck(plans, case, fmt, device, tmp_path, shellcheck):
+    plan = make("llama3-8b", 8) if case == "one-node" else plans[case]
+    text = render(plan, fmt, plan_path_for(case), device=device, run_dir=run_dir_for(case))
     assert text.startswith("#!/usr/bin/env bash\n")
     assert "set -euo pipefail" in text
     check_script(text, tmp_path, shellcheck)
 
 
+CORE_CALL = '-m launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"'
+
+
+@pytest.mark.parametrize("fmt", ["torchrun", "slurm", "mpirun"])
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_scripts_always_pass_device_run_dir_and_absolute_python(fmt, nodes, tmp_path, monkeypatch):
+    plan = make("llama3-8b", 8 * nodes, global_batch_size=8 * nodes)
+    monkeypatch.chdir(tmp_path)
+    text = render(plan, fmt, "/p/plan.yaml")  # defaults: cuda, default_run_dir made absolute, sys.executable
+    lines = text.splitlines()
+    run_dir = tmp_path / default_run_dir(plan)
+    assert f"run_dir={shlex.quote(str(run_dir))}" in lines and "device=cuda" in lines
+    assert f"python={shlex.quote(sys.executable)}" in lines and 'python="${MESHPLAN_PYTHON:-$python}"' in lines
+    assert (CORE_CALL in text) if fmt != "mpirun" else ('--run-dir "$3" --device "$4"' in text)
+    code = [line for line in lines if not line.lstrip().startswith("#")]
+    assert not [line for line in code if re.search(r"(^|exec |srun [^ ]* ?)(python|torchrun) ", line)], code
+    cpu = render(plan, fmt, "/p/plan.yaml", device="cpu", run_dir="rel/run")
+    assert "device=cpu" in cpu.splitlines() and f"run_dir={tmp_path}/rel/run" in cpu.splitlines()
+    if fmt == "slurm":
+        assert ("#SBATCH --gpus-per-node=8" in lines) and "--gpus-per-node" not in cpu
+    with pytest.raises(MeshplanError, match="--device must be cuda or cpu"):
+        render(plan, fmt, "/p/plan.yaml", device="tpu")
+
+
 def test_scripts_carry_plan_and_estimate(plans):
-    text = render(plans["llama3-8b-2x8"], "torchrun", "p.yaml")
+    text = script(plans["llama3-8b-2x8"], "torchrun", "p.yaml")
     head = text.split("set -euo")[0]
     for needle in ("llama3-8b-16gpu", "llama3-8b", "2 node(s) x 8 h100-sxm", "peak 61.2 GiB/GPU", "7,421 tokens/s/GPU"):
         assert needle in head
@@ -292,16 +349,18 @@ def test_hostile_names_and_paths_stay_inert(fmt, tmp_path, shellcheck):
     tag = uuid.uuid4().hex
     plan = hostile_plan(tag, nodes=2)
     path = "/plans/" + HOSTILE.format(tag=tag) + "/plan.yaml"
-    text = render(plan, fmt, path)
+    text = render(plan, fmt, path, run_dir=path + ".run", python=path + ".python")
     for line in text.splitlines():  # names only ever appear in comments, or quoted
         if "pwned" in line and not line.lstrip().startswith("#"):
-            assert line.startswith(("plan=", "rdzv_id=", "description = ", "  echo ")), line
+            assert line.startswith(("plan=", "run_dir=", "python=", "rdzv_id=", "description = ", "  echo ")), line
     if fmt == "torchtitan-toml":
         doc = tomllib.loads(text)
         assert "\n" not in doc["job"]["description"]
     else:
         check_script(text, tmp_path, shellcheck)
         assert f"plan={shlex.quote(path)}" in text or fmt == "torchtitan-cli"
+        if fmt != "torchtitan-cli":
+            assert f"run_dir={shlex.quote(path + '.run')}" in text and f"python={shlex.quote(path + '.python')}" in text
     assert not Path(f"/tmp/pwned-{tag}").exists()
 
 
@@ -313,25 +372,45 @@ def test_executed_torchrun_script_passes_a_hostile_plan_path_intact(tmp_path):
     plan_file = evil_dir / "plan.yaml"
     save_plan(make("llama3-8b", 8, name="one-node"), plan_file)
     out_file = tmp_path / "run.sh"
-    out = cli("export", str(plan_file), "-f", "torchrun", "-o", str(out_file), "--max-restarts", "3")
+    run_dir = evil_dir / "run"
+    out = cli("export", str(plan_file), "-f", "torchrun", "-o", str(out_file), "--max-restarts", "3",
+              "--run-dir", str(run_dir), "--device", "cpu")
     assert out.returncode == 0, out.stderr
     assert os.stat(out_file).st_mode & 0o777 == 0o755
     res = run_script(out_file.read_text(), tmp_path, {"PYTORCH_ALLOC_CONF": "mine"})
     assert res.returncode == 0, res.stderr
     argv, env = recorded(tmp_path, "python")
     assert argv == ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "8",
-                    "--max-restarts", "3", "-m", "launcher.core.train", "--plan", str(plan_file.resolve())]
+                    "--max-restarts", "3", "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+                    "--shutdown-timeout", "240", "-m", "launcher.core.train", "--plan", str(plan_file.resolve()),
+                    "--run-dir", str(run_dir.resolve()), "--device", "cpu"]
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and env["PYTORCH_ALLOC_CONF"] == "mine"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and env["NCCL_DEBUG"] == "WARN"
     assert not Path(f"/tmp/pwned-{tag}").exists()
     args = torchrun_parse(argv[2:])
     assert args.standalone and args.training_script == "launcher.core.train" and args.module
-    assert args.training_script_args == ["--plan", str(plan_file.resolve())]
+    assert args.shutdown_timeout == 240 and "SIGUSR1" in args.signals_to_handle
+    assert args.training_script_args == ["--plan", str(plan_file.resolve()), "--run-dir", str(run_dir.resolve()),
+                                         "--device", "cpu"]
+
+
+def test_cli_defaults_cuda_and_the_plans_own_absolute_run_dir(tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    plan = make("llama3-8b", 8, name="one-node")
+    save_plan(plan, plan_file)
+    out = cli("export", str(plan_file), "-f", "slurm", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert f"run_dir={shlex.quote(str((tmp_path / default_run_dir(plan)).resolve()))}" in lines
+    assert "device=cuda" in lines and "#SBATCH --gpus-per-node=8" in lines
+    assert f"python={shlex.quote(sys.executable)}" in lines
+    out = cli("export", str(plan_file), "-f", "mpirun", "--device", "tpu", cwd=tmp_path)
+    assert out.returncode == 2 and "tpu" in out.stderr
 
 
 # --------------------------------------------------------------------------------------------- backends run
 def test_multinode_torchrun_needs_a_reachable_rendezvous_host(plans, tmp_path):
-    text = render(plans["llama3-8b-2x8"], "torchrun", "/p/plan.yaml", max_restarts=2)
+    text = script(plans["llama3-8b-2x8"], "torchrun", max_restarts=2)
     out = run_script(text, tmp_path)
     assert out.returncode == 2 and "MESHPLAN_RDZV_HOST" in out.stderr and len(out.stderr.splitlines()) == 1
     out = run_script(text, tmp_path, {"MESHPLAN_RDZV_HOST": "127.0.0.1"})
@@ -339,58 +418,151 @@ def test_multinode_torchrun_needs_a_reachable_rendezvous_host(plans, tmp_path):
     out = run_script(text, tmp_path, {"MESHPLAN_RDZV_HOST": "10.0.0.7", "MESHPLAN_RDZV_PORT": "29600"})
     assert out.returncode == 0, out.stderr
     argv, _ = recorded(tmp_path, "python")
-    assert not {"--node-rank", "--master-addr", "--master-port", "--node_rank", "--master_addr"} & set(argv)
+    assert not {"--node-rank", "--master-addr", "--master-port", "--node_rank", "--master_addr", "--local-addr"} & set(
+        argv)
     args = torchrun_parse(argv[2:])
     assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id,
             args.max_restarts) == ("2", "8", "c10d", "10.0.0.7:29600", "llama3-8b-16gpu", 2)
-    assert args.training_script_args == ["--plan", "/p/plan.yaml"]
+    assert args.training_script_args == ["--plan", "/p/plan.yaml", "--run-dir", "/r/run", "--device", "cuda"]
+    out = run_script(text, tmp_path, {"MESHPLAN_RDZV_HOST": "10.0.0.7", "MESHPLAN_LOCAL_ADDR": "10.0.0.8"})
+    assert out.returncode == 0, out.stderr
+    assert torchrun_parse(recorded(tmp_path, "python")[0][2:]).local_addr == "10.0.0.8"
+    # c10d hosts its store where the endpoint is recognised; torch misses a secondary interface's address, so
+    # the node that has MESHPLAN_RDZV_HOST among its addresses says it is the host, the others leave it to torch
+    out = run_script(text, tmp_path, {"MESHPLAN_RDZV_HOST": "10.0.0.7", "STUB_ALL_IPS": "192.168.1.4 10.0.0.7 "})
+    assert out.returncode == 0, out.stderr
+    assert torchrun_parse(recorded(tmp_path, "python")[0][2:]).rdzv_conf == "is_host=1"
+    out = run_script(text, tmp_path, {"MESHPLAN_RDZV_HOST": "10.0.0.7", "STUB_ALL_IPS": "10.0.0.71"})
+    assert out.returncode == 0 and "--rdzv-conf" not in recorded(tmp_path, "python")[0], out.stderr
 
 
 def test_slurm_script_resolves_head_node_and_fails_fast(plans, tmp_path):
-    text = render(plans["llama3-8b-2x8"], "slurm", "/p/plan.yaml", partition="gpu", time="2-00:00:00",
-                  account="proj-1")
+    text = script(plans["llama3-8b-2x8"], "slurm", partition="gpu", time="2-00:00:00", account="proj-1")
     sbatch = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert sbatch == ["#SBATCH --job-name=llama3-8b-16gpu", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
                       "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive", "#SBATCH --signal=B:USR1@300",
                       "#SBATCH --time=2-00:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=proj-1"]
     job = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[001-002]"}
-    out = run_script(text, tmp_path, {**job, "STUB_IP": "127.0.1.1"})
-    assert out.returncode == 1 and "resolved to '127.0.1.1'" in out.stderr
-    out = run_script(text, tmp_path, {**job, "STUB_IP": ""})
-    assert out.returncode == 1 and "resolved to ''" in out.stderr
+    # Debian's /etc/hosts maps the host name to 127.0.1.1: the first non-loopback IPv4 address is used instead
+    out = run_script(text, tmp_path, {**job, "STUB_IP": "127.0.1.1", "STUB_ALL_IPS": "fd00::2 10.9.8.7 10.0.0.1 "})
+    assert out.returncode == 0, out.stderr
+    assert "rendezvous at 10.9.8.7:29500 (node001)" in out.stdout
+    for ip, all_ips in (("127.0.1.1", ""), ("", ""), ("127.0.0.1", "fd00::2")):
+        out = run_script(text, tmp_path, {**job, "STUB_IP": ip, "STUB_ALL_IPS": all_ips})
+        assert out.returncode == 1 and "no address the other 1 node(s) can reach" in out.stderr, out.stderr
+    out = run_script(text, tmp_path, {**job, "STUB_IP": "127.0.1.1", "MESHPLAN_HEAD_ADDR": "10.5.5.5"})
+    assert out.returncode == 0 and "rendezvous at 10.5.5.5" in out.stdout, out.stderr
     out = run_script(text, tmp_path, {**job, "SLURM_NNODES": "3", "STUB_IP": "10.1.2.3"})
-    assert out.returncode == 2 and "needs 2 nodes" in out.stderr
+    assert out.returncode == 2 and "needs 2 node(s)" in out.stderr
     out = run_script(text, tmp_path, {**job, "STUB_IP": "10.1.2.3 172.17.0.1"})
     assert out.returncode == 0, out.stderr
     argv, env = recorded(tmp_path, "srun")
-    assert argv[:2] == ["--kill-on-bad-exit=1", "torchrun"]
-    args = torchrun_parse(argv[2:])
-    assert (args.nnodes, args.nproc_per_node, args.rdzv_id, args.rdzv_backend, args.rdzv_endpoint) == (
-        "2", "8", "4242", "c10d", "10.1.2.3:29500")
-    assert "SIGUSR1" in args.signals_to_handle and args.training_script_args == ["--plan", "/p/plan.yaml"]
+    python = str(tmp_path / "stubbin" / "python")
+    assert argv[:3] == ["--kill-on-bad-exit=1", "bash", "-c"] and argv[4:6] == ["meshplan-node", python]
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    # what srun runs on each node: the head (SLURM_NODEID 0, the batch node) hosts the c10d store
+    for node_id, is_host in (("0", "1"), ("1", "0")):
+        res = subprocess.run(["/bin/bash", *argv[2:]], capture_output=True, text=True, timeout=10,
+                             env={"PATH": "/usr/bin:/bin", "STUB_DIR": str(tmp_path), "SLURM_NODEID": node_id})
+        assert res.returncode == 0, res.stderr
+        node_argv, _ = recorded(tmp_path, "python")
+        assert node_argv[:2] == ["-m", "torch.distributed.run"]
+        args = torchrun_parse(node_argv[2:])
+        assert args.rdzv_conf == f"is_host={is_host}"
+        assert (args.nnodes, args.nproc_per_node, args.rdzv_id, args.rdzv_backend, args.rdzv_endpoint) == (
+            "2", "8", "4242", "c10d", "10.1.2.3:29500")
+        assert "SIGUSR1" in args.signals_to_handle and args.shutdown_timeout == 240
+        assert args.training_script_args == ["--plan", "/p/plan.yaml", "--run-dir", "/r/run", "--device", "cuda"]
 
 
-def test_slurm_forwards_the_time_limit_signal_to_the_step(plans, tmp_path):
-    text = render(plans["llama3-8b-2x8"], "slurm", "/p/plan.yaml")
-    script = tmp_path / "job.sbatch"
-    script.write_text(text)
-    script.chmod(0o755)
-    env = {"PATH": f"{stub_bin(tmp_path)}:/usr/bin:/bin", "STUB_DIR": str(tmp_path), "STUB_WAIT": "1",
-           "STUB_IP": "10.1.2.3", "SLURM_JOB_ID": "1", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
-    proc = subprocess.Popen([str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def test_slurm_single_node_needs_no_rendezvous_address_and_cpu_has_no_gres(tmp_path):
+    text = script(make("llama3-8b", 8), "slurm", device="cpu")
+    assert [line for line in text.splitlines() if line.startswith("#SBATCH")] == [
+        "#SBATCH --job-name=llama3-8b-8gpu", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --exclusive", "#SBATCH --signal=B:USR1@300"]
+    assert "hostname" not in text and "head_node" not in text
+    # the stub srun answers an address step with a loopback address: a one-node job never asks for one
+    out = run_script(text, tmp_path, {"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "vm",
+                                      "STUB_IP": "127.0.1.1"})
+    assert out.returncode == 0, out.stderr
+    argv, _ = recorded(tmp_path, "srun")
+    args = torchrun_parse(argv[4:])
+    assert args.standalone and args.nproc_per_node == "8" and args.training_script_args[-2:] == ["--device", "cpu"]
+
+
+def stop_script(text: str, tmp_path: Path, launcher: str, sig: signal.Signals, **env: str):
+    """Run `text` with the launcher stubbed as a process that waits; send `sig` to the script once the launcher
+    runs; return (returncode, stderr, the signals the launcher got)."""
+    path = tmp_path / "job.sh"
+    path.write_text(text)
+    path.chmod(0o755)
+    stubs = stub_bin(tmp_path)
+    for name in ("started", "signals"):
+        (tmp_path / name).unlink(missing_ok=True)
+    base = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_DIR": str(tmp_path), "STUB_WAIT": "1", "HOME": str(tmp_path),
+            "STUB_CKPT": str(tmp_path / "checkpoints"), "MESHPLAN_PYTHON": str(stubs / "python"), "STUB_IP": "10.1.2.3",
+            "SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]",
+            "MESHPLAN_RDZV_HOST": "10.1.2.3", "MESHPLAN_HOSTFILE": ""}
+    proc = subprocess.Popen([str(path)], env={**base, **env}, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 10
         while not (tmp_path / "started").exists():
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.02)
-        proc.send_signal(signal.SIGUSR1)
+        assert recorded(tmp_path, launcher)  # the launcher that started is the one expected
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert (tmp_path / "usr1").exists(), err
-    assert proc.returncode == 0 and b"forwarding SIGUSR1" in err
+            proc.communicate()
+    got = (tmp_path / "signals").read_text().split() if (tmp_path / "signals").exists() else []
+    return proc.returncode, err, got
+
+
+@pytest.mark.parametrize(("fmt", "launcher"), [("slurm", "srun"), ("torchrun", "python"), ("mpirun", "mpirun")])
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_stop_signal_checkpoints_and_exits_0(plans, tmp_path, fmt, launcher, sig):
+    """SIGUSR1 (Slurm's time-limit warning) or SIGTERM to the script reaches the launcher as ONE SIGUSR1 (srun
+    would SIGKILL the step on SIGTERM); the launcher exits 1 as torchrun does after a signal, but the checkpoint
+    pointer moved, so the script exits 0."""
+    run_dir = tmp_path / "my run"
+    text = script(plans["llama3-8b-2x8"], fmt, run_dir=str(run_dir))
+    ckpt = str(run_dir / "checkpoints")
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").write_text("step-00000005\n")  # an older checkpoint
+    rc, err, got = stop_script(text, tmp_path, launcher, sig, STUB_CKPT=ckpt, MASTER_ADDR="10.1.2.3")
+    assert got == ["usr1"], err
+    assert rc == 0, err
+    assert "checkpoint step-00000007 complete" in err and f"{launcher if launcher != 'python' else 'torchrun'}" in err
+
+
+@pytest.mark.parametrize(("fmt", "launcher"), [("slurm", "srun"), ("torchrun", "python"), ("mpirun", "mpirun")])
+def test_stop_without_a_new_checkpoint_keeps_the_failure(plans, tmp_path, fmt, launcher):
+    run_dir = tmp_path / "run"
+    text = script(plans["llama3-8b-2x8"], fmt, run_dir=str(run_dir))
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").write_text("step-00000007\n")  # what the stub would write: no change
+    rc, err, got = stop_script(text, tmp_path, launcher, signal.SIGUSR1, STUB_CKPT=str(run_dir / "checkpoints"),
+                               MASTER_ADDR="10.1.2.3")
+    assert got == ["usr1"] and rc == 1 and "no new checkpoint" in err, err
+    rc, err, got = stop_script(text, tmp_path, launcher, signal.SIGUSR1, STUB_CKPT=str(run_dir / "checkpoints"),
+                               STUB_NO_SAVE="1", STUB_RC="3", MASTER_ADDR="10.1.2.3")
+    assert rc == 3 and "latest: step-00000007" in err, err
+
+
+def test_slurm_requeues_itself_after_the_checkpoint_when_asked(plans, tmp_path):
+    run_dir = tmp_path / "run"
+    text = script(plans["llama3-8b-2x8"], "slurm", run_dir=str(run_dir))
+    rc, err, _ = stop_script(text, tmp_path, "srun", signal.SIGUSR1, STUB_CKPT=str(run_dir / "checkpoints"),
+                             MESHPLAN_REQUEUE="1")
+    assert rc == 0 and "requeued job 77" in err, err
+    assert (tmp_path / "scontrol.argv").read_text().split("\0")[:-1] == ["requeue", "77"]
+    (tmp_path / "scontrol.argv").unlink()
+    rc, err, _ = stop_script(text, tmp_path, "srun", signal.SIGUSR1, STUB_CKPT=str(run_dir / "checkpoints"),
+                             STUB_NO_SAVE="1", MESHPLAN_REQUEUE="1")
+    assert rc == 1 and not (tmp_path / "scontrol.argv").exists(), err
 
 
 @pytest.mark.parametrize(("kw", "needle"), [
@@ -403,7 +575,7 @@ def test_slurm_rejects_unsafe_values(plans, kw, needle):
 
 
 def test_mpirun_maps_open_mpi_ranks_to_torch(plans, tmp_path):
-    text = render(plans["llama3-8b-2x8"], "mpirun", "/p/my plan.yaml")
+    text = script(plans["llama3-8b-2x8"], "mpirun", "/p/my plan.yaml", run_dir="/r/my run")
     out = run_script(text, tmp_path)
     assert out.returncode == 2 and "MASTER_ADDR" in out.stderr
     out = run_script(text, tmp_path, {"MASTER_ADDR": "localhost"})
@@ -416,23 +588,26 @@ def test_mpirun_maps_open_mpi_ranks_to_torch(plans, tmp_path):
     assert argv[:6] == ["-np", "16", "-npernode", "8", "--bind-to", "none"]
     assert argv[argv.index("--hostfile") + 1] == str(hosts)
     assert env["MASTER_ADDR"] == "node07" and env["MASTER_PORT"] == "29500"
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in env and "--allow-run-as-root" not in argv  # never forced
     xs = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert xs[:2] == ["MASTER_ADDR", "MASTER_PORT"] and "PYTORCH_CUDA_ALLOC_CONF" in xs and "PYTORCH_ALLOC_CONF" in xs
     assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} & set(xs)
     i = argv.index("bash")
     inner = argv[i:]
-    assert inner[1] == "-c" and inner[3:] == ["meshplan-rank", "/p/my plan.yaml"]
-    # what every rank runs: Open MPI's variables become torch's
-    stubs = stub_bin(tmp_path)
+    python = str(tmp_path / "stubbin" / "python")
+    assert inner[1] == "-c" and inner[3:] == ["meshplan-rank", python, "/p/my plan.yaml", "/r/my run", "cuda"]
+    # what every rank runs: Open MPI's variables become torch's; the interpreter is the absolute path, so a
+    # PATH without any python (as on a node without an activated venv) does not matter
     ompi = {"OMPI_COMM_WORLD_RANK": "11", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "3",
             "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}
-    base = {"PATH": f"{stubs}:/usr/bin:/bin", "STUB_DIR": str(tmp_path)}
-    res = subprocess.run(inner, env={**base, **ompi}, capture_output=True, text=True, timeout=10)
+    base = {"PATH": "/usr/bin:/bin", "STUB_DIR": str(tmp_path)}
+    res = subprocess.run(["/bin/bash", *inner[1:]], env={**base, **ompi}, capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr
     argv, env = recorded(tmp_path, "python")
-    assert argv == ["-m", "launcher.core.train", "--plan", "/p/my plan.yaml"]
+    assert argv == ["-m", "launcher.core.train", "--plan", "/p/my plan.yaml", "--run-dir", "/r/my run",
+                    "--device", "cuda"]
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("11", "16", "3", "8")
-    res = subprocess.run(inner, env=base, capture_output=True, text=True, timeout=10)
+    res = subprocess.run(["/bin/bash", *inner[1:]], env=base, capture_output=True, text=True, timeout=10)
     assert res.returncode != 0 and "not started by Open MPI" in res.stderr
 
 

@@ -328,7 +328,7 @@ class StopFlag:
         return bool(t.item())
 
 
-def run(cfg: RunConfig, device: torch.device, log: bool = True) -> list[dict[str, Any]]:
+def run(cfg: RunConfig, device: torch.device, log: bool = True, stop: StopFlag | None = None) -> list[dict[str, Any]]:
     """Train (resuming when a checkpoint exists); returns rank 0's per-step records."""
     rank = dist.get_rank()
     world = dist.get_world_size()
@@ -343,7 +343,7 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True) -> list[dict[str
             print(f"resumed from {path} at step {trainer.step}", flush=True)
     if rank == 0:
         keep_metrics_until(run_dir / "metrics.jsonl", trainer.step)
-    stop = StopFlag()
+    stop = stop or StopFlag()
     last = cfg.stop_at_step or cfg.steps
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     flops_per_token = cfg.model.flops_per_token(cfg.seq_len)
@@ -455,6 +455,9 @@ def load_config(args: argparse.Namespace) -> RunConfig:
 
 @record
 def main(argv: list[str] | None = None) -> int:
+    # First thing: a stop signal (Slurm may send its time-limit warning seconds after the start) is remembered
+    # while the model is still being built, and honoured with a checkpoint after the first step.
+    stop = StopFlag()
     args = parse_args(argv)
     try:
         cfg = load_config(args)
@@ -466,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         if dist.get_rank() == 0:
             Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
             (Path(cfg.run_dir) / "config.json").write_text(json.dumps(cfg.dump(), indent=1))
-        run(cfg, device)
+        run(cfg, device, stop=stop)
     except (CheckpointError, NonFiniteLoss) as exc:  # every rank reaches the same verdict (collective checks)
         if dist.get_rank() == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)

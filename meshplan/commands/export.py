@@ -9,7 +9,12 @@ from pathlib import Path
 import typer
 
 from planner.export import SCRIPT_FORMATS, render
-from planner.plan_file import load_plan, write_atomic
+from planner.plan_file import default_run_dir, load_plan, write_atomic
+
+
+class Device(StrEnum):
+    cuda = "cuda"
+    cpu = "cpu"
 
 
 class Format(StrEnum):
@@ -33,12 +38,21 @@ def export_cmd(
     max_restarts: int = typer.Option(
         0, "--max-restarts", min=0, help="torchrun --max-restarts default (MESHPLAN_MAX_RESTARTS overrides it at run time)"
     ),
+    device: Device = typer.Option(
+        Device.cuda, "--device", help="scripts: where the training core runs: cuda (NCCL, Slurm GPUs) or cpu (gloo)"
+    ),
+    run_dir: Path = typer.Option(
+        None, "--run-dir", help="scripts: the core's run directory (metrics, checkpoints), made absolute "
+        "[runs/<name>-<plan fingerprint>]"
+    ),
 ) -> None:
     """Export PLAN as torchtitan's job config (0.2.x TOML or 0.3 command line) or as a launch script.
 
-    Scripts run meshplan's training core (`python -m launcher.core.train --plan PLAN`) on every rank:
-    torchrun with c10d rendezvous (the same command on every node), Slurm (sbatch + srun torchrun) or
-    OpenMPI mpirun. Written atomically; scripts are made executable.
+    Scripts run meshplan's training core on every rank, with this interpreter (MESHPLAN_PYTHON overrides it):
+    `python -m launcher.core.train --plan PLAN --run-dir RUN_DIR --device DEVICE`, under torchrun with c10d
+    rendezvous (the same command on every node), Slurm (sbatch + srun torchrun) or OpenMPI mpirun.
+    SIGUSR1/SIGTERM make the core checkpoint and stop, and the script exit 0 once the checkpoint is complete.
+    Written atomically; scripts are made executable.
 
     Example: meshplan export plan.yaml -f slurm --partition train --time 2-00:00:00 -o train.sbatch
     """
@@ -51,6 +65,8 @@ def export_cmd(
         partition=partition,
         time=time,
         account=account,
+        device=device.value,
+        run_dir=(run_dir if run_dir is not None else default_run_dir(loaded)).resolve(),
     )
     if output is None:
         sys.stdout.write(text)

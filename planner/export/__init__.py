@@ -1,13 +1,15 @@
 """Exports of a plan: torchtitan job configs and launch scripts (torchrun, Slurm, OpenMPI mpirun).
 
 `render(plan, fmt, plan_path)` is pure: it returns the text and touches nothing. Scripts run meshplan's
-training core, `python -m launcher.core.train --plan PLAN_PATH`, with `PLAN_PATH` shell-quoted.
+training core, `"$python" -m launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"`, every
+value shell-quoted.
 
     >>> text = render(plan, "slurm", "/shared/plans/llama3-70b.yaml", partition="train", time="2-00:00:00")
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from estimator.errors import MeshplanError
 from planner.export.env import BACKENDS, EnvDefaults, EnvVar, default_env_path, load_env_defaults
 from planner.export.scripts import TRAIN_MODULE, render_mpirun, render_slurm, render_torchrun
 from planner.export.torchtitan import CLI_VERSION, TOML_VERSION, cli_overrides, render_cli, render_toml
-from planner.plan_file import Plan
+from planner.plan_file import Plan, default_run_dir
 
 _RENDERERS: dict[str, Callable[..., str]] = {
     "torchtitan-toml": render_toml,
@@ -40,6 +42,9 @@ def render(
     partition: str | None = None,
     time: str | None = None,
     account: str | None = None,
+    device: str = "cuda",
+    run_dir: str | Path | None = None,
+    python: str | None = None,
 ) -> str:
     """The export of `plan` in format `fmt` (see FORMATS), as text.
 
@@ -47,6 +52,10 @@ def render(
     env / env_file: environment defaults (default: meshplan's data/launch/env.yaml).
     max_restarts: torchrun --max-restarts default (scripts read MESHPLAN_MAX_RESTARTS at run time).
     partition / time / account: optional #SBATCH values for `slurm`.
+    device: where the scripts send the training core: cuda (NCCL, Slurm gres) or cpu (gloo, no gres).
+    run_dir: the run directory the scripts pass to the core, made absolute against the current directory
+        [default_run_dir(plan)].
+    python: the interpreter the scripts run (MESHPLAN_PYTHON overrides it at run time) [sys.executable].
     """
     renderer = _RENDERERS.get(fmt)
     if renderer is None:
@@ -56,8 +65,12 @@ def render(
     plan_path = str(plan_path)
     if not plan_path or "\x00" in plan_path:
         raise MeshplanError("the plan path must be a non-empty path")
+    if device not in ("cuda", "cpu"):
+        raise MeshplanError(f"--device must be cuda or cpu, got {device!r}")
+    run_dir = os.path.abspath(run_dir if run_dir is not None else default_run_dir(plan))
     return renderer(
-        plan, plan_path, env, max_restarts=max_restarts, partition=partition, time=time, account=account
+        plan, plan_path, env, max_restarts=max_restarts, partition=partition, time=time, account=account,
+        device=device, run_dir=run_dir, python=python,
     )
 
 

@@ -1,13 +1,26 @@
 """Launch scripts for a plan: multi-node torchrun (c10d), Slurm (sbatch + srun torchrun), OpenMPI mpirun.
 
-All three run meshplan's training core, `python -m launcher.core.train --plan PLAN`, on every rank. Every value
-that comes from the plan or the user is shell-quoted (or, in #SBATCH lines, which bash does not parse,
-validated to a plain token), so names and paths with spaces, quotes, `$(...)` or backticks stay inert.
+All three run meshplan's training core on every rank, always as
+
+    "$python" -m launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"
+
+with `python` the absolute interpreter meshplan was installed with (MESHPLAN_PYTHON overrides it at run time; no
+activated venv is needed on the nodes), `run_dir` an absolute path and `device` cuda (NCCL) unless cpu (gloo) was
+asked for. Every value that comes from the plan or the user is shell-quoted (or, in #SBATCH lines, which bash
+does not parse, validated to a plain token), so names and paths with spaces, quotes, `$(...)` or backticks stay
+inert.
+
+Stopping: each script runs its launcher (torchrun, srun or mpirun) in the background and turns SIGUSR1 or
+SIGTERM into one SIGUSR1 for it; the launcher passes it to the workers, which finish the step, checkpoint and
+exit 0. torchrun itself then exits 1 (it re-raises the signal), so the script decides its own status: 0 when a
+stop was requested and the run dir's `checkpoints/latest` pointer moved since (the checkpoint completed), else
+the launcher's status. Slurm with MESHPLAN_REQUEUE=1 then requeues the job, which resumes from that checkpoint.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 
 from estimator.errors import MeshplanError
 from planner.export._common import assign, comment, describe, env_lines, q, safe_token
@@ -15,10 +28,17 @@ from planner.export.env import EnvDefaults
 from planner.plan_file import Plan
 
 TRAIN_MODULE = "launcher.core.train"
-# torchrun's default signal set plus SIGUSR1, which Slurm sends before the time limit (--signal)
+DEVICES = ("cuda", "cpu")
+# torchrun's default signal set plus SIGUSR1, which Slurm sends before the time limit (--signal) and which the
+# scripts use to ask for a checkpoint-and-stop
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# seconds torchrun gives the workers to checkpoint after a stop signal before it SIGKILLs them (its own default
+# is 30); below the 300 s of Slurm's --signal=B:USR1@300 warning
+SHUTDOWN_TIMEOUT = 240
+CORE_ARGS = f'-m {TRAIN_MODULE} --plan "$plan" --run-dir "$run_dir" --device "$device"'
 
 
+# --- shared with the torchtitan-cli export (planner/export/torchtitan.py); keep their output stable ---
 def header(plan: Plan, title: str, plan_path: str, usage: list[str]) -> list[str]:
     lines = ["#!/usr/bin/env bash"]
     lines += comment(f"meshplan launch script: {title}")
@@ -29,16 +49,6 @@ def header(plan: Plan, title: str, plan_path: str, usage: list[str]) -> list[str
     for u in usage:
         lines += comment(u) if len(u) > 108 else ["# " + u]
     return lines
-
-
-def continued(first: str, args: list[str], indent: str = "  ") -> list[str]:
-    """`first \\` followed by one argument group per line."""
-    if not args:
-        return [first]
-    out = [first + " \\"]
-    for i, a in enumerate(args):
-        out.append(indent + a + ("" if i == len(args) - 1 else " \\"))
-    return out
 
 
 def rendezvous_block(plan: Plan, max_restarts: int) -> list[str]:
@@ -87,35 +97,222 @@ def torchrun_args(plan: Plan) -> list[str]:
     ]
 
 
+# --- meshplan's own scripts ---
+def script_header(plan: Plan, title: str, plan_path: str, run_dir: str, device: str, usage: list[str]) -> list[str]:
+    lines = ["#!/usr/bin/env bash"]
+    lines += comment(f"meshplan launch script: {title}")
+    for line in describe(plan):
+        lines += comment(line)
+    lines += comment(f"plan file: {plan_path}")
+    lines += comment(f"run dir: {run_dir} (metrics, checkpoints; on storage every node shares)")
+    lines += comment(f"device: {device} ({'NCCL' if device == 'cuda' else 'gloo, a CPU run'})")
+    lines.append("#")
+    for u in usage:
+        lines += comment(u) if len(u) > 108 else ["# " + u]
+    return lines
+
+
+def continued(first: str, args: list[str], indent: str = "  ") -> list[str]:
+    """`first \\` followed by one argument group per line."""
+    if not args:
+        return [first]
+    out = [first + " \\"]
+    for i, a in enumerate(args):
+        out.append(indent + a + ("" if i == len(args) - 1 else " \\"))
+    return out
+
+
+def core_block(plan_path: str, run_dir: str, device: str, python: str) -> list[str]:
+    """Shell lines that set `plan`, `run_dir`, `device` and `python` (the training core's command line)."""
+    return [
+        *assign("plan", plan_path),
+        *assign("run_dir", run_dir),
+        f"device={q(device)}",
+        "# The interpreter meshplan was installed with (no activated venv needed); MESHPLAN_PYTHON overrides it.",
+        *assign("python", python),
+        'python="${MESHPLAN_PYTHON:-$python}"',
+    ]
+
+
+def restarts_block(max_restarts: int) -> list[str]:
+    return [
+        "# Restarts of the whole worker group after a failure; the training core resumes from its last checkpoint.",
+        f'max_restarts="${{MESHPLAN_MAX_RESTARTS:-{int(max_restarts)}}}"',
+        "# Seconds torchrun waits for the workers to checkpoint after a stop signal before it kills them.",
+        f'shutdown_timeout="${{MESHPLAN_SHUTDOWN_TIMEOUT:-{SHUTDOWN_TIMEOUT}}}"',
+    ]
+
+
+def c10d_block(plan: Plan) -> list[str]:
+    """Multi-node torchrun: check the c10d rendezvous host, set `rdzv_id`."""
+    n = plan.cluster.nodes
+    if n == 1:
+        return []
+    return [
+        "# c10d rendezvous: the same command on every node; MESHPLAN_RDZV_HOST is the address of any ONE node",
+        "# (it need not end up holding rank 0). No --node-rank/--master-addr/--master-port: c10d ignores them.",
+        'if [ -z "${MESHPLAN_RDZV_HOST:-}" ]; then',
+        f'  echo "meshplan: set MESHPLAN_RDZV_HOST to the address of one of the {n} nodes'
+        ' (the same value on every node)" >&2',
+        "  exit 2",
+        "fi",
+        'case "$MESHPLAN_RDZV_HOST" in',
+        "  127.*|localhost|::1)",
+        '    echo "meshplan: MESHPLAN_RDZV_HOST=$MESHPLAN_RDZV_HOST is a loopback address;'
+        ' the other nodes cannot reach it" >&2',
+        "    exit 2",
+        "    ;;",
+        "esac",
+        "# One id per job, shared by all nodes; set MESHPLAN_RDZV_ID to rerun while an old rendezvous lingers.",
+        f"rdzv_id={q(safe_token(plan.name))}",
+        'rdzv_id="${MESHPLAN_RDZV_ID:-$rdzv_id}"',
+        "# This node's address as the others reach it (torchrun --local-addr), when its host name does not",
+        "# resolve to one (e.g. Debian's 127.0.1.1 in /etc/hosts); default: the host name.",
+        "local_addr=()",
+        'if [ -n "${MESHPLAN_LOCAL_ADDR:-}" ]; then local_addr=(--local-addr "$MESHPLAN_LOCAL_ADDR"); fi',
+        "# c10d's store runs on the node that recognises MESHPLAN_RDZV_HOST as its own name or address; torch",
+        "# misses addresses of other interfaces and names mapped to 127.0.1.1 (then no node hosts it and all",
+        "# wait), so the node that has the address among its own says so (--rdzv-conf is_host=1).",
+        "rdzv_conf=()",
+        'read -r -a own_addrs <<<"$(hostname --all-ip-addresses 2>/dev/null || true)"',
+        'for a in ${own_addrs[@]+"${own_addrs[@]}"}; do',
+        '  if [ "$a" = "$MESHPLAN_RDZV_HOST" ]; then rdzv_conf=(--rdzv-conf is_host=1); fi',
+        "done",
+    ]
+
+
+def core_torchrun_args(plan: Plan) -> list[str]:
+    """torchrun's own options for the core (no program): standalone for one node, c10d for several."""
+    g = plan.cluster.gpus_per_node
+    tail = [
+        '--max-restarts "$max_restarts"',
+        f"--signals-to-handle {SIGNALS}",
+        '--shutdown-timeout "$shutdown_timeout"',
+    ]
+    if plan.cluster.nodes == 1:
+        return ["--standalone", "--nnodes 1", f"--nproc-per-node {g}", *tail]
+    return [
+        f"--nnodes {plan.cluster.nodes}",
+        f"--nproc-per-node {g}",
+        "--rdzv-backend c10d",
+        '--rdzv-endpoint "$MESHPLAN_RDZV_HOST:${MESHPLAN_RDZV_PORT:-29500}"',
+        '--rdzv-id "$rdzv_id"',
+        '${local_addr[@]+"${local_addr[@]}"}',
+        '${rdzv_conf[@]+"${rdzv_conf[@]}"}',
+        *tail,
+    ]
+
+
+def supervise(launch: list[str], what: str, why: list[str], requeue: bool = False) -> list[str]:
+    """Run the `launch` lines (a command ending in `&`) in the background, turn SIGUSR1/SIGTERM into one SIGUSR1
+    for it, wait, and exit with an honest status (see the module docstring). `why`: comment lines on how the
+    signal travels from `what` on."""
+    lines = [
+        f"# Stopping: SIGUSR1 or SIGTERM to this script becomes ONE SIGUSR1 for {what}, which the workers get:",
+        "# they finish the step, checkpoint and exit 0.",
+        *why,
+        '# The checkpoint is complete when the "latest" pointer in the run dir moves; see the end of this script.',
+        'latest="$run_dir/checkpoints/latest"',
+        'stop_signal=""',
+        'stop_mark=""',
+        'child=""',
+        "# shellcheck disable=SC2317  # run by the traps below",
+        "request_stop() {",
+        '  if [ -n "$stop_signal" ]; then return 0; fi',
+        '  stop_signal="$1"',
+        '  stop_mark=$(cat "$latest" 2>/dev/null || true)',
+        f'  echo "meshplan: $1: asking the training core to checkpoint and stop (SIGUSR1 to {what})" >&2',
+        '  if [ -n "$child" ]; then kill -USR1 "$child" 2>/dev/null || true; fi',
+        "}",
+        "trap 'request_stop SIGUSR1' USR1",
+        "trap 'request_stop SIGTERM' TERM",
+        "",
+        'if [ -n "$stop_signal" ]; then',
+        f'  echo "meshplan: $stop_signal before {what} started: nothing trained, nothing to checkpoint" >&2',
+        "  exit 1",
+        "fi",
+        *launch,
+        "child=$!",
+        'if [ -n "$stop_signal" ]; then kill -USR1 "$child" 2>/dev/null || true; fi  # a stop right at the start',
+        "status=0",
+        "while :; do",
+        '  wait "$child" && status=0 || status=$?',
+        '  if kill -0 "$child" 2>/dev/null; then continue; fi  # woken by a trap, not by the end of the launch',
+        "  break",
+        "done",
+        'if [ -n "$stop_signal" ]; then',
+        '  saved=$(cat "$latest" 2>/dev/null || true)',
+        '  if [ -n "$saved" ] && [ "$saved" != "$stop_mark" ]; then',
+        f'    echo "meshplan: stopped on $stop_signal with checkpoint $saved complete ({what} exited $status);'
+        ' the same plan and run dir resume from it" >&2',
+        "    status=0",
+    ]
+    if requeue:
+        lines += [
+            '    if [ "${MESHPLAN_REQUEUE:-0}" = 1 ]; then',
+            '      if scontrol requeue "$SLURM_JOB_ID"; then',
+            '        echo "meshplan: requeued job $SLURM_JOB_ID; it resumes from $saved" >&2',
+            "      else",
+            '        echo "meshplan: scontrol requeue $SLURM_JOB_ID failed; resubmit this script to resume" >&2',
+            "      fi",
+            "    fi",
+        ]
+    lines += [
+        '  elif [ "$status" -ne 0 ]; then',
+        f'    echo "meshplan: stopped on $stop_signal but no new checkpoint in $run_dir/checkpoints'
+        f' (latest: ${{saved:-none}}); {what} exited $status" >&2',
+        "  fi",
+        "fi",
+        'exit "$status"',
+    ]
+    return lines
+
+
 def _check_restarts(max_restarts: int) -> int:
     if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
         raise MeshplanError(f"--max-restarts must be a non-negative integer, got {max_restarts!r}")
     return max_restarts
 
 
-def render_torchrun(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int = 0, **_: object) -> str:
+def check_core(device: str, run_dir: str, python: str | None) -> str:
+    """Validate the core's device / run dir; return the interpreter (sys.executable when None)."""
+    if device not in DEVICES:
+        raise MeshplanError(f"--device must be cuda or cpu, got {device!r}")
+    if not run_dir or "\x00" in run_dir or not run_dir.startswith("/"):
+        raise MeshplanError(f"the run dir must be an absolute path, got {run_dir!r}")
+    python = python if python is not None else (sys.executable or "python3")
+    if not python or "\x00" in python:
+        raise MeshplanError("the python interpreter must be a non-empty path")
+    return python
+
+
+def render_torchrun(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int = 0, *, device: str = "cuda",
+                    run_dir: str = "", python: str | None = None, **_: object) -> str:
     _check_restarts(max_restarts)
+    python = check_core(device, run_dir, python)
     n, g = plan.cluster.nodes, plan.cluster.gpus_per_node
+    unit = "GPUs" if device == "cuda" else "processes"
     if n > 1:
         usage = [
-            f"Run this same script on each of the {n} nodes ({g} GPUs each), e.g. with pdsh or a job runner:",
+            f"Run this same script on each of the {n} nodes ({g} {unit} each), e.g. with pdsh or a job runner:",
             "  MESHPLAN_RDZV_HOST=<address of one node> ./THIS_SCRIPT",
-            "Optional: MESHPLAN_RDZV_PORT (29500), MESHPLAN_RDZV_ID (the plan name), MESHPLAN_MAX_RESTARTS.",
-            "`python -m torch.distributed.run` is torchrun, run by the `python` first on PATH (your venv).",
+            "Optional: MESHPLAN_RDZV_PORT (29500), MESHPLAN_RDZV_ID (the plan name), MESHPLAN_LOCAL_ADDR,",
+            "MESHPLAN_MAX_RESTARTS, MESHPLAN_SHUTDOWN_TIMEOUT, MESHPLAN_PYTHON.",
         ]
     else:
         usage = [
-            f"Single node ({g} GPUs): ./THIS_SCRIPT   (torchrun --standalone; MESHPLAN_MAX_RESTARTS optional)",
-            "`python -m torch.distributed.run` is torchrun, run by the `python` first on PATH (your venv).",
+            f"Single node ({g} {unit}): ./THIS_SCRIPT   (torchrun --standalone: no rendezvous address needed)",
+            "Optional: MESHPLAN_MAX_RESTARTS, MESHPLAN_SHUTDOWN_TIMEOUT, MESHPLAN_PYTHON.",
         ]
-    lines = header(plan, "torchrun (one command per node)", plan_path, usage)
+    usage.append("SIGUSR1 or SIGTERM: checkpoint and stop; exit 0 once the checkpoint is complete.")
+    lines = script_header(plan, "torchrun (one command per node)", plan_path, run_dir, device, usage)
     lines += ["set -euo pipefail", ""]
     lines += env_lines(env.for_backend("torchrun")) + [""]
-    lines += assign("plan", plan_path)
-    lines += rendezvous_block(plan, max_restarts) + [""]
-    lines += continued(
-        "exec python -m torch.distributed.run", torchrun_args(plan) + [f'-m {TRAIN_MODULE} --plan "$plan"']
-    )
+    lines += core_block(plan_path, run_dir, device, python)
+    lines += restarts_block(max_restarts)
+    lines += c10d_block(plan) + [""]
+    launch = continued('"$python" -m torch.distributed.run', core_torchrun_args(plan) + [CORE_ARGS + " &"])
+    lines += supervise(launch, "torchrun", ["# (torchrun passes it on: --signals-to-handle; it then exits 1 itself.)"])
     return "\n".join(lines) + "\n"
 
 
@@ -136,6 +333,46 @@ def _slurm_value(flag: str, value: str | None, pattern: re.Pattern) -> str | Non
     return value
 
 
+def head_address_block(n: int) -> list[str]:
+    """Slurm, several nodes: the rendezvous address of the allocation's first node, by IP."""
+    return [
+        "# Rendezvous on the first node of the allocation, by IP. Fail loudly rather than fall back to localhost.",
+        "# (Two steps, not `scontrol ... | head -n 1`: under pipefail, head closing the pipe early can kill the job.)",
+        'node_list=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        'head_node=$(head -n 1 <<<"$node_list")',
+        'if [ -z "$head_node" ]; then',
+        '  echo "meshplan: scontrol found no hosts in SLURM_JOB_NODELIST=\'$SLURM_JOB_NODELIST\'" >&2',
+        "  exit 1",
+        "fi",
+        'rdzv_port="${MESHPLAN_RDZV_PORT:-29500}"',
+        'if [ -n "${MESHPLAN_HEAD_ADDR:-}" ]; then',
+        '  head_node_ip="$MESHPLAN_HEAD_ADDR"',
+        "else",
+        "  # The head node's `hostname --ip-address`; when its name maps to a loopback address (Debian's",
+        "  # 127.0.1.1 in /etc/hosts), its first non-loopback IPv4 address from `hostname --all-ip-addresses`.",
+        '  head_addrs=$(srun --nodes=1 --ntasks=1 -w "$head_node" bash -c'
+        " 'hostname --ip-address; hostname --all-ip-addresses')",
+        "  head_node_ip=$(awk 'NR == 1 { print $1 }' <<<\"$head_addrs\")",
+        '  case "$head_node_ip" in',
+        '    127.*|""|::1|localhost)',
+        "      head_node_ip=$(awk 'NR == 2 { for (i = 1; i <= NF; i++) if ($i !~ /^127\\./ && $i !~ /:/)"
+        " { print $i; exit } }' <<<\"$head_addrs\")",
+        "      ;;",
+        "  esac",
+        "fi",
+        'case "$head_node_ip" in',
+        '  127.*|""|::1|localhost)',
+        f'    echo "meshplan: head node \'$head_node\' has no address the other {n - 1} node(s) can reach'
+        ' (hostname --ip-address and --all-ip-addresses give only loopback);'
+        ' set MESHPLAN_HEAD_ADDR to one" >&2',
+        "    exit 1",
+        "    ;;",
+        "esac",
+        'echo "meshplan: rendezvous at $head_node_ip:$rdzv_port ($head_node), job $SLURM_JOB_ID"',
+        "",
+    ]
+
+
 def render_slurm(
     plan: Plan,
     plan_path: str,
@@ -144,28 +381,40 @@ def render_slurm(
     partition: str | None = None,
     time: str | None = None,
     account: str | None = None,
+    *,
+    device: str = "cuda",
+    run_dir: str = "",
+    python: str | None = None,
     **_: object,
 ) -> str:
     _check_restarts(max_restarts)
+    python = check_core(device, run_dir, python)
     partition = _slurm_value("partition", partition, _PARTITION)
     time = _slurm_value("time", time, _TIME)
     account = _slurm_value("account", account, _ACCOUNT)
     n, g = plan.cluster.nodes, plan.cluster.gpus_per_node
+    unit = "GPUs" if device == "cuda" else "processes"
     usage = [
         "Submit: sbatch THIS_SCRIPT   (sbatch options on the command line override the #SBATCH lines)",
-        "One task per node: srun starts one torchrun per node and torchrun starts the GPU workers.",
+        "One task per node: srun starts one torchrun per node and torchrun starts the workers.",
         "Everything below is expanded once by the batch shell, so no per-node value ($SLURM_NODEID, ...) is used.",
-        "Set MESHPLAN_HEAD_ADDR to override the rendezvous address (e.g. when hostname resolves to a bridge).",
     ]
-    lines = header(plan, f"Slurm (sbatch + srun torchrun, {n} x {g} GPUs)", plan_path, usage)
+    if n > 1:
+        usage.append("Set MESHPLAN_HEAD_ADDR to override the rendezvous address (e.g. when hostname resolves to a bridge).")
+    usage += [
+        "Stop early: scancel --signal=USR1 --batch JOB (or --signal=TERM): the job checkpoints and ends COMPLETED",
+        "(exit 0), or with MESHPLAN_REQUEUE=1 requeues itself; submitting the same script again resumes.",
+    ]
+    lines = script_header(plan, f"Slurm (sbatch + srun torchrun, {n} x {g} {unit})", plan_path, run_dir, device, usage)
     sb = [
         f"--job-name={safe_token(plan.name)}",
         f"--nodes={n}",
         "--ntasks-per-node=1",
-        f"--gpus-per-node={g}",
-        "--exclusive",
-        "--signal=B:USR1@300",
     ]
+    if device == "cuda":
+        sb.append(f"--gpus-per-node={g}")
+    # append: a requeued job keeps the first run's output (Slurm truncates slurm-N.out otherwise)
+    sb += ["--exclusive", "--signal=B:USR1@300", "--open-mode=append"]
     if time:
         sb.append(f"--time={time}")
     if partition:
@@ -175,97 +424,98 @@ def render_slurm(
     lines += [f"#SBATCH {s}" for s in sb]
     lines += ["set -euo pipefail", ""]
     lines += env_lines(env.for_backend("slurm")) + [""]
-    lines += assign("plan", plan_path)
+    lines += core_block(plan_path, run_dir, device, python)
+    lines += restarts_block(max_restarts)
     lines += [
-        "# Restarts of the whole worker group after a failure; the training core resumes from its last checkpoint.",
-        f'max_restarts="${{MESHPLAN_MAX_RESTARTS:-{int(max_restarts)}}}"',
-        'rdzv_port="${MESHPLAN_RDZV_PORT:-29500}"',
         "",
         'if [ -z "${SLURM_JOB_ID:-}" ]; then',
         '  echo "meshplan: not inside a Slurm job; submit with: sbatch $0" >&2',
         "  exit 2",
         "fi",
         f'if [ "${{SLURM_NNODES:-0}}" -ne {n} ]; then',
-        f'  echo "meshplan: the plan needs {n} nodes but the job has ${{SLURM_NNODES:-0}}" >&2',
+        f'  echo "meshplan: the plan needs {n} node(s) but the job has ${{SLURM_NNODES:-0}}" >&2',
         "  exit 2",
         "fi",
         "",
-        "# Rendezvous on the first node of the allocation, by IP. Fail loudly rather than fall back to localhost.",
-        "# (Two steps, not `scontrol ... | head -n 1`: under pipefail, head closing the pipe early can kill the job.)",
-        'node_list=$(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        'head_node=$(head -n 1 <<<"$node_list")',
-        'if [ -z "$head_node" ]; then',
-        '  echo "meshplan: scontrol found no hosts in SLURM_JOB_NODELIST=\'$SLURM_JOB_NODELIST\'" >&2',
-        "  exit 1",
-        "fi",
-        'if [ -n "${MESHPLAN_HEAD_ADDR:-}" ]; then',
-        '  head_node_ip="$MESHPLAN_HEAD_ADDR"',
-        "else",
-        '  head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk \'{print $1}\')',
-        "fi",
-        'case "$head_node_ip" in',
-        '  127.*|""|::1|localhost)',
-        '    echo "meshplan: head node \'$head_node\' resolved to \'$head_node_ip\';'
-        ' set MESHPLAN_HEAD_ADDR to an address the other nodes can reach" >&2',
-        "    exit 1",
-        "    ;;",
-        "esac",
-        'echo "meshplan: rendezvous at $head_node_ip:$rdzv_port ($head_node), job $SLURM_JOB_ID"',
-        "",
-        "# --signal=B:USR1@300 warns this batch shell 5 minutes before the time limit: forward it to the job step,",
-        "# where torchrun passes it on to the workers (--signals-to-handle) and the training core checkpoints.",
-        "# (A torchrun too old for --signals-to-handle rejects it: drop that line and rely on SIGTERM at the limit.)",
     ]
-    lines += continued(
-        "srun --kill-on-bad-exit=1 torchrun",
-        [
+    if n > 1:
+        lines += head_address_block(n)
+        rdzv = [
             '--nnodes "$SLURM_NNODES"',
             f"--nproc-per-node {g}",
             '--rdzv-id "$SLURM_JOB_ID"',
             "--rdzv-backend c10d",
             '--rdzv-endpoint "$head_node_ip:$rdzv_port"',
+        ]
+    else:
+        lines += ["# One node: torchrun --standalone (c10d on this node), no rendezvous address needed.", ""]
+        rdzv = ["--standalone", "--nnodes 1", f"--nproc-per-node {g}"]
+    why = [
+        "# --signal=B:USR1@300 sends SIGUSR1 to this batch shell only, 5 minutes before the time limit, as does",
+        "# `scancel --signal=USR1 --batch`; srun passes SIGUSR1 on to torchrun, torchrun to the workers",
+        "# (--signals-to-handle) and then exits 1. Never SIGTERM to srun: srun answers it by SIGKILLing the step.",
+    ]
+    node_note = [
+        "# c10d's store runs on the node that recognises the endpoint as its own; torch misses an address of",
+        "# another interface or a name mapped to 127.0.1.1 (then every node waits as a client), so each node",
+        "# says whether it is the head (SLURM_NODEID 0, the batch node) with --rdzv-conf is_host. The wrapper",
+        "# runs on each node (single-quoted on purpose) and execs the interpreter given as its first argument.",
+        "# shellcheck disable=SC2016",
+    ]
+    first = 'srun --kill-on-bad-exit=1 "$python" -m torch.distributed.run'
+    if n > 1:
+        first = f'srun --kill-on-bad-exit=1 bash -c {q(NODE_INNER)} meshplan-node "$python"'
+    launch = (node_note if n > 1 else []) + continued(
+        first,
+        [
+            *rdzv,
             '--max-restarts "$max_restarts"',
             f"--signals-to-handle {SIGNALS}",
-            f'-m {TRAIN_MODULE} --plan "$plan" &',
+            '--shutdown-timeout "$shutdown_timeout"',
+            CORE_ARGS + " &",
         ],
     )
-    lines += [
-        "step_pid=$!",
-        "trap 'echo \"meshplan: time limit near, forwarding SIGUSR1\" >&2; kill -USR1 \"$step_pid\" 2>/dev/null || true' USR1",
-        "status=0",
-        "while :; do",
-        '  wait "$step_pid" && status=0 || status=$?',
-        '  if kill -0 "$step_pid" 2>/dev/null; then continue; fi  # woken by the trap, not by the step ending',
-        "  break",
-        "done",
-        'exit "$status"',
-    ]
+    lines += supervise(launch, "srun", why, requeue=True)
     return "\n".join(lines) + "\n"
 
 
-# Run by bash on every rank; the plan path arrives as $1, never spliced into this text.
+# Slurm, several nodes: run by bash on every node; torchrun's options arrive as arguments, never spliced in.
+NODE_INNER = (
+    'if [ "${SLURM_NODEID:-}" = 0 ]; then is_host=1; else is_host=0; fi; '
+    'exec "$1" -m torch.distributed.run --rdzv-conf "is_host=$is_host" "${@:2}"'
+)
+
+
+# Run by bash on every rank; the interpreter, plan, run dir and device arrive as $1..$4, never spliced into this text.
 MPI_INNER = (
     ': "${OMPI_COMM_WORLD_RANK:?not started by Open MPI mpirun}"; '
     'export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
     'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
-    f'exec python -m {TRAIN_MODULE} --plan "$1"'
+    f'exec "$1" -m {TRAIN_MODULE} --plan "$2" --run-dir "$3" --device "$4"'
 )
 
 
-def render_mpirun(plan: Plan, plan_path: str, env: EnvDefaults, **_: object) -> str:
+def render_mpirun(plan: Plan, plan_path: str, env: EnvDefaults, *, device: str = "cuda", run_dir: str = "",
+                  python: str | None = None, **_: object) -> str:
+    python = check_core(device, run_dir, python)
     n, g, world = plan.cluster.nodes, plan.cluster.gpus_per_node, plan.cluster.gpus
     envs = env.for_backend("mpirun")
+    per = "GPU" if device == "cuda" else "process slot"
     usage = [
-        f"Open MPI: one rank per GPU, {world} ranks on {n} node(s) of {g}; no torchrun (so no --max-restarts).",
+        f"Open MPI: one rank per {per}, {world} ranks on {n} node(s) of {g}; no torchrun (so no --max-restarts).",
         "  MESHPLAN_HOSTFILE=hosts ./THIS_SCRIPT     (MASTER_ADDR defaults to the first host in the hostfile)",
         "  MASTER_ADDR=<head address> ./THIS_SCRIPT  (when mpirun finds the hosts itself, e.g. inside an allocation)",
-        "Ranks map OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} to RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE;",
-        "only MASTER_ADDR/MASTER_PORT, the environment defaults below and PATH are passed to the ranks (-x).",
+        "Ranks map OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} to RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE",
+        "and run the absolute interpreter below (same path on every node; MESHPLAN_PYTHON overrides it), so PATH on",
+        "the nodes does not matter; only MASTER_ADDR/MASTER_PORT, the environment defaults below and PATH are",
+        "passed to the ranks (-x). As root, Open MPI wants --allow-run-as-root or OMPI_ALLOW_RUN_AS_ROOT=1 plus",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (set them yourself; this script does not).",
+        "SIGUSR1 or SIGTERM: checkpoint and stop; exit 0 once the checkpoint is complete.",
     ]
-    lines = header(plan, f"OpenMPI mpirun ({world} ranks)", plan_path, usage)
+    lines = script_header(plan, f"OpenMPI mpirun ({world} ranks)", plan_path, run_dir, device, usage)
     lines += ["set -euo pipefail", ""]
     lines += env_lines(envs) + [""]
-    lines += assign("plan", plan_path)
+    lines += core_block(plan_path, run_dir, device, python)
     lines += [
         'hostfile="${MESHPLAN_HOSTFILE:-}"',
         'if [ -z "${MASTER_ADDR:-}" ] && [ -n "$hostfile" ]; then',
@@ -296,14 +546,17 @@ def render_mpirun(plan: Plan, plan_path: str, env: EnvDefaults, **_: object) -> 
         f"mpi_args=(-np {world} -npernode {g} --bind-to none)",
         'if [ -n "$hostfile" ]; then mpi_args+=(--hostfile "$hostfile"); fi',
         "",
-        "# The inner script is single-quoted on purpose: it expands on each rank, not here.",
-        "# shellcheck disable=SC2016",
     ]
     xs = [f"-x {e.name}" for e in envs] + ["-x PATH"]
-    lines += continued(
-        'mpirun "${mpi_args[@]}"',
-        ["-x MASTER_ADDR -x MASTER_PORT"]
-        + [" ".join(xs[i : i + 4]) for i in range(0, len(xs), 4)]
-        + [f"bash -c {q(MPI_INNER)}", 'meshplan-rank "$plan"'],
-    )
+    launch = [
+        "# The inner script is single-quoted on purpose: it expands on each rank, not here.",
+        "# shellcheck disable=SC2016",
+        *continued(
+            'mpirun "${mpi_args[@]}"',
+            ["-x MASTER_ADDR -x MASTER_PORT"]
+            + [" ".join(xs[i : i + 4]) for i in range(0, len(xs), 4)]
+            + [f"bash -c {q(MPI_INNER)}", 'meshplan-rank "$python" "$plan" "$run_dir" "$device" &'],
+        ),
+    ]
+    lines += supervise(launch, "mpirun", ["# (mpirun forwards SIGUSR1 to the ranks; SIGTERM would make it end the job itself.)"])
     return "\n".join(lines) + "\n"
