@@ -29,6 +29,8 @@ test: $(STAMP)
 		echo "make test: not root, so .ci/engines.sh is not run; tests/engines skip where an engine is missing" \
 			"(set up: sudo .ci/engines.sh)"; \
 	fi
+	@echo "make test: the real torchtitan 0.2.2 and 0.3.0 releases the export tests parse with (.ci/install-torchtitan.sh)"
+	.ci/install-torchtitan.sh $(BIN)/python
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 

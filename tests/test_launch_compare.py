@@ -34,7 +34,9 @@ def test_local_dry_run_prints_torchrun_and_writes_nothing(cli, plan_path, tmp_pa
 def test_script_backends_dry_run(cli, plan_path, tmp_path, backend, first):
     out = cli("launch", str(plan_path), "--backend", backend, "--dry-run", "--run-dir", str(tmp_path / "r"))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(first) and "#!/usr/bin/env bash" in out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("# resolved run: ") and "device cuda (nccl)" in lines[0]
+    assert lines[2].startswith(first) and "#!/usr/bin/env bash" in out.stdout
     assert "launcher.core.train --plan" in out.stdout
 
 

@@ -20,6 +20,7 @@ class Device(StrEnum):
 class Format(StrEnum):
     torchtitan_toml = "torchtitan-toml"
     torchtitan_cli = "torchtitan-cli"
+    torchtitan_py = "torchtitan-py"
     torchrun = "torchrun"
     slurm = "slurm"
     mpirun = "mpirun"
@@ -46,7 +47,7 @@ def export_cmd(
         "[runs/<name>-<plan fingerprint>]"
     ),
 ) -> None:
-    """Export PLAN as torchtitan's job config (0.2.x TOML or 0.3 command line) or as a launch script.
+    """Export PLAN as a torchtitan job (0.2.2 TOML, 0.3.0 command line or 0.3.0 Python config) or a launch script.
 
     Scripts run meshplan's training core on every rank, with this interpreter (MESHPLAN_PYTHON overrides it):
     `python -m launcher.core.train --plan PLAN --run-dir RUN_DIR --device DEVICE`, under torchrun with c10d

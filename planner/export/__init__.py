@@ -1,4 +1,5 @@
-"""Exports of a plan: torchtitan job configs and launch scripts (torchrun, Slurm, OpenMPI mpirun).
+"""Exports of a plan: torchtitan jobs (0.2.2 TOML, 0.3.0 command line or Python config function) and launch
+scripts (torchrun, Slurm, OpenMPI mpirun).
 
 `render(plan, fmt, plan_path)` is pure: it returns the text and touches nothing. Scripts run meshplan's
 training core, `"$python" -m launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"`, every
@@ -16,19 +17,23 @@ from pathlib import Path
 from estimator.errors import MeshplanError
 from planner.export.env import BACKENDS, EnvDefaults, EnvVar, default_env_path, load_env_defaults
 from planner.export.scripts import TRAIN_MODULE, render_mpirun, render_slurm, render_torchrun
-from planner.export.torchtitan import CLI_VERSION, TOML_VERSION, cli_overrides, render_cli, render_toml
+from planner.export.torchtitan import TOML_VERSION, render_toml
+from planner.export.torchtitan_cli import CLI_VERSION, cli_overrides, render_cli
+from planner.export.torchtitan_py import PY_VERSION, render_py, torchtitan_train_argv
 from planner.plan_file import Plan, default_run_dir
 
 _RENDERERS: dict[str, Callable[..., str]] = {
     "torchtitan-toml": render_toml,
     "torchtitan-cli": render_cli,
+    "torchtitan-py": render_py,
     "torchrun": render_torchrun,
     "slurm": render_slurm,
     "mpirun": render_mpirun,
 }
 FORMATS: tuple[str, ...] = tuple(_RENDERERS)
 SCRIPT_FORMATS: frozenset[str] = frozenset({"torchtitan-cli", "torchrun", "slurm", "mpirun"})
-SUFFIX = {"torchtitan-toml": ".toml", "torchtitan-cli": ".sh", "torchrun": ".sh", "slurm": ".sbatch", "mpirun": ".sh"}
+SUFFIX = {"torchtitan-toml": ".toml", "torchtitan-cli": ".sh", "torchtitan-py": ".py", "torchrun": ".sh",
+          "slurm": ".sbatch", "mpirun": ".sh"}
 
 
 def render(
@@ -78,6 +83,7 @@ __all__ = [
     "BACKENDS",
     "CLI_VERSION",
     "FORMATS",
+    "PY_VERSION",
     "SCRIPT_FORMATS",
     "SUFFIX",
     "TOML_VERSION",
@@ -88,4 +94,5 @@ __all__ = [
     "default_env_path",
     "load_env_defaults",
     "render",
+    "torchtitan_train_argv",
 ]

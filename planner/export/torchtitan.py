@@ -1,13 +1,10 @@
-"""torchtitan exports of a plan, in the two forms in use.
+"""torchtitan 0.2.x export of a plan (`torchtitan-toml`), and the batch / LR / pipeline mapping every torchtitan
+export shares (0.3.0's are in torchtitan_03.py, torchtitan_cli.py and torchtitan_py.py).
 
 * `torchtitan-toml`: the job config TOML of torchtitan 0.2.x. v0.2.2 (Feb 2026) is the last release that reads
   TOML (`--job.config_file`); later releases take Python config functions (PR #2386). Key names follow the
   0.2.x `JobConfig` dataclasses (Float8 lives under `[quantize.linear.float8]` since 0.2.0, PR #1763).
-* `torchtitan-cli`: the torchtitan 0.3 command line, `torchrun ... -m torchtitan.train --module llama3
-  --config llama3_8b --section.option ...`. In 0.3 the `--section.option` flags are frozen (kept for
-  compatibility, slated for removal), async TP moved to `--compile.enable_async_tensor_parallel`
-  (PR #4045) and the batch is given in tokens (PR #4121). Float8 is part of the model config, which 0.3
-  keeps off the command line, so it is a comment there.
+  tests/test_torchtitan_real.py parses it with the real 0.2.2 ConfigManager, field by field.
 
 Batch mapping (the estimator's semantics): `micro_batch_size` sequences per forward per DP rank, and
 `global_batch_size / (dp * micro_batch_size)` microbatches per step, which are pipeline microbatches when
@@ -26,17 +23,13 @@ from planner.export._common import (
     comment,
     describe,
     dp_degree,
-    env_lines,
     one_line,
     preset_of,
-    q,
 )
 from planner.export.env import EnvDefaults
-from planner.export.scripts import continued, header, rendezvous_block, torchrun_args
 from planner.plan_file import Plan
 
 TOML_VERSION = "torchtitan <= 0.2.2"
-CLI_VERSION = "torchtitan 0.3"
 
 
 def _toml_value(v: object) -> str:
@@ -77,7 +70,9 @@ def layers_per_stage(plan: Plan) -> int | None:
     )
 
 
-def _lr(plan: Plan) -> dict:
+def lr_schedule(plan: Plan) -> dict:
+    """torchtitan's `lr_scheduler` values (0.2.x and 0.3.0 alike): warmup, then the decay, or none ("constant":
+    decay_ratio 0 leaves the whole run after warmup stable)."""
     s = plan.training.lr_schedule
     out = {"warmup_steps": s.warmup_steps}
     if s.decay == "constant":
@@ -87,30 +82,39 @@ def _lr(plan: Plan) -> dict:
     return out
 
 
-def _batch(plan: Plan) -> tuple[int, int | None, list[str]]:
-    """(local_batch_size, pipeline_parallel_microbatch_size or None, comment) for torchtitan 0.2."""
-    m = check_batch(plan)
+def local_batch(plan: Plan) -> tuple[int, int | None]:
+    """(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size or None) for torchtitan.
+
+    Without PP the local batch is the micro-batch and torchtitan accumulates global / (local * dp) steps; with
+    PP every microbatch goes through the pipeline in one step: local batch = global / dp, split into
+    micro-batch-sized pipeline microbatches. MeshplanError when the global batch does not divide.
+    """
+    check_batch(plan)
     p, dp, gbs = plan.parallel, dp_degree(plan), plan.training.global_batch_size
     if p.pp > 1:
-        return gbs // dp, p.micro_batch_size, [
-            f"per DP rank {gbs // dp} sequences per step, split into {m} pipeline microbatches of {p.micro_batch_size}"
-        ]
+        return gbs // dp, p.micro_batch_size
+    return p.micro_batch_size, None
+
+
+def _batch_note(plan: Plan) -> str:
+    m, (local_bs, pp_mbs) = check_batch(plan), local_batch(plan)
+    p, dp, gbs = plan.parallel, dp_degree(plan), plan.training.global_batch_size
+    if pp_mbs is not None:
+        return f"per DP rank {local_bs} sequences per step, split into {m} pipeline microbatches of {pp_mbs}"
     note = f"{m} gradient-accumulation steps" if m > 1 else "no gradient accumulation"
-    return p.micro_batch_size, None, [
-        f"{p.micro_batch_size} sequence(s) per forward per DP rank x dp {dp} x {m} = global batch {gbs} ({note})"
-    ]
+    return f"{p.micro_batch_size} sequence(s) per forward per DP rank x dp {dp} x {m} = global batch {gbs} ({note})"
 
 
 def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: object) -> str:
     p, t, o = plan.parallel, plan.training, plan.training.optimizer
     preset = preset_of(plan)
-    local_bs, pp_mbs, batch_note = _batch(plan)
+    local_bs, pp_mbs = local_batch(plan)
     c = plan.cluster
 
     out = comment(f"torchtitan job config exported by meshplan from plan {plan.name}.")
     out += comment(
         f"Targets {TOML_VERSION}: v0.2.2 (Feb 2026) is the last torchtitan release that reads TOML job configs; "
-        "torchtitan 0.3 takes Python config functions (export with `-f torchtitan-cli`)."
+        "torchtitan 0.3.0 takes Python config functions (export with `-f torchtitan-py` or `-f torchtitan-cli`)."
     )
     for line in describe(plan):
         out += comment(line)
@@ -146,12 +150,12 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ("name", "AdamW", ""), ("lr", float(o.lr), ""), ("beta1", float(o.betas[0]), ""),
         ("beta2", float(o.betas[1]), ""), ("eps", float(o.eps), ""), ("weight_decay", float(o.weight_decay), ""),
     ]))
-    lr = _lr(plan)
+    lr = lr_schedule(plan)
     sections.append(("lr_scheduler", [
         (k, v, "no decay: constant after warmup" if k == "decay_ratio" else "") for k, v in lr.items()
     ]))
     sections.append(("training", [
-        ("local_batch_size", local_bs, batch_note[0]),
+        ("local_batch_size", local_bs, _batch_note(plan)),
         ("global_batch_size", t.global_batch_size, "sequences per optimizer step"),
         ("seq_len", t.seq_len, ""),
         ("max_norm", float(t.grad_clip), "gradient clipping"),
@@ -217,93 +221,3 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
             line = f"{key} = {_toml_value(value)}"
             out.append(line + (f"  # {one_line(note)}" if note else ""))
     return "\n".join(out) + "\n"
-
-
-def cli_overrides(plan: Plan) -> list[str]:
-    """The `--section.option value` flags of torchtitan 0.3 for this plan (values already shell-quoted)."""
-    p, t, o = plan.parallel, plan.training, plan.training.optimizer
-    m = check_batch(plan)
-
-    def flag(name: str, on: bool) -> str:
-        section, _, key = name.rpartition(".")
-        return f"--{name}" if on else f"--{section}.no_{key}"
-
-    args = [
-        f"--parallelism.data_parallel_replicate_degree {p.dp_replicate}",
-        f"--parallelism.data_parallel_shard_degree {p.dp_shard}",
-        f"--parallelism.tensor_parallel_degree {p.tp}",
-        f"--parallelism.pipeline_parallel_degree {p.pp}",
-        f"--parallelism.context_parallel_degree {p.cp}",
-    ]
-    if p.pp > 1:
-        args.append(f"--parallelism.pipeline_parallel_schedule {q(p.pp_schedule)}")
-        args.append(f"--parallelism.num_pp_microbatches {m}")
-        lps = layers_per_stage(plan)
-        if lps is not None:
-            args.append(f"--parallelism.pipeline_parallel_layers_per_stage {lps}")
-    args += [
-        f"--training.max_context_length {t.seq_len}",
-        f"--training.num_tokens_per_microbatch_per_dp_rank {p.micro_batch_size * t.seq_len}",
-        f"--training.num_tokens_per_train_step {plan.tokens_per_step}",
-        f"--training.steps {t.steps}",
-        f"--training.max_norm {float(t.grad_clip)!r}",
-        f"--optimizer.lr {float(o.lr)!r}",
-        f"--optimizer.beta1 {float(o.betas[0])!r}",
-        f"--optimizer.beta2 {float(o.betas[1])!r}",
-        f"--optimizer.eps {float(o.eps)!r}",
-        f"--optimizer.weight_decay {float(o.weight_decay)!r}",
-    ]
-    args += [f"--lr_scheduler.{k} {q(v) if isinstance(v, str) else repr(v)}" for k, v in _lr(plan).items()]
-    args += [
-        f"--activation_checkpoint.mode {q(p.ac)}",
-        flag("compile.enable", p.compile),
-    ]
-    if p.tp > 1:
-        args.append(flag("compile.enable_async_tensor_parallel", p.async_tp))
-    args += [
-        flag("checkpoint.enable", True),
-        f"--checkpoint.interval {t.checkpoint_interval}",
-        f"--debug.seed {t.seed}",
-    ]
-    return args
-
-
-def render_cli(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int = 0, **_: object) -> str:
-    p = plan.parallel
-    preset = preset_of(plan)
-    n = plan.cluster.nodes
-    usage = [
-        f"{CLI_VERSION} command line (--module/--config registry; its --section.option flags are frozen and",
-        "slated for removal, so check them once with `python -m torchtitan.config.manager ARGS` on your version).",
-        "For torchtitan <= 0.2.2 use the TOML export (-f torchtitan-toml) instead.",
-        "Run this same script on every node" + (": MESHPLAN_RDZV_HOST=<address of one node> ./THIS_SCRIPT"
-                                                 if n > 1 else " (single node): ./THIS_SCRIPT"),
-        "TT_MODULE / TT_CONFIG override the config function the flags below are applied to.",
-    ]
-    if p.float8 != "none":
-        usage.append(
-            f"Float8 ({p.float8}) is part of the model config in 0.3, which the CLI cannot set: use a config "
-            "function that enables it (TT_MODULE/TT_CONFIG)."
-        )
-    lines = header(plan, f"torchtitan 0.3 ({plan.cluster.nodes} x {plan.cluster.gpus_per_node} GPUs)", plan_path, usage)
-    lines += ["set -euo pipefail", ""]
-    lines += env_lines(env.for_backend("torchrun")) + [""]
-    lines.append('tt_module="${TT_MODULE:-llama3}"')
-    if preset:
-        lines.append(f'tt_config="${{TT_CONFIG:-{LLAMA3_PRESETS[preset][1]}}}"')
-    else:
-        lines.append('tt_config="${TT_CONFIG:-}"')
-        lines += [
-            'if [ -z "$tt_config" ]; then',
-            '  echo "meshplan: the plan\'s model is not a torchtitan llama3 preset; set TT_CONFIG to a config'
-            ' function that builds it (TT_MODULE: its module)" >&2',
-            "  exit 2",
-            "fi",
-        ]
-    lines += rendezvous_block(plan, max_restarts) + [""]
-    lines += continued(
-        "exec torchrun",
-        torchrun_args(plan) + ['-m torchtitan.train --module "$tt_module" --config "$tt_config"'] + cli_overrides(plan),
-    )
-    return "\n".join(lines) + "\n"
-

@@ -89,7 +89,10 @@ def test_export_files_and_launch_preview(tmp_path):
         logic.export_files(result, best, paths[0])
     cmd, text = logic.launch_preview(result, best, "torchrun")
     assert cmd == "meshplan launch llama3-8b-8gpu.yaml --backend torchrun --dry-run"
-    assert text.startswith("bash runs/llama3-8b-8gpu/launch.sh\n") and "launcher.core.train" in text
+    first, command = text.splitlines()[:2]
+    assert first.startswith("# resolved run: world 8 on 1 node(s); device cuda (nccl); run dir /")
+    assert command.startswith("bash /") and "/runs/llama3-8b-8gpu-" in command and command.endswith("/launch.sh")
+    assert '--device "$device"' in text and "launcher.core.train" in text
     assert not (tmp_path / "runs").exists()
 
 

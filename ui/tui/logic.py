@@ -318,9 +318,11 @@ def launch_preview(result: Result, i: int, backend: str, plan_file: str | None =
     with tempfile.TemporaryDirectory(prefix="meshplan-tui-") as tmp:
         path = save_plan(plan, Path(tmp) / f"{plan.name}.yaml")
         launch = build_launch(path, backend, None, write=False)
-        text = render(plan, backend, str(launch.plan_path.resolve()))
+    r = launch.resolved
     cmd = f"meshplan launch {shown} --backend {backend} --dry-run"
-    return cmd, f"{launch.describe()}\n# {launch.script} would contain:\n{text}"
+    head = (f"# resolved run: world {r['world']} on {r['nodes']} node(s); device {r['device']} ({r['process_group']}); "
+            f"run dir {r['run_dir']}\n{launch.describe()}")
+    return cmd, f"{head}\n# {launch.script} would contain:\n{launch.text}"
 
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# meshplan launch script: torchtitan 0.3 (64 x 8 GPUs)
+# meshplan launch script: torchtitan 0.3.0 (64 x 8 GPUs)
 # plan: llama3-405b-512gpu
 # model: llama3-405b (405.85 B params, 126 layers) from llama3-405b
 # cluster: 64 node(s) x 8 h100-sxm = 512 GPUs
@@ -9,13 +9,16 @@
 # estimate: none stored in the plan (run `meshplan estimate --plan PLAN`)
 # plan file: /shared/plans/llama3-405b-64x8.yaml
 #
-# torchtitan 0.3 command line (--module/--config registry; its --section.option flags are frozen and
-# slated for removal, so check them once with `python -m torchtitan.config.manager ARGS` on your version).
-# For torchtitan <= 0.2.2 use the TOML export (-f torchtitan-toml) instead.
+# torchtitan 0.3.0 command line: config function llama3_405b (module llama3) with
+# the plan's values as --section.option flags (frozen in 0.3.0; the AC choice is a subcommand, last).
+# The model and its Float8 come from the config function: to set them from the plan use the Python
+# export (-f torchtitan-py). torchtitan <= 0.2.2: -f torchtitan-toml.
 # Run this same script on every node: MESHPLAN_RDZV_HOST=<address of one node> ./THIS_SCRIPT
 # TT_MODULE / TT_CONFIG override the config function the flags below are applied to.
-# Float8 (tensorwise) is part of the model config in 0.3, which the CLI cannot set: use a config function that
-# enables it (TT_MODULE/TT_CONFIG).
+#
+# STOPS unless TT_CONFIG is set: torchtitan 0.3.0 has no tensorwise Float8 recipe (Float8LinearConverter takes
+# rowwise or rowwise_with_gw_hp); plan with --float8 rowwise, or export --format torchtitan-toml for
+# torchtitan 0.2.2.
 set -euo pipefail
 
 # Environment defaults (meshplan's data/launch/env.yaml). A value already set in the environment wins.
@@ -43,7 +46,11 @@ export PYTHONUNBUFFERED="${PYTHONUNBUFFERED:-1}"
 export PYTHONFAULTHANDLER="${PYTHONFAULTHANDLER:-1}"
 
 tt_module="${TT_MODULE:-llama3}"
-tt_config="${TT_CONFIG:-llama3_405b}"
+tt_config="${TT_CONFIG:-}"
+if [ -z "$tt_config" ]; then
+  echo 'meshplan: torchtitan 0.3.0 has no tensorwise Float8 recipe (Float8LinearConverter takes rowwise or rowwise_with_gw_hp); plan with --float8 rowwise, or export --format torchtitan-toml for torchtitan 0.2.2; or set TT_CONFIG to a config function whose model has it' >&2
+  exit 2
+fi
 # c10d rendezvous: the same command on every node; MESHPLAN_RDZV_HOST is the address of any ONE node
 # (it need not end up holding rank 0). No --node-rank/--master-addr/--master-port: c10d ignores them.
 if [ -z "${MESHPLAN_RDZV_HOST:-}" ]; then
@@ -76,23 +83,27 @@ exec torchrun \
   --parallelism.pipeline_parallel_degree 8 \
   --parallelism.context_parallel_degree 1 \
   --parallelism.pipeline_parallel_schedule Interleaved1F1B \
-  --parallelism.num_pp_microbatches 64 \
-  --training.max_context_length 8192 \
-  --training.num_tokens_per_microbatch_per_dp_rank 8192 \
-  --training.num_tokens_per_train_step 4194304 \
-  --training.steps 1000 \
+  --parallelism.pipeline_parallel_microbatch_size 1 \
+  --training.local_batch_size 64 \
+  --training.global_batch_size 512 \
+  --training.seq_len 8192 \
   --training.max_norm 1.0 \
-  --optimizer.lr 0.0003 \
-  --optimizer.beta1 0.9 \
-  --optimizer.beta2 0.95 \
-  --optimizer.eps 1e-08 \
-  --optimizer.weight_decay 0.1 \
+  --training.steps 1000 \
+  --training.disable_cuda_graphs \
+  --optimizer.param_groups.0.optimizer_kwargs.lr 0.0003 \
+  --optimizer.param_groups.0.optimizer_kwargs.betas 0.9 0.95 \
+  --optimizer.param_groups.0.optimizer_kwargs.eps 1e-08 \
+  --optimizer.param_groups.0.optimizer_kwargs.weight_decay 0.1 \
+  --lr_scheduler.total_steps None \
+  --lr_scheduler.decay_ratio None \
   --lr_scheduler.warmup_steps 100 \
   --lr_scheduler.decay_type cosine \
   --lr_scheduler.min_lr_factor 0.1 \
-  --activation_checkpoint.mode full \
   --compile.enable \
   --compile.enable_async_tensor_parallel \
+  --compile.components model,loss \
   --checkpoint.enable \
+  --checkpoint.folder checkpoint \
   --checkpoint.interval 500 \
-  --debug.seed 0
+  --debug.seed 0 \
+  activation-checkpoint:full

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# meshplan launch script: torchtitan 0.3 (2 x 8 GPUs)
+# meshplan launch script: torchtitan 0.3.0 (2 x 8 GPUs)
 # plan: llama3-8b-16gpu
 # model: llama3-8b (8.03 B params, 32 layers) from llama3-8b
 # cluster: 2 node(s) x 8 h100-sxm = 16 GPUs
@@ -8,9 +8,10 @@
 # estimate: peak 61.2 GiB/GPU of 72.0 usable, 7,421 tokens/s/GPU, MFU 41.2%
 # plan file: /shared/plans/llama3-8b-2x8.yaml
 #
-# torchtitan 0.3 command line (--module/--config registry; its --section.option flags are frozen and
-# slated for removal, so check them once with `python -m torchtitan.config.manager ARGS` on your version).
-# For torchtitan <= 0.2.2 use the TOML export (-f torchtitan-toml) instead.
+# torchtitan 0.3.0 command line: config function llama3_8b (module llama3) with
+# the plan's values as --section.option flags (frozen in 0.3.0; the AC choice is a subcommand, last).
+# The model and its Float8 come from the config function: to set them from the plan use the Python
+# export (-f torchtitan-py). torchtitan <= 0.2.2: -f torchtitan-toml.
 # Run this same script on every node: MESHPLAN_RDZV_HOST=<address of one node> ./THIS_SCRIPT
 # TT_MODULE / TT_CONFIG override the config function the flags below are applied to.
 set -euo pipefail
@@ -72,21 +73,26 @@ exec torchrun \
   --parallelism.tensor_parallel_degree 1 \
   --parallelism.pipeline_parallel_degree 1 \
   --parallelism.context_parallel_degree 1 \
-  --training.max_context_length 8192 \
-  --training.num_tokens_per_microbatch_per_dp_rank 8192 \
-  --training.num_tokens_per_train_step 262144 \
-  --training.steps 1000 \
+  --parallelism.pipeline_parallel_schedule 1F1B \
+  --training.local_batch_size 1 \
+  --training.global_batch_size 32 \
+  --training.seq_len 8192 \
   --training.max_norm 1.0 \
-  --optimizer.lr 0.0003 \
-  --optimizer.beta1 0.9 \
-  --optimizer.beta2 0.95 \
-  --optimizer.eps 1e-08 \
-  --optimizer.weight_decay 0.1 \
+  --training.steps 1000 \
+  --optimizer.param_groups.0.optimizer_kwargs.lr 0.0003 \
+  --optimizer.param_groups.0.optimizer_kwargs.betas 0.9 0.95 \
+  --optimizer.param_groups.0.optimizer_kwargs.eps 1e-08 \
+  --optimizer.param_groups.0.optimizer_kwargs.weight_decay 0.1 \
+  --lr_scheduler.total_steps None \
+  --lr_scheduler.decay_ratio None \
   --lr_scheduler.warmup_steps 100 \
   --lr_scheduler.decay_type cosine \
   --lr_scheduler.min_lr_factor 0.1 \
-  --activation_checkpoint.mode selective \
   --compile.enable \
+  --compile.no_enable_async_tensor_parallel \
+  --compile.components model,loss \
   --checkpoint.enable \
+  --checkpoint.folder checkpoint \
   --checkpoint.interval 500 \
-  --debug.seed 0
+  --debug.seed 0 \
+  activation-checkpoint:selective

@@ -1,0 +1,151 @@
+"""How a plan maps onto torchtitan 0.3.0's `Trainer.Config` (shared by the `torchtitan-cli` and `torchtitan-py`
+exports). Every fact below was read in the 0.3.0 release and is checked against it by
+tests/test_torchtitan_real.py:
+
+* A job is a config function's `Trainer.Config` (`--module llama3 --config llama3_8b`), changed by frozen
+  `--section.option` flags. `model_spec` (the model, with its Float8 converters) is not on the command line.
+* Batch: `training.local_batch_size` sequences per DP rank per accumulation step (split into
+  `parallelism.pipeline_parallel_microbatch_size` microbatches when pp > 1), `global_batch_size /
+  (local_batch_size * dp_replicate * dp_shard)` accumulation steps: the same as 0.2.x, so the same mapping.
+* Pipeline parallelism needs `training.disable_cuda_graphs` (`Trainer.Config.__post_init__` rejects it otherwise).
+* AC is a tyro subcommand (`activation-checkpoint:selective|full|none`); SelectiveAC is op-level.
+* AdamW values live in `optimizer.param_groups[0].optimizer_kwargs` (lr, betas, eps, weight_decay).
+* Async TP is `compile.enable_async_tensor_parallel`.
+* Float8 is a model converter: `Float8LinearConverter` knows only the rowwise recipes (no tensorwise), MXFP8 is
+  `MXFP8LinearConverter`; llama3's output projection is `lm_head` (0.2.x: `output`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from estimator.errors import MeshplanError
+from planner.export._common import LLAMA3_PRESETS, dp_degree, preset_of
+from planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule
+from planner.plan_file import Plan
+
+RELEASE = "0.3.0"
+MODULE = "llama3"
+# The converter each llama3 config function builds into its model_spec: (class, kwargs) or None.
+CONFIG_FLOAT8: dict[str, tuple[str, dict] | None] = {
+    "llama3_8b": None,
+    "llama3_70b": None,
+    "llama3_405b": ("Float8LinearConverter", {"recipe_name": "rowwise", "filter_fqns": ["lm_head"]}),
+}
+AC_KINDS = {"selective": "selective", "full": "full", "none": "none"}
+PY_FORMAT_HINT = "export with --format torchtitan-py (a Python config function for torchtitan 0.3.0)"
+
+
+@dataclass(frozen=True)
+class Job03:
+    """The plan as torchtitan 0.3.0 values, section by section (names as in 0.3.0's dataclasses)."""
+
+    module: str
+    config: str
+    flavor: str
+    training: dict
+    parallelism: dict
+    optimizer_kwargs: dict
+    lr_scheduler: dict
+    checkpoint: dict
+    compile: dict
+    debug: dict
+    ac: str
+    converter: tuple[str, dict] | None = field(default=None)
+
+
+def preset_or_error(plan: Plan, what: str) -> str:
+    """The torchtitan llama3 preset of the plan's model, or a one-line MeshplanError."""
+    preset = preset_of(plan)
+    if preset is None:
+        raise MeshplanError(
+            f"{what}: the plan's model ({plan.model.name}) is not one of torchtitan's llama3 presets "
+            f"({', '.join(LLAMA3_PRESETS)}); torchtitan {RELEASE} builds models from its own registry only"
+        )
+    return preset
+
+
+def converter(plan: Plan, what: str) -> tuple[str, dict] | None:
+    """The 0.3.0 model converter for the plan's Float8 recipe (None for bf16); MeshplanError for tensorwise."""
+    p = plan.parallel
+    compiled = bool(p.compile)  # the export always compiles ["model", "loss"] when compile is on
+    if p.float8 == "none":
+        return None
+    if p.float8 == "rowwise":
+        return "Float8LinearConverter", {"recipe_name": "rowwise", "filter_fqns": ["lm_head"],
+                                         "model_compile_enabled": compiled}
+    if p.float8 == "mxfp8":
+        # fqns: the Linear layers to convert; "layers" matches every block's and leaves lm_head in bf16
+        return "MXFP8LinearConverter", {"fqns": ["layers"], "model_compile_enabled": compiled}
+    raise MeshplanError(
+        f"{what}: torchtitan {RELEASE} has no {p.float8} Float8 recipe (Float8LinearConverter takes rowwise or "
+        "rowwise_with_gw_hp); plan with --float8 rowwise, or export --format torchtitan-toml for torchtitan 0.2.2"
+    )
+
+
+def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = False,
+        model: bool = True) -> Job03:
+    """The plan's torchtitan 0.3.0 values; MeshplanError when 0.3.0 cannot run this plan as planned.
+
+    custom_model: accept a model that is no llama3 preset (config and flavor are then "": the caller's own
+    config function builds it) instead of refusing it.
+    model: include the model's Float8 converter (and refuse a recipe 0.3.0 lacks); False for the command line,
+    which cannot set the model (see `cli_float8_problem`).
+    """
+    if custom_model and preset_of(plan) is None:
+        flavor, config_fn = "", ""
+    else:
+        flavor, config_fn, _assets = LLAMA3_PRESETS[preset_or_error(plan, what)]
+    p, t, o = plan.parallel, plan.training, plan.training.optimizer
+    conv = converter(plan, what) if model else None
+    local_bs, pp_mbs = local_batch(plan)
+    training = {"local_batch_size": local_bs, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
+                "max_norm": float(t.grad_clip), "steps": t.steps}
+    parallelism: dict = {
+        "data_parallel_replicate_degree": p.dp_replicate, "data_parallel_shard_degree": p.dp_shard,
+        "tensor_parallel_degree": p.tp, "pipeline_parallel_degree": p.pp, "context_parallel_degree": p.cp,
+        "pipeline_parallel_schedule": p.pp_schedule,
+    }
+    if pp_mbs is not None:
+        training["disable_cuda_graphs"] = True  # 0.3.0: CUDA graphs do not support pipeline parallelism
+        parallelism["pipeline_parallel_microbatch_size"] = pp_mbs
+        lps = layers_per_stage(plan)
+        if lps is not None:
+            parallelism["pipeline_parallel_layers_per_stage"] = lps
+    assert dp_degree(plan) * p.cp * p.tp * p.pp == plan.cluster.gpus
+    return Job03(
+        module=MODULE, config=config_fn, flavor=flavor, training=training, parallelism=parallelism,
+        optimizer_kwargs={"lr": float(o.lr), "betas": (float(o.betas[0]), float(o.betas[1])), "eps": float(o.eps),
+                          "weight_decay": float(o.weight_decay)},
+        lr_scheduler={"total_steps": None, "decay_ratio": None, **lr_schedule(plan)},  # explicit: no leftovers
+        checkpoint={"enable": True, "folder": "checkpoint", "interval": t.checkpoint_interval},
+        compile={"enable": bool(p.compile), "enable_async_tensor_parallel": bool(p.async_tp),
+                 "components": ["model", "loss"]},
+        debug={"seed": t.seed},
+        ac=AC_KINDS[p.ac],
+        converter=conv,
+    )
+
+
+def cli_float8_problem(plan: Plan, j: Job03) -> str | None:
+    """Why 0.3.0's command line cannot give this plan its Float8 (the model is not on it), or None when the
+    config function `j.config` already builds exactly the plan's Float8 (or, for a custom model, it wants none)."""
+    f8 = plan.parallel.float8
+    if not j.config:
+        return None if f8 == "none" else (
+            f"the plan wants Float8 ({f8}), which torchtitan {RELEASE}'s command line cannot set: build it into "
+            "the model of your config function (TT_CONFIG)")
+    try:
+        conv = converter(plan, "")
+    except MeshplanError as exc:
+        return str(exc).removeprefix(": ")
+    want = None if conv is None else (conv[0], {k: v for k, v in conv[1].items() if k != "model_compile_enabled"})
+    built_in = CONFIG_FLOAT8[j.config]
+    if want == built_in:
+        return None
+    return (f"the plan wants {_describe(want)} (float8 {f8}) but {j.config}() builds its model with "
+            f"{_describe(built_in)}, and torchtitan {RELEASE}'s command line cannot change the model; {PY_FORMAT_HINT}")
+
+
+def _describe(conv: tuple[str, dict] | None) -> str:
+    return "no Float8" if conv is None else f"{conv[0]} {conv[1].get('recipe_name', 'mxfp8')}"

@@ -1,0 +1,511 @@
+"""meshplan's torchtitan exports, read by the REAL torchtitan releases 0.2.2 and 0.3.0, compared field by field.
+
+Each release lies in its own folder (`.ci/install-torchtitan.sh`: .engines/torchtitan-0.2.2, .engines/torchtitan-
+0.3.0, and triton, which both import, in .engines/triton) and runs in a subprocess whose PYTHONPATH holds only that
+folder (tests/torchtitan_probe.py), so the two releases never mix and meshplan itself never imports torchtitan.
+The probe parses an export as `torchrun -m torchtitan.train` would and then runs the release's own CPU-safe
+construction code (ParallelDims, pipeline stage split, model on the meta device with its Float8 converters, the
+AdamW optimizer and the LR schedule), and each test compares what the release built with the PLAN (not with the
+export). The one stand-in: the Float8/MXFP8 converters' GPU-capability gate answers as the plan's GPU would.
+
+With CI=true a release that is not installed is a failure; elsewhere these tests skip, naming the install command.
+Set MESHPLAN_TT_REPORT=FILE to have every comparison written there as a table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from estimator.config import TrainConfig
+from estimator.errors import MeshplanError
+from estimator.hardware import load_hardware
+from estimator.model_spec import load_model
+from planner.export import render, torchtitan_train_argv
+from planner.export.torchtitan_03 import job
+from planner.export.torchtitan_py import DEPENDENCY_NAMES, TORCHTITAN_NAMES, module_name
+from planner.plan_file import LRSchedule, Optimizer, Plan, load_plan, make_plan, save_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ROOT / ".engines"
+PROBE = Path(__file__).with_name("torchtitan_probe.py")
+INSTALL = ".ci/install-torchtitan.sh .venv/bin/python"
+MARK = "MESHPLAN_PROBE_JSON "
+CC = {"h100-sxm": [9, 0], "b200": [10, 0]}  # compute capability of the plans' GPUs (Float8 gates)
+IN_CI = os.environ.get("CI") == "true"
+pytestmark = pytest.mark.slow
+
+
+# --------------------------------------------------------------------------------------------- the plans
+def plan(model: str, gpus: int, decay: str = "cosine", hw: str = "h100-sxm", **kw) -> Plan:
+    """A plan whose every training value differs from torchtitan's defaults and from the llama3 config
+    functions' (lr 3e-4 / 1.5e-4 / 8e-5, seq 8192, 1000 steps, ...), so a dropped value cannot pass unseen."""
+    cfg = TrainConfig(gpus=gpus, gpus_per_node=8, dp_shard=-1, **kw)
+    p = make_plan(load_model(model), model, load_hardware(hw), cfg, steps=311)
+    training = p.training.model_copy(update={
+        "grad_clip": 0.61, "seed": 4242, "checkpoint_interval": 123,
+        "optimizer": Optimizer(lr=1.7e-4, betas=(0.87, 0.97), eps=3e-9, weight_decay=0.033),
+        "lr_schedule": LRSchedule(warmup_steps=37, decay=decay, min_lr_ratio=0.07),
+    })
+    return Plan.model_validate({**p.model_dump(), "training": training.model_dump()})
+
+
+def cases(float8_tensorwise: bool) -> dict[str, Plan]:
+    """The plans every release is checked with; 0.3.0 has no tensorwise Float8, so it gets rowwise there."""
+    f8 = "tensorwise" if float8_tensorwise else "rowwise"
+    return {
+        "8b-fsdp-accum": plan("llama3-8b", 16, global_batch_size=64, micro_batch_size=2, seq_len=4096, compile=True),
+        "70b-fsdp-tp-float8-compile-asynctp": plan(
+            "llama3-70b", 64, decay="linear", tp=4, global_batch_size=64, seq_len=4096, float8=f8, compile=True,
+            async_tp=True),
+        "405b-pp-interleaved": plan(
+            "llama3-405b", 512, tp=8, pp=8, pp_schedule="Interleaved1F1B", global_batch_size=512, seq_len=4096,
+            ac="full", compile=True, float8=f8, async_tp=True),
+        "405b-pp-interleaved-vpp4": plan(
+            "llama3-405b", 512, decay="constant", tp=8, pp=8, pp_schedule="Interleaved1F1B", vpp=4,
+            micro_batch_size=2, global_batch_size=1024, seq_len=4096, ac="full"),
+        "8b-hsdp-cp": plan("llama3-8b", 32, decay="constant", dp_replicate=2, cp=2, global_batch_size=32,
+                           seq_len=8192, ac="none"),
+        "70b-pp-1f1b": plan("llama3-70b", 64, decay="linear", tp=8, pp=2, pp_schedule="1F1B", global_batch_size=64,
+                            seq_len=4096, ac="full"),
+        "8b-mxfp8-b200": plan("llama3-8b", 8, hw="b200", global_batch_size=16, seq_len=4096, float8="mxfp8",
+                              compile=True),
+    }
+
+
+CASES_022 = cases(float8_tensorwise=True)
+CASES_030 = cases(float8_tensorwise=False)
+# What 0.3.0's command line can express: the config function's built-in Float8 must be the plan's.
+CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b"]
+CLI_REFUSED = ["70b-fsdp-tp-float8-compile-asynctp", "405b-pp-interleaved-vpp4", "8b-mxfp8-b200"]
+
+
+# --------------------------------------------------------------------------------------------- the releases
+def engine(version: str) -> str:
+    """PYTHONPATH for one release (its folder, then triton); fail in CI, skip elsewhere, when it is missing."""
+    folder, triton = ENGINES / f"torchtitan-{version}", ENGINES / "triton"
+    ok = all((d / ".meshplan-stamp").exists() for d in (folder, triton))
+    ok = ok and any(folder.glob(f"torchtitan-{version}.dist-info"))
+    if not ok:
+        msg = f"torchtitan {version} is not installed in {folder}; install it with: {INSTALL}"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return f"{folder}{os.pathsep}{triton}"
+
+
+def run_release(version: str, args: list[str], *, stdin: str = "", extra_path: Path | None = None,
+                cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    path = engine(version) + (f"{os.pathsep}{extra_path}" if extra_path else "")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    env |= {"PYTHONPATH": path, "PYTHONNOUSERSITE": "1", "PYTHONWARNINGS": "ignore", "COLUMNS": "100"}
+    return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True, cwd=cwd or ROOT,
+                          env=env, timeout=timeout)
+
+
+def probe(version: str, requests: dict, extra_path: Path | None = None) -> dict:
+    out = run_release(version, [str(PROBE)], stdin=json.dumps(requests), extra_path=extra_path)
+    lines = [line for line in out.stdout.splitlines() if line.startswith(MARK)]
+    assert out.returncode == 0 and lines, f"probe under torchtitan {version} failed:\n{out.stderr[-4000:]}"
+    results = json.loads(lines[-1][len(MARK):])
+    for name, r in results.items():
+        assert r["version"] == version, (name, r["version"])
+        assert "error" in r or r["where"].startswith(str(ENGINES / f"torchtitan-{version}")), r["where"]
+    return results
+
+
+# --------------------------------------------------------------------------------------------- comparisons
+def expected(p: Plan, output_name: str) -> dict:
+    """What the plan says, in the terms of the comparison (nothing here comes from an export)."""
+    par, t, o, s = p.parallel, p.training, p.training.optimizer, p.training.lr_schedule
+    dp = par.dp_replicate * par.dp_shard
+    out = {
+        "dp_replicate": par.dp_replicate, "dp_shard": par.dp_shard, "cp": par.cp, "tp": par.tp, "pp": par.pp,
+        "world_size": p.cluster.gpus,
+        "sequences per forward per DP rank": par.micro_batch_size,
+        "microbatches per step per DP rank": t.global_batch_size // (dp * par.micro_batch_size),
+        "local_batch_size": t.global_batch_size // dp if par.pp > 1 else par.micro_batch_size,
+        "global_batch_size": t.global_batch_size, "seq_len": t.seq_len, "steps": t.steps, "grad clip": t.grad_clip,
+        "AC": par.ac, "compile": par.compile, "async TP": par.async_tp,
+        "float8": par.float8, "bf16 outside blocks": sorted([output_name]) if par.float8 != "none" else [],
+        "optimizer": "AdamW", "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+        "warmup_steps": s.warmup_steps, "decay": s.decay, "min lr ratio": s.min_lr_ratio if s.decay != "constant" else None,
+        "lr factor at end of warmup": 1.0, "lr factor at last step": s.min_lr_ratio if s.decay != "constant" else 1.0,
+        "lr lowest at the last step": True, "lr never below min lr ratio": True,  # after warmup
+        "checkpoint": True, "checkpoint interval": t.checkpoint_interval, "seed": t.seed,
+        "layers": p.model.layers, "hidden": p.model.hidden, "heads": p.model.heads, "kv_heads": p.model.kv_heads,
+        "vocab": p.model.vocab, "ffn_hidden": p.model.ffn_hidden, "params": p.model.params,
+    }
+    if par.pp > 1:
+        out |= {"pp_schedule": par.pp_schedule, "stages per PP rank": par.vpp}
+    return out
+
+
+FLOAT8_KIND = {"ScalingGranularity.TENSORWISE": "tensorwise", "ScalingGranularity.AXISWISE": "rowwise"}
+
+
+def _float8(r: dict) -> tuple[str, list[str]]:
+    """The Float8 recipe the release's model ended up with, from its converted Linear layers."""
+    lin = r["linears"]
+    bf16_outside = sorted(lin.get("Linear", {}).get("not_in_layers", []))
+    quant = {k: v for k, v in lin.items() if k != "Linear"}
+    if not quant:
+        return "none", []
+    (cls, info), = quant.items()
+    assert not info["not_in_layers"], f"{cls} outside the blocks: {info['not_in_layers']}"
+    if cls.startswith("MX"):
+        return "mxfp8", bf16_outside
+    kinds = {FLOAT8_KIND.get(s, s) for s in info["scaling"]}
+    assert len(kinds) == 1, kinds
+    return kinds.pop(), bf16_outside
+
+
+def _lr(r: dict, warmup: int, min_ratio: float) -> dict:
+    """The release's LR schedule, stepped through the run: factors of the base lr."""
+    f = r["lr_factors"]
+    return {"lr factor at end of warmup": f[warmup - 1] if warmup else f[0], "lr factor at last step": f[-1],
+            "lr lowest at the last step": min(f[warmup:]) == f[-1], "lr never below min lr ratio": min(f[warmup:]) >= min_ratio}
+
+
+def actual_022(r: dict) -> dict:
+    c = r["config"]
+    tr, par, ls = c["training"], c["parallelism"], c["lr_scheduler"]
+    dp = r["dims"]["dp_replicate"] * r["dims"]["dp_shard"]
+    pp = r["dims"]["pp"]
+    accum = tr["global_batch_size"] // (tr["local_batch_size"] * dp)  # 0.2.2 Trainer's arithmetic
+    fwd = par["pipeline_parallel_microbatch_size"] if pp > 1 else tr["local_batch_size"]
+    f8, bf16 = _float8(r)
+    out = {
+        **r["dims"],
+        "sequences per forward per DP rank": fwd,
+        "microbatches per step per DP rank": accum * (tr["local_batch_size"] // fwd),
+        "local_batch_size": tr["local_batch_size"], "global_batch_size": tr["global_batch_size"],
+        "seq_len": tr["seq_len"], "steps": tr["steps"], "grad clip": tr["max_norm"],
+        "AC": c["activation_checkpoint"]["mode"], "compile": c["compile"]["enable"] and "model" in c["compile"]["components"],
+        "async TP": par["enable_async_tensor_parallel"],
+        "float8": f8, "bf16 outside blocks": bf16,
+        "optimizer": r["optimizer"]["class"], **{k: r["optimizer"][k] for k in ("lr", "betas", "eps", "weight_decay")},
+        "warmup_steps": ls["warmup_steps"],
+        "decay": "constant" if ls["decay_ratio"] == 0 else ls["decay_type"],
+        "min lr ratio": None if ls["decay_ratio"] == 0 else ls["min_lr_factor"],
+        **_lr(r, ls["warmup_steps"], ls["min_lr_factor"]),
+        "checkpoint": c["checkpoint"]["enable"], "checkpoint interval": c["checkpoint"]["interval"],
+        "seed": c["debug"]["seed"],
+        **_model(r),
+    }
+    if c["activation_checkpoint"]["mode"] == "selective":
+        assert c["activation_checkpoint"]["selective_ac_option"] == "op"  # op-level SAC, as the estimate assumes
+    if pp > 1:
+        out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"]}
+    return out
+
+
+def actual_030(r: dict) -> dict:
+    c = r["config"]
+    tr, par, ls, comp = c["training"], c["parallelism"], c["lr_scheduler"], c["compile"]
+    dp = r["dims"]["dp_replicate"] * r["dims"]["dp_shard"]
+    pp = r["dims"]["pp"]
+    accum = tr["global_batch_size"] // (tr["local_batch_size"] * dp)  # 0.3.0 Trainer's arithmetic
+    fwd = par["pipeline_parallel_microbatch_size"] if pp > 1 else tr["local_batch_size"]
+    f8, bf16 = _float8(r)
+    ac = {"SelectiveAC.Config": "selective", "FullAC.Config": "full", None: "none"}[r["ac"]]
+    out = {
+        **r["dims"],
+        "sequences per forward per DP rank": fwd,
+        "microbatches per step per DP rank": accum * (tr["local_batch_size"] // fwd),
+        "local_batch_size": tr["local_batch_size"], "global_batch_size": tr["global_batch_size"],
+        "seq_len": tr["seq_len"], "steps": tr["steps"], "grad clip": tr["max_norm"],
+        "AC": ac, "compile": comp["enable"] and "model" in comp["components"],
+        "async TP": comp["enable_async_tensor_parallel"],
+        "float8": f8, "bf16 outside blocks": bf16,
+        "optimizer": r["optimizer"]["class"], **{k: r["optimizer"][k] for k in ("lr", "betas", "eps", "weight_decay")},
+        "warmup_steps": ls["warmup_steps"],
+        "decay": "constant" if ls["decay_ratio"] == 0 else ls["decay_type"],
+        "min lr ratio": None if ls["decay_ratio"] == 0 else ls["min_lr_factor"],
+        **_lr(r, ls["warmup_steps"], ls["min_lr_factor"]),
+        "checkpoint": c["checkpoint"]["enable"], "checkpoint interval": c["checkpoint"]["interval"],
+        "seed": c["debug"]["seed"],
+        **_model(r),
+    }
+    if pp > 1:
+        out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"]}
+        assert tr["disable_cuda_graphs"] is True
+    return out
+
+
+def _model(r: dict) -> dict:
+    m = r["model"]
+    return {"layers": m["layers"], "hidden": m["dim"], "heads": m["heads"], "kv_heads": m["kv_heads"],
+            "vocab": m["vocab"], "ffn_hidden": m["ffn_hidden"], "params": m["params"]}
+
+
+def tolerances(p: Plan) -> dict[str, float]:
+    """Absolute tolerances: torchtitan's schedule ends one decay step short of the floor (a virtual last step
+    keeps the last lr above min), so the last step's factor may sit up to one decay step above min_lr_ratio."""
+    s = p.training.lr_schedule
+    return {"lr factor at end of warmup": 1e-9,
+            "lr factor at last step": (1 - s.min_lr_ratio) / max(1, p.training.steps - s.warmup_steps) + 1e-3}
+
+
+def compare(release: str, case: str, want: dict, got: dict, tol: dict[str, float] | None = None) -> None:
+    """Assert every field equal (floats to 1e-12 relative, or `tol[key]` absolute), listing all mismatches; log
+    the table on request."""
+    rows, bad, tol = [], [], tol or {}
+    for key, w in want.items():
+        g = got.get(key, "<missing>")
+        same = (math.isclose(g, w, rel_tol=1e-12, abs_tol=tol.get(key, 0.0))
+                if isinstance(w, float) and isinstance(g, int | float) else g == w)
+        rows.append(f"| {release} | {case} | {key} | {w!r} | {g!r} | {'ok' if same else 'MISMATCH'} |")
+        if not same:
+            bad.append(f"{key}: plan {w!r}, torchtitan {release} {g!r}")
+    report = os.environ.get("MESHPLAN_TT_REPORT")
+    if report:
+        with open(report, "a") as fh:
+            fh.write("\n".join(rows) + "\n")
+    assert not bad, f"torchtitan {release} read {case} differently:\n" + "\n".join(bad)
+
+
+# --------------------------------------------------------------------------------------------- 0.2.2: TOML
+@pytest.fixture(scope="module")
+def results_022(tmp_path_factory) -> dict:
+    engine("0.2.2")
+    d = tmp_path_factory.mktemp("tt022")
+    reqs = {}
+    for name, p in CASES_022.items():
+        path = d / f"{name}.toml"
+        path.write_text(render(p, "torchtitan-toml", "plan.yaml"))
+        reqs[name] = {"argv": ["--job.config_file", str(path)], "world_size": p.cluster.gpus,
+                      "cc": CC[p.hardware.id]}
+    return probe("0.2.2", reqs)
+
+
+@pytest.mark.parametrize("case", sorted(CASES_022))
+def test_0_2_2_parses_the_toml_export_as_planned(results_022, case):
+    r = results_022[case]
+    assert "error" not in r, r.get("error")
+    compare("0.2.2", case, expected(CASES_022[case], "output"), actual_022(r), tolerances(CASES_022[case]))
+    if CASES_022[case].parallel.float8 == "tensorwise":  # FSDP float8 all-gather + precomputed scales
+        assert r["float8"] == [{"fsdp_float8_all_gather": True, "precompute_scale": True,
+                                "scaling": "ScalingGranularity.TENSORWISE"}]
+
+
+def test_0_2_2_rejects_a_field_it_does_not_know(tmp_path):
+    """The check above can fail: 0.2.2's own parser refuses a TOML key it has no field for."""
+    p = CASES_022["8b-fsdp-accum"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(render(p, "torchtitan-toml", "plan.yaml").replace("[training]", "[training]\nnum_tokens = 1"))
+    r = probe("0.2.2", {"bad": {"argv": ["--job.config_file", str(bad)], "world_size": p.cluster.gpus}})["bad"]
+    assert "Invalid field names" in r["error"] and "num_tokens" in r["error"]
+
+
+# --------------------------------------------------------------------------------------------- 0.3.0: Python config
+@pytest.fixture(scope="module")
+def py_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tt030py")
+    for name, p in CASES_030.items():
+        (d / f"meshplan_{name.replace('-', '_')}.py").write_text(render(p, "torchtitan-py", "plan.yaml"))
+    return d
+
+
+def py_path(py_dir: Path, case: str) -> Path:
+    return py_dir / f"meshplan_{case.replace('-', '_')}.py"
+
+
+@pytest.fixture(scope="module")
+def results_030_py(py_dir) -> dict:
+    engine("0.3.0")
+    reqs = {}
+    for name, p in CASES_030.items():
+        argv = torchtitan_train_argv(p, py_path(py_dir, name))
+        assert argv[:2] == ["-m", "torchtitan.train"]
+        reqs[name] = {"argv": argv[2:], "world_size": p.cluster.gpus, "cc": CC[p.hardware.id]}
+    return probe("0.3.0", reqs, extra_path=py_dir)
+
+
+@pytest.mark.parametrize("case", sorted(CASES_030))
+def test_0_3_0_builds_the_python_export_as_planned(results_030_py, case):
+    r = results_030_py[case]
+    assert "error" not in r, r.get("error")
+    compare("0.3.0 (torchtitan-py)", case, expected(CASES_030[case], "lm_head"), actual_030(r),
+            tolerances(CASES_030[case]))
+    assert r["model"]["name"] == "llama3"
+
+
+@pytest.mark.parametrize("case", ["8b-fsdp-accum", "405b-pp-interleaved"])
+def test_0_3_0_train_entry_point_accepts_the_python_export(py_dir, case, tmp_path):
+    """`python -m torchtitan.train --module M --config meshplan_config` itself, up to where training would start
+    (`--comm.mode local_tensor` makes 0.3.0's main() stop right after loading the config)."""
+    p = CASES_030[case]
+    argv = torchtitan_train_argv(p, py_path(py_dir, case))
+    out = run_release("0.3.0", [str(PROBE), "--entry", json.dumps(CC[p.hardware.id]), *argv[2:],
+                                "--comm.mode", "local_tensor"], extra_path=py_dir, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "Local tensor mode enabled - skipping training execution" in out.stdout + out.stderr
+
+
+def test_meshplan_export_writes_a_module_0_3_0_runs_as_planned(cli, tmp_path):
+    """`meshplan export PLAN --format torchtitan-py -o DIR/meshplan_job.py`, then 0.3.0 with DIR on PYTHONPATH."""
+    p = CASES_030["8b-hsdp-cp"]
+    plan_file = tmp_path / "plan.yaml"
+    save_plan(p, plan_file)
+    (tmp_path / "job").mkdir()
+    target = tmp_path / "job" / "meshplan_job.py"
+    out = cli("export", str(plan_file), "--format", "torchtitan-py", "-o", str(target))
+    assert out.returncode == 0, out.stderr
+    assert target.stat().st_mode & 0o777 == 0o644
+    argv = torchtitan_train_argv(load_plan(plan_file), target)
+    assert argv == ["-m", "torchtitan.train", "--module", "meshplan_job", "--config", "meshplan_config"]
+    req = {"argv": argv[2:], "world_size": p.cluster.gpus, "cc": CC[p.hardware.id]}
+    r = probe("0.3.0", {"job": req}, extra_path=target.parent)["job"]
+    assert "error" not in r, r.get("error")
+    compare("0.3.0 (meshplan export -f torchtitan-py)", "8b-hsdp-cp", expected(p, "lm_head"), actual_030(r),
+            tolerances(p))
+
+
+# --------------------------------------------------------------------------------------------- 0.3.0: command line
+def run_cli_script(p: Plan, tmp_path: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run the real `torchtitan-cli` script with a `torchrun` that records its argv (NUL-separated)."""
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "torchrun").write_text('#!/bin/sh\nprintf \'%s\\0\' "$@" > "$RECORD"\n')
+    (stub / "torchrun").chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text(render(p, "torchtitan-cli", "plan.yaml"))
+    script.chmod(0o755)
+    record = tmp_path / "torchrun.argv"
+    base = {"PATH": f"{stub}:/usr/bin:/bin", "RECORD": str(record), "MESHPLAN_RDZV_HOST": "10.0.0.7",
+            "HOME": str(tmp_path)}
+    out = subprocess.run([str(script)], capture_output=True, text=True, env={**base, **(env or {})}, cwd=tmp_path,
+                         timeout=30)
+    return out, record
+
+
+def script_argv(p: Plan, tmp_path: Path, env: dict | None = None) -> list[str]:
+    """torchtitan's argv from the real `torchtitan-cli` script, split off torchrun's own options by torch's
+    torchrun parser."""
+    from torch.distributed.run import get_args_parser
+
+    out, record = run_cli_script(p, tmp_path, env)
+    assert out.returncode == 0, out.stderr
+    args = get_args_parser().parse_args(record.read_text().split("\0")[:-1])
+    assert args.module and args.training_script == "torchtitan.train"
+    return list(args.training_script_args)
+
+
+@pytest.fixture(scope="module")
+def results_030_cli(tmp_path_factory) -> dict:
+    engine("0.3.0")
+    reqs = {}
+    for name in CLI_CASES:
+        p = CASES_030[name]
+        reqs[name] = {"argv": script_argv(p, tmp_path_factory.mktemp(name)), "world_size": p.cluster.gpus,
+                      "cc": CC[p.hardware.id]}
+    # the stopping scripts, forced on with TT_CONFIG = the preset's config function: what the stop prevents
+    for name in CLI_REFUSED:
+        p = CASES_030[name]
+        argv = script_argv(p, tmp_path_factory.mktemp(name), {"TT_CONFIG": job(p).config})
+        reqs[f"forced:{name}"] = {"argv": argv, "world_size": p.cluster.gpus, "cc": CC[p.hardware.id]}
+    return probe("0.3.0", reqs)
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_0_3_0_parses_the_cli_export_as_planned(results_030_cli, case):
+    r = results_030_cli[case]
+    assert "error" not in r, r.get("error")  # tyro exits on any option 0.3.0 does not know
+    compare("0.3.0 (torchtitan-cli)", case, expected(CASES_030[case], "lm_head"), actual_030(r),
+            tolerances(CASES_030[case]))
+
+
+@pytest.mark.parametrize("case", CLI_REFUSED)
+def test_cli_script_stops_where_0_3_0_would_train_with_other_float8(results_030_cli, case, tmp_path):
+    """The script cannot give the model the plan's Float8 (0.3.0 keeps the model off its command line): it stops
+    before torchrun with one line naming torchtitan-py; forced on with TT_CONFIG, 0.3.0 indeed trains with other
+    Float8 than planned."""
+    p = CASES_030[case]
+    text = render(p, "torchtitan-cli", "plan.yaml")
+    assert "# STOPS unless TT_CONFIG is set:" in text
+    out, record = run_cli_script(p, tmp_path)
+    assert out.returncode == 2 and not record.exists(), out.stderr
+    assert len(out.stderr.splitlines()) == 1 and "--format torchtitan-py" in out.stderr
+    forced = results_030_cli[f"forced:{case}"]
+    assert "error" not in forced, forced.get("error")
+    assert _float8(forced)[0] != p.parallel.float8
+
+
+def test_cli_script_stops_for_tensorwise_which_0_3_0_lacks(tmp_path):
+    p = CASES_022["70b-fsdp-tp-float8-compile-asynctp"]
+    out, record = run_cli_script(p, tmp_path)
+    assert out.returncode == 2 and not record.exists()
+    assert len(out.stderr.splitlines()) == 1 and "no tensorwise Float8 recipe" in out.stderr
+
+
+def test_0_3_0_cli_entry_point_accepts_the_cli_export(tmp_path):
+    p = CASES_030["70b-pp-1f1b"]
+    argv = script_argv(p, tmp_path)
+    assert argv[-1] == "activation-checkpoint:full"  # a subcommand: further options go before it
+    argv[-1:-1] = ["--comm.mode", "local_tensor"]
+    out = run_release("0.3.0", [str(PROBE), "--entry", json.dumps(CC[p.hardware.id]), *argv], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "Local tensor mode enabled - skipping training execution" in out.stdout + out.stderr
+
+
+def test_0_3_0_rejects_the_old_flags_and_pp_without_disable_cuda_graphs():
+    """The check above can fail: 0.3.0 refuses the flags the old export wrote, and PP with CUDA graphs on."""
+    old = ["--training.max_context_length", "8192", "--training.num_tokens_per_microbatch_per_dp_rank", "8192",
+           "--optimizer.beta1", "0.9", "--activation_checkpoint.mode", "full"]
+    pp = ["--parallelism.pipeline_parallel_degree", "2"]
+    base = ["--module", "llama3", "--config", "llama3_8b"]
+    r = probe("0.3.0", {"old": {"argv": base + old, "world_size": 8}, "pp": {"argv": base + pp, "world_size": 8}})
+    assert r["old"]["error"].startswith("SystemExit: 2")
+    said = " ".join(r["old"]["stderr"].split())
+    for flag in ("--training.max_context_length", "--optimizer.beta1", "--activation_checkpoint.mode"):
+        assert flag in said
+    assert r["pp"]["error"].startswith("SystemExit: 2") and "disable_cuda_graphs" in r["pp"]["stderr"]
+
+
+# --------------------------------------------------------------------------------------------- refusals, names
+def test_tensorwise_and_custom_models_are_refused_for_0_3_0():
+    tw = CASES_022["70b-fsdp-tp-float8-compile-asynctp"]
+    with pytest.raises(MeshplanError, match="no tensorwise Float8 recipe.*torchtitan-toml"):
+        render(tw, "torchtitan-py", "plan.yaml")
+    spec = load_model("llama3-8b").model_copy(update={"name": "my-model", "layers": 16})
+    custom = make_plan(spec, "my-model.yaml", load_hardware("h100-sxm"),
+                       TrainConfig(gpus=8, dp_shard=-1, seq_len=4096, global_batch_size=8))
+    with pytest.raises(MeshplanError, match="not one of torchtitan's llama3 presets"):
+        render(custom, "torchtitan-py", "plan.yaml")
+    with pytest.raises(MeshplanError, match="not one of torchtitan's llama3 presets"):
+        torchtitan_train_argv(custom, "/x/meshplan_job.py")
+    assert "TT_CONFIG" in render(custom, "torchtitan-cli", "plan.yaml")  # the user's own config function
+    a100 = plan("llama3-405b", 512, hw="a100-sxm-80g", tp=8, pp=8, global_batch_size=512, seq_len=4096, ac="full")
+    with pytest.raises(MeshplanError, match="llama3_405b.*no FP8"):
+        render(a100, "torchtitan-py", "plan.yaml")
+
+
+@pytest.mark.parametrize("path", ["job.toml", "/x/9lives.py", "/x/class.py", "/x/llama3.py", "/x/json.py",
+                                  "/x/datasets.py", "/x/my-job.py"])
+def test_module_names_that_would_not_import_as_the_job_are_refused(path):
+    with pytest.raises(MeshplanError, match="torchtitan-py"):
+        module_name(path)
+
+
+def test_torchtitan_train_argv():
+    p = CASES_030["8b-fsdp-accum"]
+    assert torchtitan_train_argv(p, "/jobs/meshplan_job.py") == [
+        "-m", "torchtitan.train", "--module", "meshplan_job", "--config", "meshplan_config"]
+
+
+def test_reserved_names_cover_0_3_0s_registries():
+    """meshplan's list of names 0.3.0 resolves to its own registries is complete for this release."""
+    code = ("from torchtitan.models import _supported_models as m\n"
+            "from torchtitan.experiments import _supported_experiments as e\n"
+            "import json; print(json.dumps(sorted(n for n in m | e if '.' not in n)))")
+    out = run_release("0.3.0", ["-c", code])
+    assert out.returncode == 0, out.stderr[-3000:]
+    names = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert names <= TORCHTITAN_NAMES and "torchtitan" in DEPENDENCY_NAMES

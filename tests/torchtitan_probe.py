@@ -1,0 +1,236 @@
+"""Run INSIDE one real torchtitan release (PYTHONPATH = .engines/torchtitan-X:.engines/triton, never meshplan's
+code): parse a job the way `torchrun -m torchtitan.train ARGS` does, then run the release's own CPU-safe
+construction code on the result, and print what the release made of it as one JSON line.
+
+    python tests/torchtitan_probe.py --entry '[9, 0]' ARGV...   (runs torchtitan.train's main() with ARGV)
+    python tests/torchtitan_probe.py < requests.json
+        requests: {"name": {"argv": [...], "world_size": N, "cc": [9, 0] or null}, ...}
+        prints: MESHPLAN_PROBE_JSON {"name": {...what the release made of it...} or {"error": "..."}, ...}
+
+What runs, all of it the release's code:
+* `ConfigManager().parse_args(argv)` with `sys.argv` as torchrun leaves it (0.2.2: `--job.config_file FILE`;
+  0.3.0: `--module M --config F [--section.option ...]`), which rejects unknown options;
+* `ParallelDims` from the parsed degrees and the world size (its own validation), and on 0.3.0 the pipeline
+  stage split `_get_pipeline_metadata` uses (virtual stages per rank from schedule / layers per stage);
+* the model: 0.2.2 `TrainSpec.model_args[flavor]` built on the meta device, 0.3.0 `model_spec.model.build()`
+  on meta as Trainer does; then its Float8 converters (0.2.2 `build_model_converters` + `convert`; 0.3.0 they
+  ran inside model_registry), reporting which Linear layers were converted;
+* the optimizer built from the config on a 2x2 Linear (real torch AdamW), and the release's LR scheduler
+  stepped through every training step.
+
+The one thing not real: GPU capability. The Float8/MXFP8 converters refuse to build unless
+`torch.cuda.get_device_capability()` is at least SM89 / SM100, which no CPU has; with "cc" in the request,
+the converters' `has_cuda_capability` answers as a GPU of that capability would (the plan's GPU: H100 = 9.0,
+B200 = 10.0). Without "cc" the gate is left alone (and fails, as on any CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import io
+import json
+import os
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+MARK = "MESHPLAN_PROBE_JSON "
+
+
+def gate_capability(cc: list[int] | None) -> None:
+    """Make the Float8/MXFP8 converters' GPU-capability gate answer as a GPU of capability `cc` would."""
+    if cc is None:
+        return
+    import torchtitan.components.quantization.float8 as f8
+    import torchtitan.components.quantization.mx as mx
+
+    def has_cuda_capability(major: int, minor: int) -> bool:
+        return tuple(cc) >= (major, minor)
+
+    for mod in (f8, mx):
+        mod.has_cuda_capability = has_cuda_capability
+
+
+def lr_factors(schedulers, steps: int) -> list[float]:
+    """lr / base lr at each of the `steps` training steps (torchtitan steps the scheduler once per step)."""
+    sched = schedulers.schedulers[0]
+    base = sched.base_lrs[0]
+    out = []
+    for _ in range(steps):
+        out.append(sched.get_last_lr()[0] / base)
+        schedulers.step()
+    return out
+
+
+def linears(model) -> dict:
+    """The model's Linear layers by class: how many, which lie outside the blocks, and (Float8 / MX layers)
+    the scaling torchao was configured with."""
+    import torch.nn as nn
+
+    kinds: dict[str, dict] = {}
+    for fqn, mod in model.named_modules():
+        if isinstance(mod, nn.Linear):
+            k = kinds.setdefault(type(mod).__name__, {"count": 0, "not_in_layers": [], "scaling": set()})
+            k["count"] += 1
+            if not fqn.startswith("layers."):
+                k["not_in_layers"].append(fqn)
+            cast = getattr(getattr(mod, "config", None), "cast_config_input", None)
+            if cast is not None:
+                k["scaling"].add(str(cast.scaling_granularity))
+    return {name: {**k, "scaling": sorted(k["scaling"])} for name, k in kinds.items()}
+
+
+def stages_per_rank_022(cfg, pp: int) -> int:
+    """0.2.2's pipeline_llm rule (it needs a device mesh, so it cannot run here): layers_per_stage gives
+    ceil((layers + first_less + last_less) / layers_per_stage) virtual stages; otherwise 1 per rank for
+    single-stage schedules and 2 for looped ones (schedule class from torch's own table)."""
+    import math
+
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    par = cfg.parallelism
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    layers = get_train_spec(cfg.model.name).model_args[cfg.model.flavor].n_layers
+    if par.pipeline_parallel_layers_per_stage is not None:
+        total = layers + par.pipeline_parallel_first_stage_less_layers + par.pipeline_parallel_last_stage_less_layers
+        return math.ceil(total / par.pipeline_parallel_layers_per_stage) // pp
+    single = issubclass(get_schedule_class(par.pipeline_parallel_schedule), PipelineScheduleSingle)
+    return 1 if single else 2
+
+
+def params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def probe_022(req: dict) -> dict:
+    import torch
+    import torch.nn as nn
+    from torchtitan.components.lr_scheduler import build_lr_schedulers
+    from torchtitan.components.optimizer import build_optimizers
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.protocols.model_converter import build_model_converters
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    gate_capability(req.get("cc"))
+    cfg = ConfigManager().parse_args(req["argv"])  # main() passes sys.argv[1:], the same list
+    par = cfg.parallelism
+    dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
+                        cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
+                        pp=par.pipeline_parallel_degree, ep=par.expert_parallel_degree,
+                        etp=par.expert_tensor_parallel_degree, world_size=req["world_size"])
+    spec = get_train_spec(cfg.model.name)
+    args = spec.model_args[cfg.model.flavor]
+    args.update_from_config(cfg)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    n_params = params(model)
+    converters = build_model_converters(cfg, dims)
+    converters.convert(model)
+    f8 = [c for c in converters.converters if type(c).__name__ == "Float8LinearConverter"]
+    opt = build_optimizers([nn.Linear(2, 2)], cfg.optimizer, dims)
+    group = dict(opt.optimizers[0].param_groups[0])  # before the LR scheduler scales "lr" by its first factor
+    sched = build_lr_schedulers(opt, cfg.lr_scheduler, cfg.training.steps)
+    return {
+        "config": dataclasses.asdict(cfg),
+        "dims": {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
+                 "pp": dims.pp, "world_size": dims.world_size},
+        "model": {"layers": args.n_layers, "dim": args.dim, "heads": args.n_heads, "kv_heads": args.n_kv_heads,
+                  "vocab": args.vocab_size, "ffn_hidden": model.layers["0"].feed_forward.w1.out_features,
+                  "params": n_params, "max_seq_len": args.max_seq_len},
+        "converters": [type(c).__name__ for c in converters.converters],
+        "pipeline": {"per_rank": stages_per_rank_022(cfg, dims.pp)} if dims.pp > 1 else None,
+        "linears": linears(model),
+        "float8": [{"fsdp_float8_all_gather": c.config.enable_fsdp_float8_all_gather,
+                    "precompute_scale": c.precompute_scale,
+                    "scaling": str(c.config.cast_config_input.scaling_granularity)} for c in f8],
+        "optimizer": {"class": type(opt.optimizers[0]).__name__, "lr": group["lr"], "betas": list(group["betas"]),
+                      "eps": group["eps"], "weight_decay": group["weight_decay"]},
+        "lr_factors": lr_factors(sched, cfg.training.steps),
+    }
+
+
+def probe_030(req: dict) -> dict:
+    import torch
+    import torch.nn as nn
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
+
+    gate_capability(req.get("cc"))
+    cfg = ConfigManager().parse_args(req["argv"])  # what torchtitan.train.main() does first (with sys.argv[1:])
+    cfg._validate_cuda_graphs()
+    dims = ParallelDims.from_config(cfg.parallelism, req["world_size"])
+    stages = None
+    if dims.pp > 1:
+        num_virtual, num_layers, first_w, last_w = _get_pipeline_metadata(dims, cfg.parallelism, cfg.model_spec.model)
+        stages = {"virtual_stages": num_virtual, "per_rank": num_virtual // dims.pp, "layers": num_layers,
+                  "first_stage_less": first_w, "last_stage_less": last_w}
+    model_cfg = cfg.model_spec.model
+    model_cfg.update_from_config(config=cfg)  # Trainer.__init__ does this before building the model
+    with torch.device("meta"):
+        model = model_cfg.build()
+    model.verify_module_protocol()
+    layer0 = model.layers[0] if isinstance(model.layers, nn.ModuleList) else model.layers["0"]
+    ffn = layer0.feed_forward
+    opt = cfg.optimizer.build(model_parts=[nn.Linear(2, 2)])
+    group = dict(opt.optimizers[0].param_groups[0])  # before the LR scheduler scales "lr" by its first factor
+    sched = cfg.lr_scheduler.build(optimizers=opt, training_steps=cfg.training.steps)
+    ac = cfg.activation_checkpoint
+    out = {k: v for k, v in cfg.to_dict().items() if k != "model_spec"}
+    attn = layer0.attention
+    return {
+        "config": out,
+        "ac": None if ac is None else type(ac).__qualname__,
+        "dims": {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
+                 "pp": dims.pp, "world_size": dims.world_size},
+        "pipeline": stages,
+        "model": {"name": cfg.model_spec.name, "flavor": cfg.model_spec.flavor, "layers": len(model.layers),
+                  "dim": model_cfg.dim, "heads": getattr(attn, "n_heads", None),
+                  "kv_heads": getattr(attn, "n_kv_heads", None), "vocab": model_cfg.vocab_size,
+                  "ffn_hidden": ffn.w1.out_features if hasattr(ffn, "w1") else None, "params": params(model)},
+        "linears": linears(model),
+        "optimizer": {"class": type(opt.optimizers[0]).__name__, "lr": group["lr"], "betas": list(group["betas"]),
+                      "eps": group["eps"], "weight_decay": group["weight_decay"]},
+        "lr_factors": lr_factors(sched, cfg.training.steps),
+    }
+
+
+def entry(cc: list[int] | None, argv: list[str]) -> None:
+    """`python -m torchtitan.train ARGV` itself (runpy, as -m does), after setting the capability gate."""
+    import runpy
+
+    import torchtitan
+
+    gate_capability(cc)
+    sys.argv = [os.path.join(os.path.dirname(torchtitan.__file__), "train.py"), *argv]
+    runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--entry"]:  # --entry CC_JSON ARGV...
+        entry(json.loads(sys.argv[2]), sys.argv[3:])
+        return
+    reqs = json.load(sys.stdin)
+    version = importlib.metadata.version("torchtitan")
+    import torchtitan
+
+    probe = probe_022 if version.startswith("0.2.") else probe_030
+    results = {}
+    for name, req in reqs.items():
+        said = io.StringIO()  # what the parser printed (tyro explains a refusal on stderr, then exits 2)
+        try:
+            with contextlib.redirect_stderr(said):
+                results[name] = {"version": version, "where": os.path.dirname(torchtitan.__file__), **probe(req)}
+        except BaseException as exc:  # noqa: BLE001 - tyro exits (SystemExit) on unknown options
+            results[name] = {"version": version, "error": f"{type(exc).__name__}: {exc}",
+                             "stderr": said.getvalue()[-6000:]}
+        print(f"probe: {name} done", file=sys.stderr, flush=True)
+    print(MARK + json.dumps(results, default=repr), flush=True)
+
+
+if __name__ == "__main__":
+    main()
