@@ -22,6 +22,7 @@ from planner.export import SUFFIX, render
 from planner.plan_file import Plan, default_run_dir, load_plan, plan_fingerprint, save_plan
 
 BACKENDS = ("local", "torchrun", "slurm", "mpirun")
+ENGINES = ("core", "torchtitan")
 TRAIN_MODULE = "launcher.core.train"
 
 
@@ -137,6 +138,7 @@ def build_launch(
     account: str | None = None,
     write: bool = True,
     wait: bool = False,
+    engine: str = "core",
 ) -> Launch:
     """Work out the launch; with `write`, create the run directory, plan copy and script."""
     if backend not in BACKENDS:
@@ -145,11 +147,17 @@ def build_launch(
         raise MeshplanError(f"--device must be cpu or cuda, got {device!r}")
     if max_restarts < 0:
         raise MeshplanError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if engine not in ENGINES:
+        raise MeshplanError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
     plan = load_plan(plan_file)
     run_dir = Path(run_dir) if run_dir else default_run_dir(plan)
     check_run_dir_owner(plan, run_dir)
     resolved = resolve_run(plan, backend, run_dir, steps, device)
+    resolved["engine"] = engine
+    if engine == "torchtitan":  # torchtitan keeps its checkpoints in dump_folder/checkpoint.folder
+        resolved["checkpoints"] = str(run_dir.resolve() / "checkpoint")
     plan_copy = run_dir / "plan.yaml"
+    job = titan_job(plan, run_dir, steps, device) if engine == "torchtitan" else None
     if backend == "local":
         nproc = nproc_per_node or plan.cluster.gpus
         if nproc != plan.cluster.gpus:
@@ -159,17 +167,24 @@ def build_launch(
             )
         torchrun_args = ["--standalone", "--nnodes=1", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
         validate_torchrun_args([*torchrun_args, "-m", TRAIN_MODULE])
-        argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, "-m", TRAIN_MODULE,
-                "--plan", str(plan_copy.resolve()), "--run-dir", str(run_dir.resolve()), "--device", device]
+        program = ["-m", TRAIN_MODULE, "--plan", str(plan_copy.resolve()), "--run-dir", str(run_dir.resolve()),
+                   "--device", device]
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        if job is not None:
+            from planner.export.torchtitan_py import torchtitan_train_argv
+
+            program = [*torchtitan_train_argv(job[0], job[1]), "--dump_folder", str(run_dir.resolve())]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(job[1].parent.resolve()),
+                                                                os.environ.get("PYTHONPATH")]))
+        argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, *program]
         if write:
-            prepare_run_dir(plan, run_dir, steps)
+            write_run_dir(plan, run_dir, steps, job)
         return Launch(backend, run_dir, plan_copy, argv, env=env, resolved=resolved)
     fmt = backend
     script = run_dir / f"launch{SUFFIX[fmt]}"
-    text = render_script(plan, fmt, plan_copy, run_dir, device, max_restarts, partition, time, account)
+    text = render_script(plan, fmt, plan_copy, run_dir, device, max_restarts, partition, time, account, engine)
     if write:
-        prepare_run_dir(plan, run_dir, steps)
+        write_run_dir(plan, run_dir, steps, job)
         from planner.plan_file import write_atomic
 
         write_atomic(script, text, mode=0o755)
@@ -181,14 +196,42 @@ def build_launch(
 
 
 def render_script(plan: Plan, fmt: str, plan_copy: Path, run_dir: Path, device: str, max_restarts: int,
-                  partition: str | None, time: str | None, account: str | None) -> str:
-    """The launch script `meshplan export` writes, for this run directory and device."""
+                  partition: str | None, time: str | None, account: str | None, engine: str = "core") -> str:
+    """The launch script `meshplan export` writes, for this run directory, device and engine."""
     return render(plan, fmt, str(plan_copy.resolve()), max_restarts=max_restarts, partition=partition, time=time,
-                  account=account, device=device, run_dir=str(run_dir.resolve()))
+                  account=account, device=device, run_dir=str(run_dir.resolve()), engine=engine)
+
+
+def titan_job(plan: Plan, run_dir: Path, steps: int | None, device: str) -> tuple[Plan, Path, str]:
+    """(the plan with the step override, where its torchtitan 0.3 module goes, the module's text) for
+    `--engine torchtitan`; MeshplanError when torchtitan 0.3 cannot run the plan as planned."""
+    from planner.export.scripts import TITAN_JOB_DIR, TITAN_MODULE
+
+    if device != "cuda":
+        raise MeshplanError("--engine torchtitan trains on CUDA GPUs only; use the core (--engine core) for --device cpu")
+    if steps is not None:
+        plan = plan.model_copy(update={"training": plan.training.model_copy(update={"steps": steps})})
+    path = run_dir / TITAN_JOB_DIR / f"{TITAN_MODULE}.py"
+    return plan, path, render(plan, "torchtitan-py", str(run_dir / "plan.yaml"))
+
+
+def write_run_dir(plan: Plan, run_dir: Path, steps: int | None, job: tuple[Plan, Path, str] | None) -> None:
+    """The plan copy and, for torchtitan, its config module."""
+    prepare_run_dir(plan, run_dir, steps)
+    if job is not None:
+        from planner.plan_file import write_atomic
+
+        job[1].parent.mkdir(exist_ok=True)
+        write_atomic(job[1], job[2])
 
 
 def preflight(launch: Launch, device: str) -> None:
     """Everything that can be checked before starting: torch, the device, the scheduler's tools."""
+    if launch.backend == "local" and launch.resolved.get("engine") == "torchtitan":
+        import importlib.util
+
+        if importlib.util.find_spec("torchtitan") is None:
+            raise MeshplanError("--engine torchtitan needs torchtitan 0.3 installed here: pip install torchtitan==0.3.0")
     if launch.backend == "local":
         check_device(device)
         if not _torch_available():

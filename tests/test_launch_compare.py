@@ -60,6 +60,9 @@ def test_launch_writes_run_dir_and_fails_clearly_without_sbatch(cli, plan_path, 
         (["--backend", "k8s"], "unknown backend"),
         (["--device", "tpu"], "--device must be cpu or cuda"),
         (["--backend", "local", "--nproc-per-node", "4"], "world size is 16"),
+        (["--engine", "deepspeed"], "unknown engine 'deepspeed'"),
+        (["--engine", "torchtitan", "--device", "cpu"], "--engine torchtitan trains on CUDA GPUs only"),
+        (["--engine", "torchtitan", "--backend", "mpirun"], "--engine torchtitan runs under torchrun"),
     ],
 )
 def test_launch_bad_input(cli, plan_path, args, needle):

@@ -509,3 +509,26 @@ def test_reserved_names_cover_0_3_0s_registries():
     assert out.returncode == 0, out.stderr[-3000:]
     names = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert names <= TORCHTITAN_NAMES and "torchtitan" in DEPENDENCY_NAMES
+
+
+def test_launch_engine_torchtitan_writes_a_job_0_3_0_runs(tmp_path):
+    """`meshplan launch PLAN --engine torchtitan`: the module it writes into the run dir and the program arguments
+    its launch runs are what 0.3.0's own entry point accepts (up to where training would start: local_tensor)."""
+    from launcher.launch import build_launch
+
+    p = CASES_030["8b-fsdp-accum"]
+    plan_file = save_plan(p, tmp_path / "plan.yaml")
+    run_dir = tmp_path / "run"
+    launch = build_launch(plan_file, "local", run_dir, steps=5, engine="torchtitan")
+    job_dir = run_dir / "torchtitan-job"
+    assert (job_dir / "meshplan_job.py").is_file() and launch.env["PYTHONPATH"].split(os.pathsep)[0] == str(job_dir)
+    program = launch.argv[launch.argv.index("torchtitan.train") - 1:]
+    assert program[:6] == ["-m", "torchtitan.train", "--module", "meshplan_job", "--config", "meshplan_config"]
+    assert program[6:] == ["--dump_folder", str(run_dir.resolve())]
+    out = run_release("0.3.0", [str(PROBE), "--entry", json.dumps(CC[p.hardware.id]), *program[2:],
+                                "--comm.mode", "local_tensor"], extra_path=job_dir, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "Local tensor mode enabled - skipping training execution" in out.stdout + out.stderr
+    script = build_launch(plan_file, "slurm", run_dir, engine="torchtitan", write=False).text
+    assert '-m torchtitan.train --module meshplan_job --config meshplan_config --dump_folder "$run_dir"' in script
+    assert 'export PYTHONPATH="$run_dir/torchtitan-job${PYTHONPATH:+:$PYTHONPATH}"' in script

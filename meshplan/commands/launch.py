@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from launcher.launch import BACKENDS, build_launch, preflight, run_launch
+from launcher.launch import BACKENDS, ENGINES, build_launch, preflight, run_launch
 
 
 def launch_cmd(
@@ -31,6 +31,9 @@ def launch_cmd(
     wait: bool = typer.Option(False, "--wait", help="slurm: wait for the job to end (sbatch --wait); exit with its "
                               "status"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: the resolved run as JSON"),
+    engine: str = typer.Option(
+        "core", "--engine", help=f"one of {', '.join(ENGINES)}: meshplan's training core, or torchtitan 0.3 on the "
+        "plan's torchtitan-py config (CUDA; written to RUN_DIR/torchtitan-job/)"),
 ) -> None:
     """Launch a plan. `local` runs torchrun --standalone here (the plan's world size in processes); `torchrun`,
     `slurm` and `mpirun` write the same script `meshplan export` writes into the run directory and start or
@@ -43,14 +46,14 @@ def launch_cmd(
     meshplan launch tiny.yaml --backend local --device cpu --steps 5 --run-dir runs/tiny
     """
     launch = build_launch(plan, backend, run_dir, steps, device, nproc_per_node, max_restarts, partition, time,
-                          account, write=not dry_run, wait=wait)
+                          account, write=not dry_run, wait=wait, engine=engine)
     console = Console(stderr=True)
     if dry_run:
         if as_json:
             print(json.dumps({**launch.resolved, "command": launch.argv, "script": launch.text}, indent=1))
             return
         r = launch.resolved
-        print(f"# resolved run: {r['backend']} on {r['nodes']} node(s) x {r['processes_per_node']} processes = "
+        print(f"# resolved run: {r['engine']} engine, {r['backend']} on {r['nodes']} node(s) x {r['processes_per_node']} processes = "
               f"world {r['world']}; device {r['device']} ({r['process_group']}); {r['steps']} steps")
         print(f"# run dir {r['run_dir']} (checkpoints {r['checkpoints']}); plan fingerprint {r['fingerprint']}")
         print(launch.describe())

@@ -50,6 +50,7 @@ def render(
     device: str = "cuda",
     run_dir: str | Path | None = None,
     python: str | None = None,
+    engine: str = "core",
 ) -> str:
     """The export of `plan` in format `fmt` (see FORMATS), as text.
 
@@ -61,6 +62,8 @@ def render(
     run_dir: the run directory the scripts pass to the core, made absolute against the current directory
         [default_run_dir(plan)].
     python: the interpreter the scripts run (MESHPLAN_PYTHON overrides it at run time) [sys.executable].
+    engine: what the scripts train with: meshplan's core, or torchtitan 0.3 on the module of the
+        `torchtitan-py` export, which the caller writes to RUN_DIR/torchtitan-job/meshplan_job.py (CUDA only).
     """
     renderer = _RENDERERS.get(fmt)
     if renderer is None:
@@ -72,10 +75,12 @@ def render(
         raise MeshplanError("the plan path must be a non-empty path")
     if device not in ("cuda", "cpu"):
         raise MeshplanError(f"--device must be cuda or cpu, got {device!r}")
+    if engine == "torchtitan" and device != "cuda":
+        raise MeshplanError("--engine torchtitan trains on CUDA GPUs only; use the core (--engine core) for --device cpu")
     run_dir = os.path.abspath(run_dir if run_dir is not None else default_run_dir(plan))
     return renderer(
         plan, plan_path, env, max_restarts=max_restarts, partition=partition, time=time, account=account,
-        device=device, run_dir=run_dir, python=python,
+        device=device, run_dir=run_dir, python=python, engine=engine,
     )
 
 

@@ -36,6 +36,25 @@ SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # is 30); below the 300 s of Slurm's --signal=B:USR1@300 warning
 SHUTDOWN_TIMEOUT = 240
 CORE_ARGS = f'-m {TRAIN_MODULE} --plan "$plan" --run-dir "$run_dir" --device "$device"'
+ENGINES = ("core", "torchtitan")
+# `--engine torchtitan`: torchtitan 0.3's entry point on the module `meshplan export -f torchtitan-py` writes into
+# RUN_DIR/TITAN_JOB_DIR (its own folder on PYTHONPATH, so nothing else there can shadow a package); torchtitan
+# writes its checkpoints and logs under --dump_folder, the run dir.
+TITAN_JOB_DIR = "torchtitan-job"
+TITAN_MODULE = "meshplan_job"
+TITAN_ARGS = (f'-m torchtitan.train --module {TITAN_MODULE} --config meshplan_config --dump_folder "$run_dir"')
+
+
+def program(engine: str) -> tuple[str, list[str]]:
+    """(torchrun's program arguments, shell lines that prepare them) for the training engine."""
+    if engine == "core":
+        return CORE_ARGS, []
+    if engine == "torchtitan":
+        return TITAN_ARGS, [
+            f"# torchtitan 0.3 runs the plan's config function from {TITAN_JOB_DIR}/{TITAN_MODULE}.py in the run dir.",
+            f'export PYTHONPATH="$run_dir/{TITAN_JOB_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"',
+        ]
+    raise MeshplanError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
 
 
 # --- shared with the torchtitan-cli export (planner/export/torchtitan.py); keep their output stable ---
@@ -287,9 +306,10 @@ def check_core(device: str, run_dir: str, python: str | None) -> str:
 
 
 def render_torchrun(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int = 0, *, device: str = "cuda",
-                    run_dir: str = "", python: str | None = None, **_: object) -> str:
+                    run_dir: str = "", python: str | None = None, engine: str = "core", **_: object) -> str:
     _check_restarts(max_restarts)
     python = check_core(device, run_dir, python)
+    args, prepare = program(engine)
     n, g = plan.cluster.nodes, plan.cluster.gpus_per_node
     unit = "GPUs" if device == "cuda" else "processes"
     if n > 1:
@@ -310,8 +330,8 @@ def render_torchrun(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: 
     lines += env_lines(env.for_backend("torchrun")) + [""]
     lines += core_block(plan_path, run_dir, device, python)
     lines += restarts_block(max_restarts)
-    lines += c10d_block(plan) + [""]
-    launch = continued('"$python" -m torch.distributed.run', core_torchrun_args(plan) + [CORE_ARGS + " &"])
+    lines += c10d_block(plan) + prepare + [""]
+    launch = continued('"$python" -m torch.distributed.run', core_torchrun_args(plan) + [args + " &"])
     lines += supervise(launch, "torchrun", ["# (torchrun passes it on: --signals-to-handle; it then exits 1 itself.)"])
     return "\n".join(lines) + "\n"
 
@@ -385,10 +405,12 @@ def render_slurm(
     device: str = "cuda",
     run_dir: str = "",
     python: str | None = None,
+    engine: str = "core",
     **_: object,
 ) -> str:
     _check_restarts(max_restarts)
     python = check_core(device, run_dir, python)
+    args, prepare = program(engine)
     partition = _slurm_value("partition", partition, _PARTITION)
     time = _slurm_value("time", time, _TIME)
     account = _slurm_value("account", account, _ACCOUNT)
@@ -438,6 +460,7 @@ def render_slurm(
         "fi",
         "",
     ]
+    lines += prepare
     if n > 1:
         lines += head_address_block(n)
         rdzv = [
@@ -472,7 +495,7 @@ def render_slurm(
             '--max-restarts "$max_restarts"',
             f"--signals-to-handle {SIGNALS}",
             '--shutdown-timeout "$shutdown_timeout"',
-            CORE_ARGS + " &",
+            args + " &",
         ],
     )
     lines += supervise(launch, "srun", why, requeue=True)
@@ -496,8 +519,10 @@ MPI_INNER = (
 
 
 def render_mpirun(plan: Plan, plan_path: str, env: EnvDefaults, *, device: str = "cuda", run_dir: str = "",
-                  python: str | None = None, **_: object) -> str:
+                  python: str | None = None, engine: str = "core", **_: object) -> str:
     python = check_core(device, run_dir, python)
+    if engine != "core":
+        raise MeshplanError("--engine torchtitan runs under torchrun: use --backend local, torchrun or slurm")
     n, g, world = plan.cluster.nodes, plan.cluster.gpus_per_node, plan.cluster.gpus
     envs = env.for_backend("mpirun")
     per = "GPU" if device == "cuda" else "process slot"
