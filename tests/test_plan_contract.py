@@ -89,3 +89,19 @@ def test_planned_plan_dry_runs_to_cuda_in_its_run_dir(cli, tmp_path, model, node
         assert sys.executable in text
         if backend == "slurm":
             assert "#SBATCH --gpus-per-node=8" in text
+
+
+def test_a_plan_file_the_core_would_refuse_is_refused_by_dry_run(cli, tmp_path):
+    """A hand-edited plan (async TP without compile) fails `meshplan launch --dry-run` in one line, exit 2."""
+    plan = top_plans("llama3-70b", 8, "h100-sxm", 8192)[0]
+    bad = plan.model_dump(mode="json")
+    bad["parallel"].update(tp=8, dp_shard=plan.parallel.dp_shard * plan.parallel.tp // 8, async_tp=True,
+                           compile=False)
+    import yaml
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    out = cli("launch", str(path), "--dry-run", "--backend", "slurm", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "async TP is a torch.compile pass: it needs compile on" in out.stderr
+    assert not (tmp_path / "runs").exists()
