@@ -236,6 +236,8 @@ def preflight(launch: Launch, device: str) -> None:
         check_device(device)
         if not _torch_available():
             raise MeshplanError("the training core needs torch: pip install 'meshplan[train]' (CPU: torch==2.13.0)")
+        if launch.resolved.get("engine", "core") == "core":
+            check_core_environment(launch)
     tool = {"slurm": "sbatch", "mpirun": "mpirun"}.get(launch.backend)
     if tool and shutil.which(tool) is None:
         raise MeshplanError(f"{tool} is not on PATH here; run the script {launch.script} where {tool} is available")
@@ -250,6 +252,23 @@ def _pointer(launch: Launch) -> str:
         return path.read_text().strip()
     except OSError:
         return ""
+
+
+def check_core_environment(launch: Launch) -> None:
+    """The core's own machine checks (CUDA-only features on CPU, a compiler for compile, ...) before any process
+    starts, so a run that cannot work here fails in one line instead of once per rank."""
+    from launcher.core.config import RunConfig
+    from launcher.core.parallelize import check_environment
+    from launcher.plan_run import run_config_fields
+
+    plan = load_plan(launch.plan_path) if launch.plan_path.exists() else None
+    if plan is None:
+        return
+    cfg = RunConfig.from_dict(run_config_fields(plan, launch.run_dir, None, str(launch.resolved["device"])))
+    try:
+        check_environment(cfg)
+    except RuntimeError as exc:
+        raise MeshplanError(str(exc)) from None
 
 
 def run_launch(launch: Launch, device: str) -> int:

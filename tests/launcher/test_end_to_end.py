@@ -114,3 +114,12 @@ def test_sigterm_to_meshplan_launch_reaches_the_job(tmp_path):
     assert proc.returncode == 0 and "launch again to resume" in err, err[-3000:]  # requeue-able, not FAILED
     ps = subprocess.run(["pgrep", "-f", f"--run-dir {run}"], capture_output=True, text=True)
     assert ps.stdout.strip() == "", "the job outlived meshplan launch"
+
+
+def test_local_launch_the_cpu_cannot_run_fails_in_one_line(cli, tmp_path):
+    """Float8 tensorwise with TP 2 on CPU: the core's own machine check, once, before any rank starts."""
+    plan = _tiny_plan(cli, tmp_path / "f8.yaml", tp="2", float8="tensorwise")
+    out = cli("launch", str(plan), "--device", "cpu", "--steps", "2", "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "float8 tensorwise with tp > 1 all-gathers float8 tensors" in out.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
