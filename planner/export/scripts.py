@@ -70,30 +70,36 @@ def header(plan: Plan, title: str, plan_path: str, usage: list[str]) -> list[str
     return lines
 
 
+def rdzv_host_check(plan: Plan) -> list[str]:
+    """Multi-node c10d: fail fast without a reachable MESHPLAN_RDZV_HOST; set `rdzv_id`."""
+    n = plan.cluster.nodes
+    return [
+        "# c10d rendezvous: the same command on every node; MESHPLAN_RDZV_HOST is the address of any ONE node",
+        "# (it need not end up holding rank 0). No --node-rank/--master-addr/--master-port: c10d ignores them.",
+        'if [ -z "${MESHPLAN_RDZV_HOST:-}" ]; then',
+        f'  echo "meshplan: set MESHPLAN_RDZV_HOST to the address of one of the {n} nodes'
+        ' (the same value on every node)" >&2',
+        "  exit 2",
+        "fi",
+        'case "$MESHPLAN_RDZV_HOST" in',
+        "  127.*|localhost|::1)",
+        '    echo "meshplan: MESHPLAN_RDZV_HOST=$MESHPLAN_RDZV_HOST is a loopback address;'
+        ' the other nodes cannot reach it" >&2',
+        "    exit 2",
+        "    ;;",
+        "esac",
+        "# One id per job, shared by all nodes; set MESHPLAN_RDZV_ID to rerun while an old rendezvous lingers.",
+        f"rdzv_id={q(safe_token(plan.name))}",
+        'rdzv_id="${MESHPLAN_RDZV_ID:-$rdzv_id}"',
+    ]
+
+
 def rendezvous_block(plan: Plan, max_restarts: int) -> list[str]:
     """Shell lines that set `plan`, `max_restarts` and (multi-node) check the c10d rendezvous host."""
     n = plan.cluster.nodes
     lines = []
     if n > 1:
-        lines += [
-            "# c10d rendezvous: the same command on every node; MESHPLAN_RDZV_HOST is the address of any ONE node",
-            "# (it need not end up holding rank 0). No --node-rank/--master-addr/--master-port: c10d ignores them.",
-            'if [ -z "${MESHPLAN_RDZV_HOST:-}" ]; then',
-            f'  echo "meshplan: set MESHPLAN_RDZV_HOST to the address of one of the {n} nodes'
-            ' (the same value on every node)" >&2',
-            "  exit 2",
-            "fi",
-            'case "$MESHPLAN_RDZV_HOST" in',
-            "  127.*|localhost|::1)",
-            '    echo "meshplan: MESHPLAN_RDZV_HOST=$MESHPLAN_RDZV_HOST is a loopback address;'
-            ' the other nodes cannot reach it" >&2',
-            "    exit 2",
-            "    ;;",
-            "esac",
-            "# One id per job, shared by all nodes; set MESHPLAN_RDZV_ID to rerun while an old rendezvous lingers.",
-            f"rdzv_id={q(safe_token(plan.name))}",
-            'rdzv_id="${MESHPLAN_RDZV_ID:-$rdzv_id}"',
-        ]
+        lines += rdzv_host_check(plan)
     lines += [
         "# Restarts of the whole worker group after a failure; the training core resumes from its last checkpoint.",
         f'max_restarts="${{MESHPLAN_MAX_RESTARTS:-{int(max_restarts)}}}"',
@@ -167,24 +173,7 @@ def c10d_block(plan: Plan) -> list[str]:
     n = plan.cluster.nodes
     if n == 1:
         return []
-    return [
-        "# c10d rendezvous: the same command on every node; MESHPLAN_RDZV_HOST is the address of any ONE node",
-        "# (it need not end up holding rank 0). No --node-rank/--master-addr/--master-port: c10d ignores them.",
-        'if [ -z "${MESHPLAN_RDZV_HOST:-}" ]; then',
-        f'  echo "meshplan: set MESHPLAN_RDZV_HOST to the address of one of the {n} nodes'
-        ' (the same value on every node)" >&2',
-        "  exit 2",
-        "fi",
-        'case "$MESHPLAN_RDZV_HOST" in',
-        "  127.*|localhost|::1)",
-        '    echo "meshplan: MESHPLAN_RDZV_HOST=$MESHPLAN_RDZV_HOST is a loopback address;'
-        ' the other nodes cannot reach it" >&2',
-        "    exit 2",
-        "    ;;",
-        "esac",
-        "# One id per job, shared by all nodes; set MESHPLAN_RDZV_ID to rerun while an old rendezvous lingers.",
-        f"rdzv_id={q(safe_token(plan.name))}",
-        'rdzv_id="${MESHPLAN_RDZV_ID:-$rdzv_id}"',
+    return rdzv_host_check(plan) + [
         "# This node's address as the others reach it (torchrun --local-addr), when its host name does not",
         "# resolve to one (e.g. Debian's 127.0.1.1 in /etc/hosts); default: the host name.",
         "local_addr=()",
