@@ -184,6 +184,9 @@ def test_downloads_carry_the_plan_and_exports(web_app, web_downloads):
     no_errors(at)
     labels = [b.label for b in at.download_button]
     assert len(labels) == 7 and any("Sweep as CSV" in label for label in labels)
+    # the best 8B plan uses tensorwise Float8, which torchtitan 0.3.0 lacks: said, not silently dropped
+    assert any("torchtitan 0.3 config module" in w.value and "no tensorwise Float8 recipe" in w.value
+               for w in at.warning), [w.value for w in at.warning]
     plan_files = [f for f in web_downloads if f.endswith(".yaml")]
     assert plan_files == ["llama3-8b-64gpu.yaml"]
     plan = Plan.model_validate(yaml.safe_load(web_downloads[plan_files[0]]))

@@ -25,6 +25,8 @@ from ui.web.inputs import search_space
 
 EXPORT_FORMATS = {  # format -> (button label, file suffix, mime type)
     "torchtitan-toml": ("torchtitan config (TOML, 0.2.x)", ".toml", "application/toml"),
+    # torchtitan imports it by module name (--module meshplan_job), so its file name is fixed
+    "torchtitan-py": ("torchtitan 0.3 config module", "meshplan_job.py", "text/x-python"),
     "torchtitan-cli": ("torchtitan 0.3 command line", "-torchtitan.sh", "text/x-shellscript"),
     "torchrun": ("torchrun script", "-torchrun.sh", "text/x-shellscript"),
     "slurm": ("Slurm batch script", ".sbatch", "text/x-shellscript"),
@@ -279,7 +281,8 @@ def exports(job: Job, cfg: dict, est: dict, tokens: float | None, plan_path: str
     errors = {}
     for fmt, (label, suffix, mime) in EXPORT_FORMATS.items():
         try:
-            files[fmt] = (label, f"{plan.name}{suffix}", render(plan, fmt, plan_path or name), mime)
+            filename = suffix if fmt == "torchtitan-py" else f"{plan.name}{suffix}"
+            files[fmt] = (label, filename, render(plan, fmt, plan_path or name), mime)
         except MeshplanError as exc:
             errors[fmt] = str(exc)
     return {"files": files, "errors": errors}
