@@ -343,6 +343,9 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True, stop: StopFlag |
             print(f"resumed from {path} at step {trainer.step}", flush=True)
     if rank == 0:
         keep_metrics_until(run_dir / "metrics.jsonl", trainer.step)
+        if trainer.step >= (cfg.stop_at_step or cfg.steps) and log:
+            print(f"nothing to train: {run_dir} already holds step {trainer.step} of {cfg.steps} "
+                  "(raise --steps to train on, or give a new --run-dir to start afresh)", flush=True)
     stop = stop or StopFlag()
     last = cfg.stop_at_step or cfg.steps
     tokens_per_step = cfg.global_batch_size * cfg.seq_len

@@ -95,3 +95,11 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     last_good = max(losses_by_step(run))  # the non-finite step is not logged
     assert steps_on_disk(run), "the checkpoints before the bad step are kept"
     assert max(int(s.split("-")[1]) for s in steps_on_disk(run)) == last_good
+
+
+def test_a_finished_run_says_there_is_nothing_to_train(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    proc = train(2, cfg(run), tmp_path / "c.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "nothing to train" in proc.stdout and "already holds step 6 of 6" in proc.stdout
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 7))
