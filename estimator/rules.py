@@ -58,15 +58,21 @@ def _interleaved_rounds(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | Non
     return (c.schedule == INTERLEAVED) & (c.pp > 1) & divisible & (micro % rounds != 0)
 
 
+def titan_layers_per_stage(layers, stages):
+    """torchtitan's `pipeline_parallel_layers_per_stage` for `stages` stages, and whether it gives exactly that many
+    (ints or arrays). torchtitan splits layers + 2 (the embedding and the output count as one layer each) into
+    ceil((layers + 2) / layers_per_stage) stages; the smallest value giving at most `stages` is the candidate."""
+    total = layers + 2
+    lps = -(-total // stages)
+    return lps, -(-total // lps) == stages
+
+
 def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
-    # torchtitan splits layers + 2 (the embedding and the output count as one layer each) into
-    # ceil((layers + 2) / layers_per_stage) stages; it takes its default (2 stages per rank for Interleaved1F1B,
-    # 1 otherwise) without one. Other stage counts must be some ceil(T / k).
-    total = m.layers + 2
-    stages = np.maximum(c.pp * c.vpp, 1)
+    # without layers_per_stage torchtitan takes its default (2 stages per rank for Interleaved1F1B, 1 otherwise);
+    # any other stage count must be one it can split into
     default = np.where(c.schedule == INTERLEAVED, 2, 1)
-    lps = -(-total // stages)  # the smallest layers-per-stage giving at most `stages` stages
-    return (c.pp > 1) & (c.vpp != default) & (-(-total // lps) != stages)
+    _, exact = titan_layers_per_stage(m.layers, np.maximum(c.pp * c.vpp, 1))
+    return (c.pp > 1) & (c.vpp != default) & ~exact
 
 
 RULES: tuple[Rule, ...] = (

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from estimator.errors import MeshplanError
 from planner.export import SUFFIX, render
@@ -38,6 +39,8 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     resolved: dict[str, object] = field(default_factory=dict)
     text: str | None = None  # the script's text, for the script backends
+    run_config: Any = None  # the core's RunConfig for this run (launcher.core.config), as validated
+    job: TitanJob | None = None  # --engine torchtitan: the config module to write
 
     def describe(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
@@ -91,8 +94,8 @@ def check_run_dir_owner(plan: Plan, run_dir: Path) -> None:
 
 
 def prepare_run_dir(plan: Plan, run_dir: Path, steps: int | None) -> Path:
-    """Copy the plan (with the step override) into the run directory; return the copy's path."""
-    check_run_dir_owner(plan, run_dir)
+    """Copy the plan (with the step override) into the run directory (checked by `check_run_dir_owner`); return
+    the copy's path."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if steps is not None:
         if steps < 1:
@@ -102,8 +105,9 @@ def prepare_run_dir(plan: Plan, run_dir: Path, steps: int | None) -> Path:
     return save_plan(plan, run_dir / "plan.yaml")
 
 
-def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, device: str) -> dict[str, object]:
-    """The training core's own validation of the plan (RunConfig, no torch needed) and what the run will be."""
+def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, device: str,
+                engine: str) -> tuple[Any, dict[str, object]]:
+    """The training core's own validation of the plan (its RunConfig, no torch needed) and what the run will be."""
     from launcher.core.config import RunConfig
     from launcher.plan_run import run_config_fields
 
@@ -111,7 +115,10 @@ def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, devi
         cfg = RunConfig.from_dict(run_config_fields(plan, run_dir, steps, device))
     except ValueError as exc:
         raise MeshplanError(f"the training core refuses this plan: {exc}") from None
-    return {
+    # torchtitan keeps its checkpoints in dump_folder/checkpoint.folder
+    checkpoints = run_dir / "checkpoint" if engine == "torchtitan" else cfg.checkpoint_path
+    return cfg, {
+        "engine": engine,
         "backend": backend,
         "device": device,
         "process_group": "nccl" if device == "cuda" else "gloo",
@@ -119,7 +126,7 @@ def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, devi
         "nodes": plan.cluster.nodes,
         "processes_per_node": plan.cluster.gpus_per_node,
         "run_dir": str(run_dir.resolve()),
-        "checkpoints": str(cfg.checkpoint_path.resolve()),
+        "checkpoints": str(checkpoints.resolve()),
         "fingerprint": cfg.fingerprint,
         "steps": cfg.steps,
     }
@@ -152,10 +159,7 @@ def build_launch(
     plan = load_plan(plan_file)
     run_dir = Path(run_dir) if run_dir else default_run_dir(plan)
     check_run_dir_owner(plan, run_dir)
-    resolved = resolve_run(plan, backend, run_dir, steps, device)
-    resolved["engine"] = engine
-    if engine == "torchtitan":  # torchtitan keeps its checkpoints in dump_folder/checkpoint.folder
-        resolved["checkpoints"] = str(run_dir.resolve() / "checkpoint")
+    run_config, resolved = resolve_run(plan, backend, run_dir, steps, device, engine)
     plan_copy = run_dir / "plan.yaml"
     job = titan_job(plan, run_dir, steps, device) if engine == "torchtitan" else None
     if backend == "local":
@@ -173,13 +177,13 @@ def build_launch(
         if job is not None:
             from planner.export.torchtitan_py import torchtitan_train_argv
 
-            program = [*torchtitan_train_argv(job[0], job[1]), "--dump_folder", str(run_dir.resolve())]
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(job[1].parent.resolve()),
+            program = [*torchtitan_train_argv(job.plan, job.path), "--dump_folder", str(run_dir.resolve())]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(job.path.parent.resolve()),
                                                                 os.environ.get("PYTHONPATH")]))
         argv = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, *program]
         if write:
             write_run_dir(plan, run_dir, steps, job)
-        return Launch(backend, run_dir, plan_copy, argv, env=env, resolved=resolved)
+        return Launch(backend, run_dir, plan_copy, argv, env=env, resolved=resolved, run_config=run_config, job=job)
     fmt = backend
     script = run_dir / f"launch{SUFFIX[fmt]}"
     text = render_script(plan, fmt, plan_copy, run_dir, device, max_restarts, partition, time, account, engine)
@@ -192,7 +196,8 @@ def build_launch(
         argv = ["sbatch", *(["--wait"] if wait else []), "--chdir", str(run_dir.resolve()), str(script.resolve())]
     else:
         argv = ["bash", str(script.resolve())]
-    return Launch(backend, run_dir, plan_copy, argv, script=script, resolved=resolved, text=text)
+    return Launch(backend, run_dir, plan_copy, argv, script=script, resolved=resolved, text=text,
+                  run_config=run_config, job=job)
 
 
 def render_script(plan: Plan, fmt: str, plan_copy: Path, run_dir: Path, device: str, max_restarts: int,
@@ -202,9 +207,16 @@ def render_script(plan: Plan, fmt: str, plan_copy: Path, run_dir: Path, device: 
                   account=account, device=device, run_dir=str(run_dir.resolve()), engine=engine)
 
 
-def titan_job(plan: Plan, run_dir: Path, steps: int | None, device: str) -> tuple[Plan, Path, str]:
-    """(the plan with the step override, where its torchtitan 0.3 module goes, the module's text) for
-    `--engine torchtitan`; MeshplanError when torchtitan 0.3 cannot run the plan as planned."""
+class TitanJob(NamedTuple):
+    """`--engine torchtitan`: the plan (with the step override), where its torchtitan 0.3 module goes, its text."""
+
+    plan: Plan
+    path: Path
+    text: str
+
+
+def titan_job(plan: Plan, run_dir: Path, steps: int | None, device: str) -> TitanJob:
+    """The torchtitan 0.3 job of a plan; MeshplanError when torchtitan 0.3 cannot run the plan as planned."""
     from planner.export.scripts import TITAN_JOB_DIR, TITAN_MODULE
 
     if device != "cuda":
@@ -212,31 +224,31 @@ def titan_job(plan: Plan, run_dir: Path, steps: int | None, device: str) -> tupl
     if steps is not None:
         plan = plan.model_copy(update={"training": plan.training.model_copy(update={"steps": steps})})
     path = run_dir / TITAN_JOB_DIR / f"{TITAN_MODULE}.py"
-    return plan, path, render(plan, "torchtitan-py", str(run_dir / "plan.yaml"))
+    return TitanJob(plan, path, render(plan, "torchtitan-py", str(run_dir / "plan.yaml")))
 
 
-def write_run_dir(plan: Plan, run_dir: Path, steps: int | None, job: tuple[Plan, Path, str] | None) -> None:
+def write_run_dir(plan: Plan, run_dir: Path, steps: int | None, job: TitanJob | None) -> None:
     """The plan copy and, for torchtitan, its config module."""
     prepare_run_dir(plan, run_dir, steps)
     if job is not None:
         from planner.plan_file import write_atomic
 
-        job[1].parent.mkdir(exist_ok=True)
-        write_atomic(job[1], job[2])
+        job.path.parent.mkdir(exist_ok=True)
+        write_atomic(job.path, job.text)
 
 
 def preflight(launch: Launch, device: str) -> None:
     """Everything that can be checked before starting: torch, the device, the scheduler's tools."""
-    if launch.backend == "local" and launch.resolved.get("engine") == "torchtitan":
-        import importlib.util
-
-        if importlib.util.find_spec("torchtitan") is None:
-            raise MeshplanError("--engine torchtitan needs torchtitan 0.3 installed here: pip install torchtitan==0.3.0")
     if launch.backend == "local":
         check_device(device)
         if not _torch_available():
             raise MeshplanError("the training core needs torch: pip install 'meshplan[train]' (CPU: torch==2.13.0)")
-        if launch.resolved.get("engine", "core") == "core":
+        if launch.job is not None:
+            import importlib.util
+
+            if importlib.util.find_spec("torchtitan") is None:
+                raise MeshplanError("--engine torchtitan needs torchtitan 0.3 installed here: pip install torchtitan==0.3.0")
+        else:
             check_core_environment(launch)
     tool = {"slurm": "sbatch", "mpirun": "mpirun"}.get(launch.backend)
     if tool and shutil.which(tool) is None:
@@ -246,10 +258,10 @@ def preflight(launch: Launch, device: str) -> None:
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
-def _pointer(launch: Launch) -> str:
-    path = launch.run_dir / "checkpoints" / "latest"
+def _pointer(checkpoints: Path) -> str:
+    """The `latest` checkpoint pointer in `checkpoints` ("" when there is none)."""
     try:
-        return path.read_text().strip()
+        return (checkpoints / "latest").read_text().strip()
     except OSError:
         return ""
 
@@ -257,16 +269,10 @@ def _pointer(launch: Launch) -> str:
 def check_core_environment(launch: Launch) -> None:
     """The core's own machine checks (CUDA-only features on CPU, a compiler for compile, ...) before any process
     starts, so a run that cannot work here fails in one line instead of once per rank."""
-    from launcher.core.config import RunConfig
     from launcher.core.parallelize import check_environment
-    from launcher.plan_run import run_config_fields
 
-    plan = load_plan(launch.plan_path) if launch.plan_path.exists() else None
-    if plan is None:
-        return
-    cfg = RunConfig.from_dict(run_config_fields(plan, launch.run_dir, None, str(launch.resolved["device"])))
     try:
-        check_environment(cfg)
+        check_environment(launch.run_config)
     except RuntimeError as exc:
         raise MeshplanError(str(exc)) from None
 
@@ -278,7 +284,8 @@ def run_launch(launch: Launch, device: str) -> int:
     ends with status 0 (torchrun itself exits 1 after a signal), so a scheduler can requeue or chain it."""
     preflight(launch, device)
     env = {**os.environ, **launch.env}
-    before = _pointer(launch)
+    checkpoints = Path(str(launch.resolved["checkpoints"]))
+    before = _pointer(checkpoints)
     child = subprocess.Popen(launch.argv, env=env)
     previous = {}
     received: list[int] = []
@@ -295,8 +302,8 @@ def run_launch(launch: Launch, device: str) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    after = _pointer(launch)
-    if rc != 0 and received and after and after != before and (launch.run_dir / "checkpoints" / after).is_dir():
+    after = _pointer(checkpoints)
+    if rc != 0 and received and after and after != before and (checkpoints / after).is_dir():
         print(f"meshplan: stopped by signal {received[0]}; checkpoint {after} saved; launch again to resume",
               file=sys.stderr)
         return 0

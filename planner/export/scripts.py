@@ -58,12 +58,15 @@ def program(engine: str) -> tuple[str, list[str]]:
 
 
 # --- shared with the torchtitan-cli export (planner/export/torchtitan.py); keep their output stable ---
-def header(plan: Plan, title: str, plan_path: str, usage: list[str]) -> list[str]:
+def header(plan: Plan, title: str, plan_path: str, usage: list[str], facts: tuple[str, ...] = ()) -> list[str]:
+    """The script's opening comment: title, the plan, `facts` (one comment each), then the usage lines."""
     lines = ["#!/usr/bin/env bash"]
     lines += comment(f"meshplan launch script: {title}")
     for line in describe(plan):
         lines += comment(line)
     lines += comment(f"plan file: {plan_path}")
+    for fact in facts:
+        lines += comment(fact)
     lines.append("#")
     for u in usage:
         lines += comment(u) if len(u) > 108 else ["# " + u]
@@ -107,34 +110,30 @@ def rendezvous_block(plan: Plan, max_restarts: int) -> list[str]:
     return lines
 
 
-def torchrun_args(plan: Plan) -> list[str]:
-    """torchrun's own options (no program): standalone for one node, c10d for several."""
+def torchrun_args(plan: Plan, node: tuple[str, ...] = (), tail: tuple[str, ...] = ()) -> list[str]:
+    """torchrun's own options (no program): standalone for one node, c10d for several (then `node`, this node's
+    rendezvous options, after the rendezvous id); `tail` after --max-restarts."""
     g = plan.cluster.gpus_per_node
     if plan.cluster.nodes == 1:
-        return ["--standalone", "--nnodes 1", f"--nproc-per-node {g}", '--max-restarts "$max_restarts"']
+        return ["--standalone", "--nnodes 1", f"--nproc-per-node {g}", '--max-restarts "$max_restarts"', *tail]
     return [
         f"--nnodes {plan.cluster.nodes}",
         f"--nproc-per-node {g}",
         "--rdzv-backend c10d",
         '--rdzv-endpoint "$MESHPLAN_RDZV_HOST:${MESHPLAN_RDZV_PORT:-29500}"',
         '--rdzv-id "$rdzv_id"',
+        *node,
         '--max-restarts "$max_restarts"',
+        *tail,
     ]
 
 
 # --- meshplan's own scripts ---
 def script_header(plan: Plan, title: str, plan_path: str, run_dir: str, device: str, usage: list[str]) -> list[str]:
-    lines = ["#!/usr/bin/env bash"]
-    lines += comment(f"meshplan launch script: {title}")
-    for line in describe(plan):
-        lines += comment(line)
-    lines += comment(f"plan file: {plan_path}")
-    lines += comment(f"run dir: {run_dir} (metrics, checkpoints; on storage every node shares)")
-    lines += comment(f"device: {device} ({'NCCL' if device == 'cuda' else 'gloo, a CPU run'})")
-    lines.append("#")
-    for u in usage:
-        lines += comment(u) if len(u) > 108 else ["# " + u]
-    return lines
+    return header(plan, title, plan_path, usage, (
+        f"run dir: {run_dir} (metrics, checkpoints; on storage every node shares)",
+        f"device: {device} ({'NCCL' if device == 'cuda' else 'gloo, a CPU run'})",
+    ))
 
 
 def continued(first: str, args: list[str], indent: str = "  ") -> list[str]:
@@ -190,25 +189,13 @@ def c10d_block(plan: Plan) -> list[str]:
 
 
 def core_torchrun_args(plan: Plan) -> list[str]:
-    """torchrun's own options for the core (no program): standalone for one node, c10d for several."""
-    g = plan.cluster.gpus_per_node
-    tail = [
-        '--max-restarts "$max_restarts"',
-        f"--signals-to-handle {SIGNALS}",
-        '--shutdown-timeout "$shutdown_timeout"',
-    ]
-    if plan.cluster.nodes == 1:
-        return ["--standalone", "--nnodes 1", f"--nproc-per-node {g}", *tail]
-    return [
-        f"--nnodes {plan.cluster.nodes}",
-        f"--nproc-per-node {g}",
-        "--rdzv-backend c10d",
-        '--rdzv-endpoint "$MESHPLAN_RDZV_HOST:${MESHPLAN_RDZV_PORT:-29500}"',
-        '--rdzv-id "$rdzv_id"',
-        '${local_addr[@]+"${local_addr[@]}"}',
-        '${rdzv_conf[@]+"${rdzv_conf[@]}"}',
-        *tail,
-    ]
+    """torchrun's own options for the core: this node's address and rendezvous role (c10d_block), and the stop
+    signals with time to checkpoint."""
+    return torchrun_args(
+        plan,
+        node=('${local_addr[@]+"${local_addr[@]}"}', '${rdzv_conf[@]+"${rdzv_conf[@]}"}'),
+        tail=(f"--signals-to-handle {SIGNALS}", '--shutdown-timeout "$shutdown_timeout"'),
+    )
 
 
 def supervise(launch: list[str], what: str, why: list[str], requeue: bool = False) -> list[str]:

@@ -17,6 +17,7 @@ import json
 import math
 
 from estimator.errors import MeshplanError
+from estimator.rules import titan_layers_per_stage
 from planner.export._common import (
     LLAMA3_PRESETS,
     check_batch,
@@ -61,12 +62,11 @@ def layers_per_stage(plan: Plan) -> int | None:
     default = 2 if p.pp_schedule == "Interleaved1F1B" else 1
     if p.vpp == default:
         return None
-    target, total = p.pp * p.vpp, plan.model.layers + 2
-    for lps in range(1, total + 1):
-        if math.ceil(total / lps) == target:
-            return lps
-    raise MeshplanError(
-        f"no layers-per-stage gives {target} stages for {plan.model.layers} layers; choose another pp x vpp"
+    lps, exact = titan_layers_per_stage(plan.model.layers, p.pp * p.vpp)
+    if exact:
+        return int(lps)
+    raise MeshplanError(  # a plan file passes estimator.rules first, so only a hand-made Plan gets here
+        f"no layers-per-stage gives {p.pp * p.vpp} stages for {plan.model.layers} layers; choose another pp x vpp"
     )
 
 
