@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from estimator import validate as V  # noqa: E402
+from meshplan.estimator import validate as V  # noqa: E402
 
 DEFAULT_CSV = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
 
@@ -67,7 +67,7 @@ def _releases(stack_id: str) -> list:
     """The cached profile `stack_id` and every release profile that extends it (`family`), so a fitted
     value reaches the rows each release predicts. The releases differ only in fields not in PARAMS
     (torchtitan-2024: the uncompiled loss), so they share every fitted value."""
-    from estimator.stack import stack_names
+    from meshplan.estimator.stack import stack_names
 
     return [V._stack(stack_id)] + [
         V._stack(n) for n in stack_names() if n != stack_id and V._stack(n).family == stack_id

@@ -17,8 +17,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from estimator import TrainConfig, estimate, load_hardware, load_model, load_stack  # noqa: E402
-from estimator.batch import ConfigArrays, estimate_arrays  # noqa: E402
+from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model, load_stack  # noqa: E402
+from meshplan.estimator.batch import ConfigArrays, estimate_arrays  # noqa: E402
 
 
 def random_configs(n: int, seed: int = 0) -> ConfigArrays:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from estimator import load_hardware, load_model, load_stack  # noqa: E402
-from planner.search import plan_search  # noqa: E402
-from planner.tree import decision_tree  # noqa: E402
+from meshplan.estimator import load_hardware, load_model, load_stack  # noqa: E402
+from meshplan.planner.search import plan_search  # noqa: E402
+from meshplan.planner.tree import decision_tree  # noqa: E402
 
 
 def main() -> None:

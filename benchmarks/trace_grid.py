@@ -23,7 +23,7 @@ from readme_section import replace_section  # noqa: E402  (this script's folder 
 
 
 def main() -> None:
-    from launcher.trace_grid import markdown, run_grid
+    from meshplan.launcher.trace_grid import markdown, run_grid
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="three configurations only")

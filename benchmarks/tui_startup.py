@@ -26,7 +26,7 @@ import sys, time
 t0 = float(sys.argv[1])
 if sys.argv[2] == "cli":
     import meshplan.cli  # noqa: F401  (what `meshplan tui` loads before the app)
-from ui.tui.app import MeshplanApp
+from meshplan.ui.tui.app import MeshplanApp
 
 class Bench(MeshplanApp):
     def on_mount(self):
@@ -88,7 +88,7 @@ def main() -> None:
             print(f"    first results median {statistics.median(results):.3f} s  (min {min(results):.3f}, "
                   f"max {max(results):.3f})  llama3-70b on 8x8 h100-sxm")
         print(f"    heavy modules loaded: {runs[-1].get('modules') or 'none'} (torch and streamlit must not be)")
-    print(f"  import ui.tui.app: {import_time('ui.tui.app'):.3f} s; import meshplan.cli (meshplan tui adds it): "
+    print(f"  import meshplan.ui.tui.app: {import_time('meshplan.ui.tui.app'):.3f} s; import meshplan.cli (meshplan tui adds it): "
           f"{import_time('meshplan.cli'):.3f} s")
 
 

@@ -5,12 +5,12 @@ tokens). The public entry points are :func:`estimator.estimate.estimate` (one co
 :func:`estimator.batch.estimate_batch` (many configurations at once, vectorised).
 """
 
-from estimator.config import TrainConfig
-from estimator.errors import MeshplanError
-from estimator.estimate import estimate
-from estimator.hardware import HardwareProfile, load_hardware
-from estimator.model_spec import ModelSpec, load_model
-from estimator.stack import StackProfile, load_stack
+from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.estimate import estimate
+from meshplan.estimator.hardware import HardwareProfile, load_hardware
+from meshplan.estimator.model_spec import ModelSpec, load_model
+from meshplan.estimator.stack import StackProfile, load_stack
 
 __all__ = [
     "HardwareProfile",

@@ -6,14 +6,15 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from estimator.errors import MeshplanError
-from estimator.hardware import HardwareProfile
-from estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
-from estimator.model_spec import ModelSpec
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
+from meshplan.estimator.model_spec import ModelSpec
 
 # The value types of the configuration, shared by TrainConfig, the plan file and the core's RunConfig; the
 # tuples give each value its integer code in the estimator's arrays.
@@ -24,6 +25,37 @@ LRDecay = Literal["cosine", "linear", "constant"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
 AC_MODES: tuple[str, ...] = get_args(ACMode)
 FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
+
+
+class Schedule(IntEnum):
+    """Pipeline schedule as the estimator's arrays code it (index into PP_SCHEDULES)."""
+
+    GPIPE = 0
+    ONE_F_ONE_B = 1
+    INTERLEAVED_1F1B = 2
+
+
+class AC(IntEnum):
+    """Activation checkpointing mode as the estimator's arrays code it (index into AC_MODES)."""
+
+    NONE = 0
+    SELECTIVE = 1
+    FULL = 2
+
+
+class Float8(IntEnum):
+    """Float8 recipe as the estimator's arrays code it (index into FLOAT8_RECIPES)."""
+
+    NONE = 0
+    TENSORWISE = 1
+    ROWWISE = 2
+    MXFP8 = 3
+
+
+# the codes are the positions of the names in the value types (one definition, checked at import)
+assert [m.name.lower() for m in AC] == list(AC_MODES)
+assert [m.name.lower() for m in Float8] == list(FLOAT8_RECIPES)
+assert len(Schedule) == len(PP_SCHEDULES) and PP_SCHEDULES[Schedule.INTERLEAVED_1F1B] == "Interleaved1F1B"
 
 
 class TrainConfig(BaseModel):
@@ -110,7 +142,9 @@ class TrainConfig(BaseModel):
         if c.global_batch_size < 0:
             raise MeshplanError(f"--global-batch-size must be positive, got {c.global_batch_size}")
         check_size(c.global_batch_size, "--global-batch-size", MAX_GLOBAL_BATCH)
-        from estimator import rules  # the one validator shared with the planner, the plan file and the core
+        from meshplan.estimator import (
+            rules,  # the one validator shared with the planner, the plan file and the core
+        )
 
         problem = rules.check(model, hw, c.rule_fields())
         if problem:

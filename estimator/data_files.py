@@ -1,27 +1,24 @@
-"""Where meshplan's data files live: `data/` in a checkout, the package `meshplan_data` once installed."""
+"""Where meshplan's data files live: `data/` beside `estimator/`, in a checkout and in the wheel (`meshplan/data`)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from estimator.errors import MeshplanError
+from meshplan.estimator.errors import MeshplanError
 
 T = TypeVar("T", bound=BaseModel)
 
 
 def data_dir(kind: str) -> Path:
-    """Folder of one kind of data file (`hardware_profiles`, `models`, `stacks`, `launch`)."""
-    try:
-        return Path(str(resources.files("meshplan_data") / kind))
-    except ModuleNotFoundError:  # running from a checkout that was not pip-installed
-        return Path(__file__).resolve().parents[1] / "data" / kind
+    """Folder of one kind of data file (`hardware_profiles`, `models`, `stacks`, `launch`): `data/<kind>` of the
+    checkout, or `meshplan/data/<kind>` of an installed wheel (the same place relative to this file)."""
+    return Path(__file__).resolve().parents[1] / "data" / kind
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from estimator.batch import (
+from meshplan.estimator.batch import (
     GIB,
     MEMORY_CATEGORIES,
     PEAK_PHASES,
@@ -10,10 +10,10 @@ from estimator.batch import (
     ConfigArrays,
     estimate_arrays,
 )
-from estimator.config import TrainConfig
-from estimator.hardware import HardwareProfile
-from estimator.model_spec import ModelSpec
-from estimator.stack import StackProfile, load_stack
+from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.stack import StackProfile, load_stack
 
 FLOP_CONVENTION = "6*(N - N_embedding) + 12*L*h*s per token (torchtitan; full attention, no recompute)"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from estimator import data_files
+from meshplan.estimator import data_files
 
 GIB = 2**30
 
@@ -55,6 +55,8 @@ class HardwareProfile(BaseModel):
     intra_node_efficiency: float = Field(gt=0, le=1.2, description="ring-collective busbw / intra_node_gbs")
     inter_node_gbps: float = Field(gt=0, description="per-GPU scale-out line rate, Gb/s")
     inter_node_efficiency: float = Field(gt=0, le=1, description="NCCL busbw / line rate across nodes")
+    intra_node_latency_us: float = Field(ge=0, description="latency of one ring step inside a node, microseconds")
+    inter_node_latency_us: float = Field(ge=0, description="latency of one ring step across nodes, microseconds")
     inter_node_scaling: float = Field(
         default=0.0,
         ge=0,

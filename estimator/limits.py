@@ -22,7 +22,7 @@ MAX_TOKENS = 1e18  # token budget to train
 def check_size(value: int | None, flag: str, limit: int) -> None:
     """Raise MeshplanError when an integer size is above `limit` (None: not given, nothing to check)."""
     if value is not None and value > limit:
-        from estimator.errors import MeshplanError
+        from meshplan.estimator.errors import MeshplanError
 
         raise MeshplanError(f"{flag} {value:,} is too large (at most {limit:,})")
 
@@ -31,7 +31,7 @@ def check_tokens(value: float | None, flag: str = "--tokens") -> float | None:
     """A token budget: a finite number in 1..MAX_TOKENS (None passes through). One-line MeshplanError otherwise."""
     if value is None:
         return None
-    from estimator.errors import MeshplanError
+    from meshplan.estimator.errors import MeshplanError
 
     if not math.isfinite(value):
         raise MeshplanError(f"{flag} must be a finite token count such as 2e12, got {value}")

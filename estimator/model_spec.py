@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from estimator import data_files
-from estimator.errors import MeshplanError
+from meshplan.estimator import data_files
+from meshplan.estimator.errors import MeshplanError
 
 
 class ModelSpec(BaseModel):

@@ -2,7 +2,7 @@
 search, the plan file and the training core (`launcher.core.config.RunConfig`), like torchtitan's
 `ParallelDims` validation in one place.
 
-A rule is a predicate over a :class:`~estimator.batch.ConfigArrays` (so the planner checks 10^5 configurations
+A rule is a predicate over a :class:`~meshplan.estimator.arrays.ConfigArrays` (so the planner checks 10^5 configurations
 in one pass and a single configuration is the length-1 case) with a message about the user's inputs. A
 configuration the planner ranks therefore passes every check the core and the exported torchtitan job make.
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from estimator.batch import ConfigArrays
-from estimator.config import FLOAT8_RECIPES, PP_SCHEDULES
-from estimator.hardware import HardwareProfile
-from estimator.model_spec import ModelSpec
+from meshplan.estimator.arrays import ConfigArrays
+from meshplan.estimator.config import FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
 
 INTERLEAVED = PP_SCHEDULES.index("Interleaved1F1B")
 MXFP8 = FLOAT8_RECIPES.index("mxfp8")
@@ -151,7 +151,7 @@ def message(code: int, model: ModelSpec, hw: HardwareProfile | None, cfg: dict) 
 
 def arrays_of(cfg: dict) -> ConfigArrays:
     """A length-1 ConfigArrays from torchtitan-named values (pp_schedule, float8, ... as names)."""
-    from estimator.config import AC_MODES
+    from meshplan.estimator.config import AC_MODES
 
     def col(v: object) -> np.ndarray:
         return np.asarray([v], dtype=np.int64)

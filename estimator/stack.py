@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from estimator import data_files
-from estimator.errors import MeshplanError
+from meshplan.estimator import data_files
+from meshplan.estimator.errors import MeshplanError
 
 
 class Float8Recipe(BaseModel):
@@ -65,6 +65,14 @@ class StackProfile(BaseModel):
     async_tp_overlap: float = Field(ge=0, le=1)
     async_tp_gemm_factor: float = Field(gt=0, le=1)
     pp_overhead_s_per_microbatch: float = Field(ge=0, description="schedule + P2P wait per stage per microbatch")
+    pp_p2p_exposed: float = Field(ge=0, le=1, description="share of the stage-to-stage transfer time not hidden")
+    dp_replicate_overlap_share: float = Field(
+        ge=0, le=1, description="the DP-replicate all-reduce hides behind this share of fsdp_overlap"
+    )
+    loss_passes: float = Field(ge=0, description="fp32 passes over the logits per token in the loss, fwd+bwd")
+    eager_float8_cast_factor: float = Field(
+        ge=1, description="Float8 cast traffic without compile / with it (unfused amax, scale and cast)"
+    )
     cp_overlap: float = Field(ge=0, le=1)
     cp_attention_penalty: float = Field(ge=0, description="attention slowdown per extra CP rank")
     attention_factor: float = Field(gt=0, le=1.5, description="attention kernel vs flash-attention 2")

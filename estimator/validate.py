@@ -28,13 +28,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from estimator import data_files
-from estimator.config import TrainConfig
-from estimator.errors import MeshplanError
-from estimator.estimate import estimate
-from estimator.hardware import load_hardware
-from estimator.model_spec import ModelSpec
-from estimator.stack import load_stack, source_month, stack_for_run, stack_names
+from meshplan.estimator import data_files
+from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.estimate import estimate
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
 
 CONFIG_COLUMNS = (
     "id", "framework", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from estimator import data_files
-from estimator.errors import MeshplanError
-from estimator.estimate import estimate
-from estimator.stack import load_stack
-from estimator.validate import CONFIG_COLUMNS, MEASURED_COLUMNS
-from planner.plan_file import Plan, load_plan
+from meshplan.estimator import data_files
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.estimate import estimate
+from meshplan.estimator.stack import load_stack
+from meshplan.estimator.validate import CONFIG_COLUMNS, MEASURED_COLUMNS
+from meshplan.planner.plan_file import Plan, load_plan
 
 WARMUP_STEPS = 2  # the first steps include compilation and allocator warm-up; medians skip them
 GROUND_TRUTH_COLUMNS = (

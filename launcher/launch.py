@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from estimator.errors import MeshplanError
-from planner.export import SUFFIX, render
-from planner.plan_file import Plan, default_run_dir, load_plan, plan_fingerprint, save_plan
+from meshplan.estimator.errors import MeshplanError
+from meshplan.planner.export import SUFFIX, render
+from meshplan.planner.plan_file import Plan, default_run_dir, load_plan, plan_fingerprint, save_plan
 
 BACKENDS = ("local", "torchrun", "slurm", "mpirun")
 ENGINES = ("core", "torchtitan")
-TRAIN_MODULE = "launcher.core.train"
+TRAIN_MODULE = "meshplan.launcher.core.train"
 
 
 @dataclass
@@ -108,8 +108,8 @@ def prepare_run_dir(plan: Plan, run_dir: Path, steps: int | None) -> Path:
 def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, device: str,
                 engine: str) -> tuple[Any, dict[str, object]]:
     """The training core's own validation of the plan (its RunConfig, no torch needed) and what the run will be."""
-    from launcher.core.config import RunConfig
-    from launcher.plan_run import run_config_fields
+    from meshplan.launcher.core.config import RunConfig
+    from meshplan.launcher.plan_run import run_config_fields
 
     try:
         cfg = RunConfig.from_dict(run_config_fields(plan, run_dir, steps, device))
@@ -175,7 +175,7 @@ def build_launch(
                    "--device", device]
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         if job is not None:
-            from planner.export.torchtitan_py import torchtitan_train_argv
+            from meshplan.planner.export.torchtitan_py import torchtitan_train_argv
 
             program = [*torchtitan_train_argv(job.plan, job.path), "--dump_folder", str(run_dir.resolve())]
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(job.path.parent.resolve()),
@@ -189,7 +189,7 @@ def build_launch(
     text = render_script(plan, fmt, plan_copy, run_dir, device, max_restarts, partition, time, account, engine)
     if write:
         write_run_dir(plan, run_dir, steps, job)
-        from planner.plan_file import write_atomic
+        from meshplan.planner.plan_file import write_atomic
 
         write_atomic(script, text, mode=0o755)
     if backend == "slurm":
@@ -217,7 +217,7 @@ class TitanJob(NamedTuple):
 
 def titan_job(plan: Plan, run_dir: Path, steps: int | None, device: str) -> TitanJob:
     """The torchtitan 0.3 job of a plan; MeshplanError when torchtitan 0.3 cannot run the plan as planned."""
-    from planner.export.scripts import TITAN_JOB_DIR, TITAN_MODULE
+    from meshplan.planner.export.scripts import TITAN_JOB_DIR, TITAN_MODULE
 
     if device != "cuda":
         raise MeshplanError("--engine torchtitan trains on CUDA GPUs only; use the core (--engine core) for --device cpu")
@@ -231,7 +231,7 @@ def write_run_dir(plan: Plan, run_dir: Path, steps: int | None, job: TitanJob | 
     """The plan copy and, for torchtitan, its config module."""
     prepare_run_dir(plan, run_dir, steps)
     if job is not None:
-        from planner.plan_file import write_atomic
+        from meshplan.planner.plan_file import write_atomic
 
         job.path.parent.mkdir(exist_ok=True)
         write_atomic(job.path, job.text)
@@ -269,7 +269,7 @@ def _pointer(checkpoints: Path) -> str:
 def check_core_environment(launch: Launch) -> None:
     """The core's own machine checks (CUDA-only features on CPU, a compiler for compile, ...) before any process
     starts, so a run that cannot work here fails in one line instead of once per rank."""
-    from launcher.core.parallelize import check_environment
+    from meshplan.launcher.core.parallelize import check_environment
 
     try:
         check_environment(launch.run_config)

@@ -1,7 +1,7 @@
 """The training core's run configuration for a plan file (no torch import here).
 
 `meshplan launch` copies the plan into the run directory and every rank runs
-`python -m launcher.core.train --plan RUN_DIR/plan.yaml`; this maps the plan onto the core's RunConfig
+`python -m meshplan.launcher.core.train --plan RUN_DIR/plan.yaml`; this maps the plan onto the core's RunConfig
 fields one-to-one (the parallel names are torchtitan's on both sides).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.plan_file import Plan, plan_fingerprint
+from meshplan.planner.plan_file import Plan, plan_fingerprint
 
 
 def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int | None = None,

@@ -32,9 +32,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from estimator.errors import MeshplanError
-from launcher.core.config import RunConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.launcher.core.config import RunConfig
 
 # Trace categories (bytes), in display order. The tracker's own categories are merged as:
 #   params: sharded fp32 params (Parameter without FSDP); grads: sharded fp32 grads; optimizer: AdamW state;
@@ -308,10 +307,9 @@ def _storage_bytes(t: Any) -> int:
 # --- one rank ---------------------------------------------------------------------------------------------
 def trace_rank(cfg: RunConfig, rank: int, progress: Progress | None = None) -> RankTrace:
     """Trace one rank of `cfg` (already made traceable) in this process."""
+    from meshplan.launcher.core.train import Trainer
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from launcher.core.train import Trainer
 
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -418,9 +416,8 @@ def _pipeline_step(
     1F1B schedule runs it on this stage (`Schedule1F1B._step_microbatches`, `PipelineStage`'s no-sync
     backward and `_post_backward`), with fake tensors standing in for the activations received from the
     previous stage and the gradients received from the next."""
+    from meshplan.launcher.core.model import cross_entropy
     from torch.distributed.fsdp import FSDPModule
-
-    from launcher.core.model import cross_entropy
 
     cfg = trainer.cfg
     n, mbs = cfg.microbatches, cfg.micro_batch_size
@@ -521,8 +518,8 @@ COMPARED = ("params", "grads", "optimizer", "unsharded_params", "activations", "
 
 def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int) -> dict[str, float]:
     """The estimator's tensor-level terms (bytes) for pipeline stage `pp_rank` of the traced config."""
-    from estimator.batch import ConfigArrays, estimate_arrays
-    from estimator.config import TrainConfig
+    from meshplan.estimator.batch import ConfigArrays, estimate_arrays
+    from meshplan.estimator.config import TrainConfig
 
     tc = TrainConfig(
         gpus=cfg.world_size, gpus_per_node=min(hw.gpus_per_node, cfg.world_size), dp_replicate=cfg.dp_replicate,
@@ -579,7 +576,7 @@ def embedding_partial_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Bytes of stage `pp_rank` that the analytical model leaves out: the TP embedding's full-vocabulary
     gradient under PP (`estimator.estimate.embedding_partial_bytes`; fp32 reduce, as the trace runs), on
     the first stage only."""
-    from estimator.estimate import embedding_partial_bytes as partial
+    from meshplan.estimator.estimate import embedding_partial_bytes as partial
 
     if pp_rank != 0:
         return 0
@@ -589,7 +586,7 @@ def embedding_partial_bytes(cfg: RunConfig, pp_rank: int) -> int:
 # --- plan files -----------------------------------------------------------------------------------------
 def run_config_for_plan(plan: Any) -> RunConfig:
     """The training core's RunConfig for a plan (MeshplanError when the core rejects it)."""
-    from launcher.plan_run import run_config_fields
+    from meshplan.launcher.plan_run import run_config_fields
 
     try:
         return RunConfig.from_dict(run_config_fields(plan, steps=2, device="cpu"))
@@ -599,7 +596,7 @@ def run_config_for_plan(plan: Any) -> RunConfig:
 
 def trace_plan(plan: Any, progress: Progress | None = None) -> dict[str, Any]:
     """Trace a plan and put the analytical model's tensor-level terms next to it (the `--json` object)."""
-    from estimator.stack import load_stack
+    from meshplan.estimator.stack import load_stack
 
     result = trace_config(run_config_for_plan(plan), progress)
     stack = load_stack(plan.stack)

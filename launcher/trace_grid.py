@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from estimator.hardware import load_hardware
-from estimator.model_spec import ModelSpec, load_model
-from estimator.stack import load_stack
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import ModelSpec, load_model
+from meshplan.estimator.stack import load_stack
 
 GRID_LAYERS = {"llama3-8b": 8, "llama3-70b": 4}
 CATEGORIES = ("params", "grads", "optimizer", "unsharded_params", "activations", "total")
@@ -44,8 +44,8 @@ def grid_model(name: str) -> ModelSpec:
 
 def run_grid(quick: bool = False, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Trace every grid configuration; one row per traced rank with traced / analytical bytes and errors."""
-    from launcher.core.config import RunConfig
-    from launcher.trace import _in_subprocess, compare, embedding_partial_bytes, trace_config
+    from meshplan.launcher.core.config import RunConfig
+    from meshplan.launcher.trace import _in_subprocess, compare, embedding_partial_bytes, trace_config
 
     hw, stack = load_hardware("h100-sxm"), load_stack("torchtitan")
     rows = []

@@ -11,7 +11,6 @@ import typer
 from pydantic import ValidationError
 from typer import _click
 
-from estimator.errors import MeshplanError
 from meshplan.commands import (
     capacity,
     catalog,
@@ -25,6 +24,7 @@ from meshplan.commands import (
     validate,
     web,
 )
+from meshplan.estimator.errors import MeshplanError
 
 app = typer.Typer(
     name="meshplan",

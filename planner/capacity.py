@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from estimator.errors import MeshplanError
-from estimator.estimate import GIB_DECIMALS
-from estimator.hardware import HardwareProfile
-from estimator.limits import check_tokens
-from estimator.model_spec import ModelSpec
-from estimator.stack import StackProfile
-from planner.search import plan_search, short_config
-from planner.space import SearchSpace
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.estimate import GIB_DECIMALS
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.limits import check_tokens
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.stack import StackProfile
+from meshplan.planner.search import plan_search, short_config
+from meshplan.planner.space import SearchSpace
 
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
 # Capacity compares many clusters, so it searches the knobs that decide memory and speed and fixes
@@ -87,7 +87,7 @@ def capacity_options(
             if progress:
                 progress(done, total)
             if len(res.ranked) == 0:
-                from planner.search import explain_empty
+                from meshplan.planner.search import explain_empty
 
                 options.append(Option(hw.id, nodes, world, False, None, "", None, None, None, None, None, None,
                                       price, why_not=explain_empty(res)))

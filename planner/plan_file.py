@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from meshplan.estimator import data_files
+from meshplan.estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule, TrainConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from estimator import data_files
-from estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule, TrainConfig
-from estimator.errors import MeshplanError
-from estimator.hardware import HardwareProfile
-from estimator.model_spec import ModelSpec
 
 PLAN_VERSION = 1
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -122,7 +121,9 @@ class Plan(BaseModel):
             raise ValueError(
                 f"parallel degrees multiply to {product} but the cluster has {self.cluster.gpus} GPUs"
             )
-        from estimator import rules  # the one validator: what the planner ranks, the core and torchtitan run
+        from meshplan.estimator import (
+            rules,  # the one validator: what the planner ranks, the core and torchtitan run
+        )
 
         problem = rules.check(self.model, self.hardware, self.rule_fields())
         if problem:

@@ -10,15 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from estimator.batch import GIB, ConfigArrays, estimate_arrays
-from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
-from estimator.errors import MeshplanError
-from estimator.hardware import HardwareProfile
-from estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
-from estimator.model_spec import ModelSpec
-from estimator.stack import StackProfile
-from planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
+from meshplan.estimator.batch import GIB, ConfigArrays, estimate_arrays
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.stack import StackProfile
+from meshplan.planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
 
 OBJECTIVES = ("throughput", "time", "cost")
 CHUNK = 250_000

@@ -12,12 +12,11 @@ import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from estimator import rules
-from estimator.batch import ConfigArrays
-from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
-from estimator.hardware import HardwareProfile
-from estimator.model_spec import ModelSpec
+from meshplan.estimator import rules
+from meshplan.estimator.arrays import ConfigArrays
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
 
 # Rejection reasons, by code (0 = valid): the shared rules of `estimator.rules` plus the planner's memory rule.
 REASONS = {r.code: r.message for r in rules.RULES}

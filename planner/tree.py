@@ -10,10 +10,9 @@ Everything is read off one sweep (no new estimates), so the tree is consistent w
 from __future__ import annotations
 
 import numpy as np
-
-from estimator.config import AC_MODES
-from estimator.estimate import GIB_DECIMALS
-from planner.search import SearchResult, short_config
+from meshplan.estimator.config import AC_MODES
+from meshplan.estimator.estimate import GIB_DECIMALS
+from meshplan.planner.search import SearchResult, short_config
 
 # (key, label, what the step adds) - masks are cumulative
 STEPS = (

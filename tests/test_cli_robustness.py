@@ -125,7 +125,7 @@ def test_huge_cluster_errors_fast(cli, command):
 
 
 def test_divisors_are_fast_and_exact():
-    from planner.space import _divisors
+    from meshplan.planner.space import _divisors
 
     for n in (1, 2, 12, 36, 97, 360, 1024, 999_983 * 2):
         assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
@@ -144,8 +144,8 @@ def test_divisors_are_fast_and_exact():
 
 
 def test_planner_and_tui_share_the_node_bound():
-    from estimator.limits import MAX_GPUS, MAX_NODES
-    from ui.tui.form import DEFAULTS, parse_form
+    from meshplan.estimator.limits import MAX_GPUS, MAX_NODES
+    from meshplan.ui.tui.form import DEFAULTS, parse_form
 
     _, errors = parse_form({**DEFAULTS, "nodes": str(MAX_NODES + 1)})
     assert f"1..{MAX_NODES:,}" in errors["nodes"]
@@ -154,8 +154,8 @@ def test_planner_and_tui_share_the_node_bound():
     _, errors = parse_form({**DEFAULTS, "tokens": "1e400"})
     assert "too large" in errors["tokens"]
 
-    from estimator import MeshplanError, load_hardware, load_model, load_stack
-    from planner.search import plan_search
+    from meshplan.estimator import MeshplanError, load_hardware, load_model, load_stack
+    from meshplan.planner.search import plan_search
 
     start = time.monotonic()
     with pytest.raises(MeshplanError, match="world size"):

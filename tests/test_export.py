@@ -21,12 +21,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from estimator.config import TrainConfig
-from estimator.errors import MeshplanError
-from estimator.hardware import load_hardware
-from estimator.model_spec import ModelSpec, load_model
-from planner.export import (
+from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import ModelSpec, load_model
+from meshplan.planner.export import (
     FORMATS,
     SCRIPT_FORMATS,
     SUFFIX,
@@ -35,8 +34,8 @@ from planner.export import (
     load_env_defaults,
     render,
 )
-from planner.export.torchtitan import layers_per_stage
-from planner.plan_file import Plan, default_run_dir, make_plan, save_plan
+from meshplan.planner.export.torchtitan import layers_per_stage
+from meshplan.planner.plan_file import Plan, default_run_dir, make_plan, save_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden" / "export"
@@ -223,7 +222,7 @@ def test_scripts_pass_bash_n_and_shellcheck(plans, case, fmt, device, tmp_path, 
     check_script(text, tmp_path, shellcheck)
 
 
-CORE_CALL = '-m launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"'
+CORE_CALL = '-m meshplan.launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"'
 
 
 @pytest.mark.parametrize("fmt", ["torchrun", "slurm", "mpirun"])
@@ -393,13 +392,13 @@ def test_executed_torchrun_script_passes_a_hostile_plan_path_intact(tmp_path):
     argv, env = recorded(tmp_path, "python")
     assert argv == ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "8",
                     "--max-restarts", "3", "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-                    "--shutdown-timeout", "240", "-m", "launcher.core.train", "--plan", str(plan_file.resolve()),
+                    "--shutdown-timeout", "240", "-m", "meshplan.launcher.core.train", "--plan", str(plan_file.resolve()),
                     "--run-dir", str(run_dir.resolve()), "--device", "cpu"]
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and env["PYTORCH_ALLOC_CONF"] == "mine"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and env["NCCL_DEBUG"] == "WARN"
     assert not Path(f"/tmp/pwned-{tag}").exists()
     args = torchrun_parse(argv[2:])
-    assert args.standalone and args.training_script == "launcher.core.train" and args.module
+    assert args.standalone and args.training_script == "meshplan.launcher.core.train" and args.module
     assert args.shutdown_timeout == 240 and "SIGUSR1" in args.signals_to_handle
     assert args.training_script_args == ["--plan", str(plan_file.resolve()), "--run-dir", str(run_dir.resolve()),
                                          "--device", "cpu"]
@@ -615,7 +614,7 @@ def test_mpirun_maps_open_mpi_ranks_to_torch(plans, tmp_path):
     res = subprocess.run(["/bin/bash", *inner[1:]], env={**base, **ompi}, capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr
     argv, env = recorded(tmp_path, "python")
-    assert argv == ["-m", "launcher.core.train", "--plan", "/p/my plan.yaml", "--run-dir", "/r/my run",
+    assert argv == ["-m", "meshplan.launcher.core.train", "--plan", "/p/my plan.yaml", "--run-dir", "/r/my run",
                     "--device", "cuda"]
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("11", "16", "3", "8")
     res = subprocess.run(["/bin/bash", *inner[1:]], env=base, capture_output=True, text=True, timeout=10)
@@ -744,4 +743,4 @@ def test_meshplan_export_is_registered(plan_file):
     out = subprocess.run([sys.executable, "-m", "meshplan", "export", str(plan_file), "-f", "torchrun"],
                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          timeout=120)
-    assert out.returncode == 0 and "launcher.core.train" in out.stdout, out.stderr
+    assert out.returncode == 0 and "meshplan.launcher.core.train" in out.stdout, out.stderr

@@ -1,7 +1,6 @@
 import pytest
-
-from estimator import MeshplanError, load_hardware
-from estimator.hardware import hardware_names
+from meshplan.estimator import MeshplanError, load_hardware
+from meshplan.estimator.hardware import hardware_names
 
 REQUIRED = {"h100-sxm", "h100-pcie", "h100-nvl", "h100-96g-500w", "h200-sxm", "b200", "gb200", "a100-sxm-40g",
             "a100-sxm-80g", "a100-pcie-80g", "l40s", "mi300x", "mi325x"}
@@ -30,7 +29,7 @@ def test_profile_is_complete_and_sourced(name):
 def test_every_number_is_sourced(name):
     """Every number a built-in profile states, every efficiency the time model uses, and the price (or why
     there is none: "omitted: ...") has an entry in `sources`."""
-    from estimator import data_files
+    from meshplan.estimator import data_files
 
     raw = data_files.read_yaml(data_files.data_dir("hardware_profiles") / f"{name}.yaml")
     hw = load_hardware(name)

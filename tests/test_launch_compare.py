@@ -6,11 +6,10 @@ import json
 import sys
 
 import pytest
-
-from estimator import TrainConfig, estimate, load_hardware, load_model
-from estimator.validate import read_rows, validate_rows
-from launcher.compare import GROUND_TRUTH_COLUMNS
-from planner.plan_file import make_plan, save_plan
+from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model
+from meshplan.estimator.validate import read_rows, validate_rows
+from meshplan.launcher.compare import GROUND_TRUTH_COLUMNS
+from meshplan.planner.plan_file import make_plan, save_plan
 
 
 @pytest.fixture
@@ -26,7 +25,7 @@ def test_local_dry_run_prints_torchrun_and_writes_nothing(cli, plan_path, tmp_pa
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip()
     assert "-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=16" in line
-    assert "-m launcher.core.train --plan" in line and "'" in line  # the path with a space is quoted
+    assert "-m meshplan.launcher.core.train --plan" in line and "'" in line  # the path with a space is quoted
     assert not run.exists()
 
 
@@ -37,7 +36,7 @@ def test_script_backends_dry_run(cli, plan_path, tmp_path, backend, first):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("# resolved run: ") and "device cuda (nccl)" in lines[0]
     assert lines[2].startswith(first) and "#!/usr/bin/env bash" in out.stdout
-    assert "launcher.core.train --plan" in out.stdout
+    assert "meshplan.launcher.core.train --plan" in out.stdout
 
 
 def test_launch_writes_run_dir_and_fails_clearly_without_sbatch(cli, plan_path, tmp_path):
@@ -49,7 +48,7 @@ def test_launch_writes_run_dir_and_fails_clearly_without_sbatch(cli, plan_path, 
               env={"PATH": str(bare)})
     assert out.returncode == 2 and "sbatch is not on PATH" in out.stderr and out.stderr.count("\n") <= 3
     assert (run / "launch.sbatch").exists() and (run / "launch.sbatch").stat().st_mode & 0o111
-    from planner.plan_file import load_plan
+    from meshplan.planner.plan_file import load_plan
 
     assert load_plan(run / "plan.yaml").training.steps == 7
 

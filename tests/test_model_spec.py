@@ -1,9 +1,8 @@
 import json
 
 import pytest
-
-from estimator import MeshplanError, load_model
-from estimator.model_spec import preset_names
+from meshplan.estimator import MeshplanError, load_model
+from meshplan.estimator.model_spec import preset_names
 
 PUBLISHED = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3-405b": 405.85e9, "llama2-7b": 6.74e9,
              "llama2-13b": 13.02e9, "llama2-70b": 68.98e9, "mistral-7b": 7.24e9, "qwen2.5-7b": 7.62e9,

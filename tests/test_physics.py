@@ -1,9 +1,8 @@
 """The estimator's physics, pinned against hand computations and monotonic behaviour."""
 
 import pytest
-
-from estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
-from estimator.batch import MEMORY_CATEGORIES, PEAK_PHASES, ConfigArrays, estimate_arrays
+from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
+from meshplan.estimator.batch import MEMORY_CATEGORIES, PEAK_PHASES, ConfigArrays, estimate_arrays
 
 M8 = load_model("llama3-8b")
 H100 = load_hardware("h100-sxm")

@@ -4,15 +4,14 @@ validation (`launcher.core.config.RunConfig`) and the exported torchtitan job ac
 from __future__ import annotations
 
 import pytest
-
-from estimator.hardware import load_hardware
-from estimator.model_spec import load_model
-from estimator.stack import load_stack
-from launcher.core.config import RunConfig
-from launcher.plan_run import run_config_fields
-from planner.export import render
-from planner.plan_file import Plan, make_plan
-from planner.search import plan_search
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.stack import load_stack
+from meshplan.launcher.core.config import RunConfig
+from meshplan.launcher.plan_run import run_config_fields
+from meshplan.planner.export import render
+from meshplan.planner.plan_file import Plan, make_plan
+from meshplan.planner.search import plan_search
 
 TOP = 50
 TOKENS_PER_STEP = 4 * 1024 * 1024
@@ -85,7 +84,7 @@ def test_planned_plan_dry_runs_to_cuda_in_its_run_dir(cli, tmp_path, model, node
         assert run["device"] == "cuda" and run["process_group"] == "nccl" and run["world"] == nodes * 8
         assert run["run_dir"].startswith(str(tmp_path / "runs")) and run["fingerprint"][:8] in run["run_dir"]
         text = run["script"] if backend != "local" else " ".join(run["command"])
-        assert "cuda" in text and run["run_dir"] in text and "launcher.core.train" in text
+        assert "cuda" in text and run["run_dir"] in text and "meshplan.launcher.core.train" in text
         assert sys.executable in text
         if backend == "slurm":
             assert "#SBATCH --gpus-per-node=8" in text

@@ -4,13 +4,12 @@ import json
 
 import numpy as np
 import pytest
-
-from estimator import MeshplanError, TrainConfig, estimate, load_hardware, load_model, load_stack
-from planner.capacity import Option, answers, capacity_options, train_time
-from planner.plan_file import load_plan, make_plan, save_plan
-from planner.search import plan_search
-from planner.space import REASON_KEYS, SearchSpace
-from planner.tree import decision_tree
+from meshplan.estimator import MeshplanError, TrainConfig, estimate, load_hardware, load_model, load_stack
+from meshplan.planner.capacity import Option, answers, capacity_options, train_time
+from meshplan.planner.plan_file import load_plan, make_plan, save_plan
+from meshplan.planner.search import plan_search
+from meshplan.planner.space import REASON_KEYS, SearchSpace
+from meshplan.planner.tree import decision_tree
 
 TT = load_stack("torchtitan")
 H100 = load_hardware("h100-sxm")
@@ -22,7 +21,7 @@ def search(model="llama3-8b", hw=H100, nodes=1, seq=8192, gbs=64, **space):
 
 
 def test_each_rejection_rule():
-    from estimator.model_spec import ModelSpec
+    from meshplan.estimator.model_spec import ModelSpec
 
     mha = ModelSpec(name="mha-1b", layers=4, hidden=2048, heads=32, kv_heads=32, ffn_hidden=8192, vocab=32000)
     cases = [

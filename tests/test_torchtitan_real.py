@@ -22,15 +22,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from estimator.config import TrainConfig
-from estimator.errors import MeshplanError
-from estimator.hardware import load_hardware
-from estimator.model_spec import load_model
-from planner.export import render, torchtitan_train_argv
-from planner.export.torchtitan_03 import job
-from planner.export.torchtitan_py import DEPENDENCY_NAMES, TORCHTITAN_NAMES, module_name
-from planner.plan_file import LRSchedule, Optimizer, Plan, load_plan, make_plan, save_plan
+from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import load_model
+from meshplan.planner.export import render, torchtitan_train_argv
+from meshplan.planner.export.torchtitan_03 import job
+from meshplan.planner.export.torchtitan_py import DEPENDENCY_NAMES, TORCHTITAN_NAMES, module_name
+from meshplan.planner.plan_file import LRSchedule, Optimizer, Plan, load_plan, make_plan, save_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ROOT / ".engines"
@@ -514,7 +513,7 @@ def test_reserved_names_cover_0_3_0s_registries():
 def test_launch_engine_torchtitan_writes_a_job_0_3_0_runs(tmp_path):
     """`meshplan launch PLAN --engine torchtitan`: the module it writes into the run dir and the program arguments
     its launch runs are what 0.3.0's own entry point accepts (up to where training would start: local_tensor)."""
-    from launcher.launch import build_launch
+    from meshplan.launcher.launch import build_launch
 
     p = CASES_030["8b-fsdp-accum"]
     plan_file = save_plan(p, tmp_path / "plan.yaml")

@@ -4,10 +4,9 @@ import csv
 import io
 
 import pytest
-
-from estimator.errors import MeshplanError
-from estimator.stack import load_stack, source_month, stack_for_run
-from estimator.validate import MEASURED_COLUMNS, predict_row, read_rows, summarize, validate_rows
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.stack import load_stack, source_month, stack_for_run
+from meshplan.estimator.validate import MEASURED_COLUMNS, predict_row, read_rows, summarize, validate_rows
 
 
 @pytest.fixture(scope="module")

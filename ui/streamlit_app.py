@@ -14,23 +14,23 @@ import pandas as pd
 import streamlit as st
 
 try:
-    import ui.web  # noqa: F401
+    import meshplan.ui.web  # noqa: F401
 except ImportError:  # started from a checkout that was not pip-installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES  # noqa: E402
-from estimator.errors import MeshplanError  # noqa: E402
-from estimator.stack import load_stack  # noqa: E402
-from planner.search import OBJECTIVES, explain_empty  # noqa: E402
-from ui.web import cache, figures  # noqa: E402
-from ui.web.compute import COMPARE_HARDWARE, EXPORT_FORMATS, Job, price_of, time_to_train  # noqa: E402
-from ui.web.inputs import (  # noqa: E402
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES  # noqa: E402
+from meshplan.estimator.errors import MeshplanError  # noqa: E402
+from meshplan.estimator.stack import load_stack  # noqa: E402
+from meshplan.planner.search import OBJECTIVES, explain_empty  # noqa: E402
+from meshplan.ui.web import cache, figures  # noqa: E402
+from meshplan.ui.web.compute import COMPARE_HARDWARE, EXPORT_FORMATS, Job, price_of, time_to_train  # noqa: E402
+from meshplan.ui.web.inputs import (  # noqa: E402
     HW_OVERRIDES,
     custom_hardware,
     global_batch_sequences,
     parse_model_upload,
 )
-from ui.web.text import assumptions, hardware_facts, model_facts  # noqa: E402
+from meshplan.ui.web.text import assumptions, hardware_facts, model_facts  # noqa: E402
 
 DEFAULTS = {
     "model_src": "preset", "model": "llama3-70b", "hardware": "h100-sxm", "nodes": 8, "seq_len": 8192,

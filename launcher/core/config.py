@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from meshplan.estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule
+from meshplan.estimator.model_spec import ModelSpec, load_model
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule
-from estimator.model_spec import ModelSpec, load_model
 
 RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size",
                "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp"}
@@ -81,7 +80,9 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        from estimator import rules  # the one validator shared with the estimator, planner and plan file
+        from meshplan.estimator import (
+            rules,  # the one validator shared with the estimator, planner and plan file
+        )
 
         problem = rules.check(self.model, None, self.model_dump(include=RULE_FIELDS))
         if problem:

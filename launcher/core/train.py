@@ -1,6 +1,6 @@
 """Training entry point, run by torchrun on every rank:
 
-    torchrun --standalone --nproc-per-node 2 -m launcher.core.train --config run.yaml \
+    torchrun --standalone --nproc-per-node 2 -m meshplan.launcher.core.train --config run.yaml \
         [--run-dir DIR] [--steps N]
 
 AdamW with linear warmup + cosine decay, global grad-norm clipping (DTensor- and PP-aware), gradient
@@ -28,14 +28,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
-
-from launcher.core import faults
-from launcher.core.checkpoint import Checkpointer, CheckpointError
-from launcher.core.config import RunConfig
-from launcher.core.data import ShardedLoader, TokenSource
-from launcher.core.model import cross_entropy
-from launcher.core.parallelize import (
+from meshplan.launcher.core import faults
+from meshplan.launcher.core.checkpoint import Checkpointer, CheckpointError
+from meshplan.launcher.core.config import RunConfig
+from meshplan.launcher.core.data import ShardedLoader, TokenSource
+from meshplan.launcher.core.model import cross_entropy
+from meshplan.launcher.core.parallelize import (
     Materialize,
     Parallel,
     backend_for,
@@ -43,6 +41,7 @@ from launcher.core.parallelize import (
     build_parallel,
     check_environment,
 )
+from torch.distributed.elastic.multiprocessing.errors import record
 
 
 class NonFiniteLoss(RuntimeError):
@@ -432,7 +431,7 @@ def keep_metrics_until(path: Path, step: int) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m launcher.core.train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m meshplan.launcher.core.train", description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="run config (JSON or YAML, the RunConfig fields)")
     src.add_argument("--plan", help="a meshplan plan file (what `meshplan launch` passes)")
@@ -447,8 +446,8 @@ def load_config(args: argparse.Namespace) -> RunConfig:
     overrides = {"run_dir": args.run_dir, "steps": args.steps, "device": args.device}
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if args.plan:
-        from launcher.plan_run import run_config_fields
-        from planner.plan_file import load_plan
+        from meshplan.launcher.plan_run import run_config_fields
+        from meshplan.planner.plan_file import load_plan
 
         fields = run_config_fields(load_plan(args.plan), args.run_dir, args.steps, args.device)
         return RunConfig.from_dict(fields)

@@ -10,12 +10,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from estimator.errors import MeshplanError
-from estimator.hardware import load_hardware
-from estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
-from estimator.model_spec import load_model
-from estimator.stack import load_stack
-from planner.capacity import DEFAULT_NODES, answers, capacity_options
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
+from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.stack import load_stack
+from meshplan.planner.capacity import DEFAULT_NODES, answers, capacity_options
 
 DEFAULT_HARDWARE = "h100-sxm,h200-sxm,b200,a100-sxm-80g,mi300x"
 

@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from estimator.hardware import hardware_names, load_hardware
-from estimator.model_spec import load_model, preset_names
+from meshplan.estimator.hardware import hardware_names, load_hardware
+from meshplan.estimator.model_spec import load_model, preset_names
 
 
 def models_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:

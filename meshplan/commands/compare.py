@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from launcher.compare import append_measurement, measurement_row, summarize_run
+from meshplan.launcher.compare import append_measurement, measurement_row, summarize_run
 
 
 def compare_cmd(

@@ -10,13 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from estimator.config import TrainConfig
-from estimator.estimate import estimate
-from estimator.hardware import load_hardware
-from estimator.limits import token_budget
-from estimator.model_spec import load_model
-from estimator.stack import load_stack
-from planner.plan_file import load_plan, make_plan, save_plan
+from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.estimate import estimate
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.limits import token_budget
+from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.stack import load_stack
+from meshplan.planner.plan_file import load_plan, make_plan, save_plan
 
 
 class Schedule(StrEnum):

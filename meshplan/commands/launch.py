@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from launcher.launch import BACKENDS, ENGINES, build_launch, preflight, run_launch
+from meshplan.launcher.launch import BACKENDS, ENGINES, build_launch, preflight, run_launch
 
 
 def launch_cmd(

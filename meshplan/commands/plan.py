@@ -13,17 +13,17 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from estimator.errors import MeshplanError
-from estimator.estimate import GIB_DECIMALS, estimate
-from estimator.hardware import load_hardware
-from estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
-from estimator.model_spec import load_model
-from estimator.stack import load_stack
-from planner.capacity import train_time
-from planner.plan_file import check_name, check_output_path, make_plan, save_plan, write_atomic
-from planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
-from planner.space import SearchSpace
-from planner.tree import decision_tree, tree_text
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.estimate import GIB_DECIMALS, estimate
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
+from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.stack import load_stack
+from meshplan.planner.capacity import train_time
+from meshplan.planner.plan_file import check_name, check_output_path, make_plan, save_plan, write_atomic
+from meshplan.planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
+from meshplan.planner.space import SearchSpace
+from meshplan.planner.tree import decision_tree, tree_text
 
 
 def _int_list(text: str | None, name: str) -> list[int] | None:
@@ -197,7 +197,7 @@ def sweep_csv(res: SearchResult) -> str:
             "compile", "async_tp", "status", "peak_gib", "tokens_per_sec_per_gpu", "mfu", "step_time_s", "reason"]
     w = csv.writer(buf)
     w.writerow(cols)
-    from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+    from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
 
     reasons_cache: dict = {}
     for i in range(res.evaluated):

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.plan_file import load_plan
+from meshplan.planner.plan_file import load_plan
 
 GIB = float(2**30)
 ROW_NAMES = {
@@ -50,7 +50,7 @@ def trace_cmd(
 
 def run_trace(plan, quiet: bool = False) -> dict:
     """Trace with a progress spinner on stderr (none when `quiet`)."""
-    from launcher.trace import trace_plan
+    from meshplan.launcher.trace import trace_plan
 
     console = Console(stderr=True)
     if quiet:
@@ -102,7 +102,7 @@ def trace_grid_cmd(
     The models keep their true hidden / heads / FFN / vocab sizes with fewer layers (see the report), so a
     grid runs in minutes on two cores. Example: meshplan trace-grid -o trace_grid.md
     """
-    from launcher.trace_grid import markdown, run_grid
+    from meshplan.launcher.trace_grid import markdown, run_grid
 
     console = Console(stderr=True)
     with console.status("tracing the grid ...") as status:

@@ -9,7 +9,7 @@ import importlib.util
 
 import typer
 
-from estimator.errors import MeshplanError
+from meshplan.estimator.errors import MeshplanError
 
 THEMES = ("dark", "light")
 
@@ -64,7 +64,7 @@ def tui_cmd(
         raise MeshplanError("the terminal UI needs textual: pip install 'meshplan[ui]'")
     values = form_values(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
                          tokens, memory_margin, objective)
-    from ui.tui.app import MeshplanApp
+    from meshplan.ui.tui.app import MeshplanApp
 
     app = MeshplanApp(values, theme=theme)
     app.run()

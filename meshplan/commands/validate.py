@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from estimator.errors import MeshplanError
-from estimator.validate import pct, read_rows, summarize, validate_rows
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.validate import pct, read_rows, summarize, validate_rows
 
 DEFAULT_CSV = Path("../shared/ground_truth/runs.csv")
 

@@ -11,19 +11,13 @@ from pathlib import Path
 
 import typer
 
-from estimator.errors import MeshplanError
+from meshplan.estimator.errors import MeshplanError
 
 
 def app_path() -> Path:
-    """ui/streamlit_app.py of the installed `ui` package, found without running it."""
-    spec = importlib.util.find_spec("ui")
-    for folder in list(spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / "streamlit_app.py"
-        if path.is_file():
-            return path
-    # `ui` can be shadowed by a namespace folder of the same name (e.g. tests/ui on sys.path): ask for the module
+    """ui/streamlit_app.py of this meshplan (the module `meshplan.ui.streamlit_app`), found without running it."""
     try:
-        app = importlib.util.find_spec("ui.streamlit_app")
+        app = importlib.util.find_spec("meshplan.ui.streamlit_app")
     except ImportError:
         app = None
     if app is not None and app.origin and Path(app.origin).is_file():

@@ -2,7 +2,7 @@
 scripts (torchrun, Slurm, OpenMPI mpirun).
 
 `render(plan, fmt, plan_path)` is pure: it returns the text and touches nothing. Scripts run meshplan's
-training core, `"$python" -m launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"`, every
+training core, `"$python" -m meshplan.launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"`, every
 value shell-quoted.
 
     >>> text = render(plan, "slurm", "/shared/plans/llama3-70b.yaml", partition="train", time="2-00:00:00")
@@ -14,13 +14,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from estimator.errors import MeshplanError
-from planner.export.env import BACKENDS, EnvDefaults, EnvVar, default_env_path, load_env_defaults
-from planner.export.scripts import TRAIN_MODULE, render_mpirun, render_slurm, render_torchrun
-from planner.export.torchtitan import TOML_VERSION, render_toml
-from planner.export.torchtitan_cli import CLI_VERSION, cli_overrides, render_cli
-from planner.export.torchtitan_py import PY_VERSION, render_py, torchtitan_train_argv
-from planner.plan_file import Plan, default_run_dir
+from meshplan.estimator.errors import MeshplanError
+from meshplan.planner.export.env import BACKENDS, EnvDefaults, EnvVar, default_env_path, load_env_defaults
+from meshplan.planner.export.scripts import TRAIN_MODULE, render_mpirun, render_slurm, render_torchrun
+from meshplan.planner.export.torchtitan import TOML_VERSION, render_toml
+from meshplan.planner.export.torchtitan_cli import CLI_VERSION, cli_overrides, render_cli
+from meshplan.planner.export.torchtitan_py import PY_VERSION, render_py, torchtitan_train_argv
+from meshplan.planner.plan_file import Plan, default_run_dir
 
 _RENDERERS: dict[str, Callable[..., str]] = {
     "torchtitan-toml": render_toml,

@@ -6,9 +6,9 @@ import re
 import shlex
 import textwrap
 
-from estimator.errors import MeshplanError
-from planner.export.env import EnvVar
-from planner.plan_file import Plan
+from meshplan.estimator.errors import MeshplanError
+from meshplan.planner.export.env import EnvVar
+from meshplan.planner.plan_file import Plan
 
 # llama3 presets that torchtitan ships under the same shapes: preset name -> (0.2 flavor, 0.3 config function)
 LLAMA3_PRESETS = {
@@ -46,7 +46,7 @@ def safe_token(text: str) -> str:
 
 def preset_of(plan: Plan) -> str | None:
     """The torchtitan llama3 preset this plan's model IS (same shapes as meshplan's preset), else None."""
-    from estimator.model_spec import load_model
+    from meshplan.estimator.model_spec import load_model
 
     for name in (plan.model_source, plan.model.name):
         if name in LLAMA3_PRESETS:

@@ -1,4 +1,4 @@
-"""Environment defaults for launch scripts, kept in `data/launch/env.yaml` (package `meshplan_data`).
+"""Environment defaults for launch scripts, kept in `data/launch/env.yaml` (`meshplan.data` when installed).
 
 Scripts export each one as `export NAME="${NAME:-value}"`, so anything already set by the user wins.
 Values are restricted to shell-inert tokens: `shlex.quote(value) == value`, which is what lets them sit
@@ -12,10 +12,9 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
+from meshplan.estimator import data_files
+from meshplan.estimator.errors import MeshplanError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from estimator import data_files
-from estimator.errors import MeshplanError
 
 BACKENDS = ("torchrun", "slurm", "mpirun")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import math
 
-from estimator.errors import MeshplanError
-from estimator.rules import titan_layers_per_stage
-from planner.export._common import (
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.rules import titan_layers_per_stage
+from meshplan.planner.export._common import (
     LLAMA3_PRESETS,
     check_batch,
     comment,
@@ -27,8 +27,8 @@ from planner.export._common import (
     one_line,
     preset_of,
 )
-from planner.export.env import EnvDefaults
-from planner.plan_file import Plan
+from meshplan.planner.export.env import EnvDefaults
+from meshplan.planner.plan_file import Plan
 
 TOML_VERSION = "torchtitan <= 0.2.2"
 

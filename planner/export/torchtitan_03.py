@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from estimator.errors import MeshplanError
-from planner.export._common import LLAMA3_PRESETS, dp_degree, preset_of
-from planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule
-from planner.plan_file import Plan
+from meshplan.estimator.errors import MeshplanError
+from meshplan.planner.export._common import LLAMA3_PRESETS, dp_degree, preset_of
+from meshplan.planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule
+from meshplan.planner.plan_file import Plan
 
 RELEASE = "0.3.0"
 MODULE = "llama3"

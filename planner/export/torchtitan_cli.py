@@ -16,11 +16,11 @@ every all-formats export of the UIs fail for the planner's favourite recipe, ten
 
 from __future__ import annotations
 
-from planner.export._common import comment, env_lines, q
-from planner.export.env import EnvDefaults
-from planner.export.scripts import continued, header, rendezvous_block, torchrun_args
-from planner.export.torchtitan_03 import RELEASE, Job03, cli_float8_problem, job
-from planner.plan_file import Plan
+from meshplan.planner.export._common import comment, env_lines, q
+from meshplan.planner.export.env import EnvDefaults
+from meshplan.planner.export.scripts import continued, header, rendezvous_block, torchrun_args
+from meshplan.planner.export.torchtitan_03 import RELEASE, Job03, cli_float8_problem, job
+from meshplan.planner.plan_file import Plan
 
 CLI_VERSION = f"torchtitan {RELEASE}"
 WHAT = "torchtitan-cli"

@@ -22,11 +22,11 @@ import re
 import sys
 from pathlib import Path
 
-from estimator.errors import MeshplanError
-from planner.export._common import comment, describe
-from planner.export.env import EnvDefaults
-from planner.export.torchtitan_03 import CONFIG_FLOAT8, RELEASE, Job03, job
-from planner.plan_file import Plan
+from meshplan.estimator.errors import MeshplanError
+from meshplan.planner.export._common import comment, describe
+from meshplan.planner.export.env import EnvDefaults
+from meshplan.planner.export.torchtitan_03 import CONFIG_FLOAT8, RELEASE, Job03, job
+from meshplan.planner.plan_file import Plan
 
 PY_VERSION = f"torchtitan {RELEASE}"
 CONFIG_FUNCTION = "meshplan_config"

@@ -21,9 +21,9 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from launcher.core.config import RunConfig  # noqa: E402
-from launcher.core.model import clean_fqn  # noqa: E402
-from launcher.core.train import Trainer, init_distributed, run  # noqa: E402
+from meshplan.launcher.core.config import RunConfig  # noqa: E402
+from meshplan.launcher.core.model import clean_fqn  # noqa: E402
+from meshplan.launcher.core.train import Trainer, init_distributed, run  # noqa: E402
 
 
 def grads_case(cfg: RunConfig, device: torch.device) -> dict:

@@ -83,9 +83,9 @@ def torchrun(
 
 
 def train(nproc: int, cfg: dict[str, Any], cfg_path: Path, **kw: Any) -> subprocess.CompletedProcess:
-    """Write CFG and run the training entry point `-m launcher.core.train --config CFG` under torchrun."""
+    """Write CFG and run the training entry point `-m meshplan.launcher.core.train --config CFG` under torchrun."""
     cfg_path.write_text(json.dumps(cfg))
-    return torchrun(nproc, ["-m", "launcher.core.train", "--config", str(cfg_path)], **kw)
+    return torchrun(nproc, ["-m", "meshplan.launcher.core.train", "--config", str(cfg_path)], **kw)
 
 
 def run_cases(nproc: int, cases: list[dict[str, Any]], tmp: Path, timeout: float = 120) -> dict[str, Any]:

@@ -9,18 +9,17 @@ import sys
 import pytest
 import torch
 from launchtools import ROOT, TINY_MODEL, child_env, config
-
-from launcher.core.config import RunConfig
-from launcher.core.data import ShardedLoader, TokenSource
-from launcher.core.parallelize import check_environment, float8_filter, stage_ids, stage_layers
+from meshplan.launcher.core.config import RunConfig
+from meshplan.launcher.core.data import ShardedLoader, TokenSource
+from meshplan.launcher.core.parallelize import check_environment, float8_filter, stage_ids, stage_layers
 
 NO_CUDA = not torch.cuda.is_available()
 
 
 def run_entry_point(config_path, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m launcher.core.train --config PATH` as one process (world 1); `timeout` in seconds."""
+    """`python -m meshplan.launcher.core.train --config PATH` as one process (world 1); `timeout` in seconds."""
     return subprocess.run(
-        [sys.executable, "-m", "launcher.core.train", "--config", str(config_path)],
+        [sys.executable, "-m", "meshplan.launcher.core.train", "--config", str(config_path)],
         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout,
     )
 
@@ -93,10 +92,9 @@ def test_entry_point_reports_cuda_request_in_one_line(tmp_path):
 
 
 def test_float8_converts_block_linears_but_not_output():
+    from meshplan.launcher.core.model import build_meta_model
+    from meshplan.launcher.core.parallelize import convert_float8
     from torchao.float8.float8_linear import Float8Linear
-
-    from launcher.core.model import build_meta_model
-    from launcher.core.parallelize import convert_float8
 
     model = build_meta_model(make().model.model_copy(update={"vocab": 250}), seq_len=32)
     convert_float8(model, "tensorwise")
@@ -142,7 +140,7 @@ def test_data_shards_partition_the_global_batch_and_resume(tmp_path):
 
 
 def test_text_file_training_entry_point_single_process(tmp_path):
-    """A plain `python -m launcher.core.train` run (world 1) on a local text file learns and logs metrics."""
+    """A plain `python -m meshplan.launcher.core.train` run (world 1) on a local text file learns and logs metrics."""
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     cfg = config(tmp_path / "run", data=str(text), steps=12, lr=3e-3, warmup_steps=2)

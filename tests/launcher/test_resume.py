@@ -1,4 +1,4 @@
-"""Checkpoint / resume through the real entry point (`torchrun ... -m launcher.core.train --config`).
+"""Checkpoint / resume through the real entry point (`torchrun ... -m meshplan.launcher.core.train --config`).
 
 Faults are real: MESHPLAN_FAULT makes a rank SIGKILL itself (or send itself SIGUSR1/SIGTERM) at an exact step,
 so the tests are deterministic while torchrun, DCP and the signal handlers do the actual work.
@@ -113,7 +113,7 @@ def test_sigterm_to_torchrun_checkpoints_all_ranks_before_exit(tmp_path):
         "--standalone",
         "--nproc-per-node=2",
         "-m",
-        "launcher.core.train",
+        "meshplan.launcher.core.train",
         "--config",
         str(cfg_path),
     ]

@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 import pytest
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.stack import load_stack
+from meshplan.launcher.core.config import RunConfig
+from meshplan.launcher.trace import analytical_terms, compare, embedding_partial_bytes, trace_config
 from rich.console import Console
 
-from estimator.errors import MeshplanError
-from estimator.hardware import load_hardware
-from estimator.model_spec import ModelSpec
-from estimator.stack import load_stack
-from launcher.core.config import RunConfig
-from launcher.trace import analytical_terms, compare, embedding_partial_bytes, trace_config
 from meshplan.commands.trace import render
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]

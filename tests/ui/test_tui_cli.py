@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import typer
+from meshplan.estimator.errors import MeshplanError
+from meshplan.ui.tui.form import DEFAULTS, compact_config, fmt_days, fmt_money, parse_form, parse_number
 from typer.testing import CliRunner
 
-from estimator.errors import MeshplanError
 from meshplan.commands import tui
-from ui.tui.form import DEFAULTS, compact_config, fmt_days, fmt_money, parse_form, parse_number
 
 
 def test_form_defaults_parse():
@@ -61,7 +61,7 @@ def test_formatting():
 
 
 def test_memory_bar_marks_limit_and_usable():
-    from ui.tui.widgets import LIMIT_MARK, USABLE_MARK, memory_bar
+    from meshplan.ui.tui.widgets import LIMIT_MARK, USABLE_MARK, memory_bar
 
     bar = memory_bar({"params_fp32": 20.0, "activations": 20.0}, 80, 80.0, 72.0, 79.0).plain
     assert len(bar) == 80 and bar[:40] == "█" * 40
@@ -72,8 +72,8 @@ def test_memory_bar_marks_limit_and_usable():
 
 
 def test_export_files_and_launch_preview(tmp_path):
-    from planner.plan_file import load_plan
-    from ui.tui import logic
+    from meshplan.planner.plan_file import load_plan
+    from meshplan.ui.tui import logic
 
     inp, _ = parse_form({**DEFAULTS, "model": "llama3-8b", "nodes": "1"})
     result = logic.run(inp)
@@ -92,14 +92,14 @@ def test_export_files_and_launch_preview(tmp_path):
     first, command = text.splitlines()[:2]
     assert first.startswith("# resolved run: world 8 on 1 node(s); device cuda (nccl); run dir /")
     assert command.startswith("bash /") and "/runs/llama3-8b-8gpu-" in command and command.endswith("/launch.sh")
-    assert '--device "$device"' in text and "launcher.core.train" in text
+    assert '--device "$device"' in text and "meshplan.launcher.core.train" in text
     assert not (tmp_path / "runs").exists()
 
 
 def test_export_with_a_bad_partition_writes_nothing(tmp_path):
     """Shell characters in the Slurm partition: an error, and not one file written (all formats are
     rendered before the first write), not even the folder."""
-    from ui.tui import logic
+    from meshplan.ui.tui import logic
 
     inp, _ = parse_form({**DEFAULTS, "model": "llama3-8b", "nodes": "1"})
     result = logic.run(inp)
@@ -122,7 +122,7 @@ def test_tui_cmd_exit_status_follows_the_app(monkeypatch):
     def crashed_run(self):
         self._return_code = 1
 
-    monkeypatch.setattr("ui.tui.app.MeshplanApp.run", crashed_run)
+    monkeypatch.setattr("meshplan.ui.tui.app.MeshplanApp.run", crashed_run)
     result = CliRunner().invoke(_cli(), ["tui", "--model", "llama3-8b"])
     assert result.exit_code == 1, result.output
 
@@ -140,7 +140,7 @@ def test_tui_cmd_fills_the_form(monkeypatch):
     def fake_run(self):
         seen.update(values=self.initial, theme=self.initial_theme)
 
-    monkeypatch.setattr("ui.tui.app.MeshplanApp.run", fake_run)
+    monkeypatch.setattr("meshplan.ui.tui.app.MeshplanApp.run", fake_run)
     result = CliRunner().invoke(_cli(), ["tui", "--model", "llama3-8b", "--nodes", "2", "--global-batch-tokens",
                                          "1048576", "--tokens", "none", "--theme", "light"])
     assert result.exit_code == 0, result.output

@@ -13,10 +13,9 @@ import pytest
 
 pytest.importorskip("textual")
 
+from meshplan.ui.tui.app import MainScreen, MeshplanApp  # noqa: E402
+from meshplan.ui.tui.screens import ExportScreen, HelpScreen, LaunchScreen  # noqa: E402
 from textual.widgets import DataTable, Input, Select, Static, TabbedContent, Tree  # noqa: E402
-
-from ui.tui.app import MainScreen, MeshplanApp  # noqa: E402
-from ui.tui.screens import ExportScreen, HelpScreen, LaunchScreen  # noqa: E402
 
 
 async def settle(pilot) -> None:
@@ -139,7 +138,7 @@ async def _test_whole_flow(tmp_path):
                                                         ".sbatch", "-mpirun.sh"}
         assert os.stat(out / f"{plan}-16gpu-torchrun.sh").st_mode & stat.S_IXUSR
         assert "✓ wrote 6 files" in str(app.screen.query_one("#export-msg", Static).render())
-        from planner.plan_file import load_plan
+        from meshplan.planner.plan_file import load_plan
 
         loaded = load_plan(out / f"{plan}-16gpu.yaml")
         cfg = screen.result.res.config(screen.selected())
@@ -155,7 +154,7 @@ async def _test_whole_flow(tmp_path):
         head = str(app.screen.query_one("#launch-cmd", Static).render())
         assert f"meshplan launch {out}/{plan}-16gpu.yaml --backend torchrun --dry-run" in head
         body = str(app.screen.query_one("#launch-text", Static).render())
-        assert "torchrun" in body and "launcher.core.train" in body
+        assert "torchrun" in body and "meshplan.launcher.core.train" in body
         await pilot.press("2")
         assert "sbatch" in str(app.screen.query_one("#launch-text", Static).render())
         await pilot.press("escape")
@@ -258,7 +257,7 @@ async def _test_hardware_comparison_switches_hardware():
 async def _test_unreadable_model_file_is_an_inline_error(tmp_path, monkeypatch):
     """A binary --model file, and any ValueError / OverflowError a search may still raise: the form shows
     the error inline and keeps the previous results; the app does not crash."""
-    from ui.tui import logic
+    from meshplan.ui.tui import logic
 
     binary = tmp_path / "bin.json"
     binary.write_bytes(bytes(range(128, 256)) * 4)
@@ -320,7 +319,7 @@ def test_hardware_comparison_switches_hardware():
 
 CHECK_IMPORTS = """
 import asyncio, sys
-from ui.tui.app import MeshplanApp
+from meshplan.ui.tui.app import MeshplanApp
 
 async def main():
     app = MeshplanApp()

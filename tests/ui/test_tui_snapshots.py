@@ -11,9 +11,8 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot")
 
+from meshplan.ui.tui.app import MeshplanApp  # noqa: E402
 from textual.widgets import DataTable  # noqa: E402
-
-from ui.tui.app import MeshplanApp  # noqa: E402
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
 

@@ -9,9 +9,8 @@ import json
 
 import pytest
 import yaml
-
-from estimator.model_spec import preset_names
-from planner.plan_file import Plan
+from meshplan.estimator.model_spec import preset_names
+from meshplan.planner.plan_file import Plan
 
 pytest.importorskip("streamlit")
 VIEWS = ["Plans & memory", "Sweep", "Decision tree", "Time & cost", "Compare", "Export", "Assumptions"]
@@ -125,7 +124,7 @@ def test_uploading_a_config_json(web_app):
 
 
 def test_uploading_a_meshplan_yaml(web_app):
-    from estimator.model_spec import load_model
+    from meshplan.estimator.model_spec import load_model
 
     spec = load_model("llama2-7b").model_dump(mode="json") | {"name": "my-7b"}
     at = web_app(model_src="upload")

@@ -6,8 +6,8 @@ import socket
 import sys
 
 import pytest
+from meshplan.estimator.errors import MeshplanError
 
-from estimator.errors import MeshplanError
 from meshplan.commands import web
 
 

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
-from planner.search import plan_search
-from planner.tree import decision_tree
-from ui.web import figures
-from ui.web.compute import Job, compare_job, hardware_row, ranked_frame, run_sweep, summaries, sweep_points
+from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
+from meshplan.planner.search import plan_search
+from meshplan.planner.tree import decision_tree
+from meshplan.ui.web import figures
+from meshplan.ui.web.compute import (
+    Job,
+    compare_job,
+    hardware_row,
+    ranked_frame,
+    run_sweep,
+    summaries,
+    sweep_points,
+)
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +151,7 @@ def test_hardware_row_when_nothing_fits():
 
 
 def test_ranked_frame_and_vectorised_summaries_match_the_planner(res70):
-    from planner.search import short_config
+    from meshplan.planner.search import short_config
 
     df = ranked_frame(res70, 40, 2e12, 3.99)
     assert list(df["index"]) == list(res70.ranked[:40])

@@ -6,11 +6,10 @@ import json
 
 import pytest
 import yaml
-
-from estimator.errors import MeshplanError
-from estimator.hardware import load_hardware
-from estimator.model_spec import load_model
-from ui.web.inputs import custom_hardware, global_batch_sequences, parse_model_upload, search_space
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import load_model
+from meshplan.ui.web.inputs import custom_hardware, global_batch_sequences, parse_model_upload, search_space
 
 LLAMA3_8B_HF = {
     "_name_or_path": "meta-llama/Llama-3.1-8B", "model_type": "llama", "hidden_size": 4096,

@@ -1,5 +1,5 @@
 """`python -m ui.tui [--model M --hardware H --nodes N ... --theme light|dark]`: meshplan's terminal UI."""
 
-from ui.tui.app import main
+from meshplan.ui.tui.app import main
 
 main()

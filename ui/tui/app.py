@@ -11,17 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from rich.text import Text
-from textual import on, work
-from textual.app import App, ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
-from textual.suggester import SuggestFromList
-from textual.widgets import DataTable, Footer, Input, Label, Select, Static, TabbedContent, TabPane, Tree
-from textual.worker import get_current_worker
-
-from ui.tui.form import (
+from meshplan.ui.tui.form import (
     DEFAULTS,
     FIELDS,
     OBJECTIVES,
@@ -33,7 +23,16 @@ from ui.tui.form import (
     fmt_tokens,
     parse_form,
 )
-from ui.tui.widgets import CursorTable, Panel, PlanDetail, warn_style
+from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, warn_style
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.suggester import SuggestFromList
+from textual.widgets import DataTable, Footer, Input, Label, Select, Static, TabbedContent, TabPane, Tree
+from textual.worker import get_current_worker
 
 COLUMNS = ((0, 1, 2), (3, 4, 5), (6, 7, 8))  # FIELDS by form column
 TABS = ("plans", "tree", "compare", "hardware")
@@ -212,7 +211,7 @@ class MainScreen(Screen):
 
     @work(thread=True, group="names")
     def load_names(self) -> None:
-        from ui.tui import logic
+        from meshplan.ui.tui import logic
 
         models, hardware = logic.names()
         gpn = logic.gpus_per_node(hardware)
@@ -234,8 +233,8 @@ class MainScreen(Screen):
 
     @work(thread=True, exclusive=True, group="search")
     def search(self, inp: Inputs) -> None:
-        from estimator.errors import MeshplanError
-        from ui.tui import logic
+        from meshplan.estimator.errors import MeshplanError
+        from meshplan.ui.tui import logic
 
         worker = get_current_worker()
         try:
@@ -283,7 +282,7 @@ class MainScreen(Screen):
     # ---- the ranked table --------------------------------------------------------------------------
 
     def fill_table(self, keep: int | None = None) -> None:
-        from ui.tui import logic
+        from meshplan.ui.tui import logic
 
         result = self.result
         money = result.inputs.tokens is not None
@@ -330,8 +329,8 @@ class MainScreen(Screen):
 
     @on(DataTable.RowHighlighted, "#table")
     def update_detail(self) -> None:
-        from planner.search import short_config
-        from ui.tui import logic
+        from meshplan.planner.search import short_config
+        from meshplan.ui.tui import logic
 
         i = self.selected()
         detail = self.query_one("#detail", PlanDetail)
@@ -349,7 +348,7 @@ class MainScreen(Screen):
 
     @on(DataTable.RowSelected, "#table")
     def _row_selected(self) -> None:
-        from ui.tui import logic
+        from meshplan.ui.tui import logic
 
         i = self.selected()
         if i is not None:
@@ -377,7 +376,7 @@ class MainScreen(Screen):
 
     def action_mark(self) -> None:
         """Mark / unmark the chosen plan for Compare (3 at most: a 4th mark drops the oldest)."""
-        from ui.tui import logic
+        from meshplan.ui.tui import logic
 
         i = self.selected()
         if i is None:
@@ -453,9 +452,8 @@ class MainScreen(Screen):
             self.query_one("#tree-info", Static).update(text)
 
     def fill_compare(self) -> None:
+        from meshplan.ui.tui import logic
         from rich.table import Table
-
-        from ui.tui import logic
 
         result = self.result
         if result is None:
@@ -495,8 +493,8 @@ class MainScreen(Screen):
 
     @work(thread=True, exclusive=True, group="hardware")
     def hardware_worker(self, inp: Inputs, current: str) -> None:
-        from estimator.errors import MeshplanError
-        from ui.tui import logic
+        from meshplan.estimator.errors import MeshplanError
+        from meshplan.ui.tui import logic
 
         worker = get_current_worker()
         try:
@@ -631,14 +629,14 @@ class MainScreen(Screen):
         self.app.exit()
 
     def action_export(self) -> None:
-        from ui.tui.screens import ExportScreen
+        from meshplan.ui.tui.screens import ExportScreen
 
         i = self.selected()
         if i is None:
             self.notify("no plan to export yet", severity="warning")
             return
-        from planner.search import short_config
-        from ui.tui import logic
+        from meshplan.planner.search import short_config
+        from meshplan.ui.tui import logic
 
         plan = logic.build_plan(self.result, i)
         summary = f"{plan.name}: {short_config(self.result.res.config(i))}"
@@ -655,13 +653,13 @@ class MainScreen(Screen):
         self.app.push_screen(ExportScreen(summary, os.path.join(".", "plans", plan.name), writer), done)
 
     def action_launch(self) -> None:
-        from ui.tui.screens import LaunchScreen
+        from meshplan.ui.tui.screens import LaunchScreen
 
         i = self.selected()
         if i is None:
             self.notify("no plan to launch yet", severity="warning")
             return
-        from ui.tui import logic
+        from meshplan.ui.tui import logic
 
         result = self.result
         self.app.push_screen(LaunchScreen(lambda b: logic.launch_preview(result, i, b, self.exported_plan)))
@@ -697,7 +695,7 @@ class MeshplanApp(App):
             main.query_one("#detail", PlanDetail).refresh()
 
     def action_help(self) -> None:
-        from ui.tui.screens import HelpScreen
+        from meshplan.ui.tui.screens import HelpScreen
 
         if isinstance(self.screen, HelpScreen):
             return

@@ -7,7 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SEQ_LEN, MAX_TOKENS
+from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SEQ_LEN, MAX_TOKENS
 
 # The form: field -> (label, default). Values are text as typed; `parse_form` turns them into Inputs.
 FIELDS = {

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from estimator.errors import MeshplanError
-from ui.tui.form import (
+from meshplan.estimator.errors import MeshplanError
+from meshplan.ui.tui.form import (
     COMPARE_HARDWARE,
     EXPORTS,
     SORTS,
@@ -57,9 +57,9 @@ class Result:
 
 def load_inputs(inp: Inputs):
     """(model, hardware, stack) for the form's names; FieldError names the field that failed."""
-    from estimator.hardware import load_hardware
-    from estimator.model_spec import load_model
-    from estimator.stack import load_stack
+    from meshplan.estimator.hardware import load_hardware
+    from meshplan.estimator.model_spec import load_model
+    from meshplan.estimator.stack import load_stack
 
     try:
         model = load_model(inp.model)
@@ -74,8 +74,8 @@ def load_inputs(inp: Inputs):
 
 def run(inp: Inputs) -> Result:
     """Load, sweep and explain; MeshplanError (one line) when nothing fits or an input is wrong."""
-    from planner.search import explain_empty, plan_search
-    from planner.tree import decision_tree
+    from meshplan.planner.search import explain_empty, plan_search
+    from meshplan.planner.tree import decision_tree
 
     model, hw, stack = load_inputs(inp)
     gpn = inp.gpus_per_node or hw.gpus_per_node
@@ -88,8 +88,8 @@ def run(inp: Inputs) -> Result:
 
 def names() -> tuple[list[str], list[str]]:
     """(model presets, hardware profiles)."""
-    from estimator.hardware import hardware_names
-    from estimator.model_spec import preset_names
+    from meshplan.estimator.hardware import hardware_names
+    from meshplan.estimator.model_spec import preset_names
 
     return preset_names(), hardware_names()
 
@@ -125,7 +125,7 @@ def compact(result: Result, i: int) -> str:
 
 def train(result: Result, i: int) -> dict | None:
     """Days, GPU-hours and cost for the token budget (None without a budget)."""
-    from planner.capacity import train_time
+    from meshplan.planner.capacity import train_time
 
     if not result.inputs.tokens:
         return None
@@ -160,7 +160,7 @@ def estimate_of(result: Result, i: int) -> dict:
     """The estimator's full report for configuration `i` (memory per stage, warnings), cached."""
     est = result.estimates.get(i)
     if est is None:
-        from estimator.estimate import estimate
+        from meshplan.estimator.estimate import estimate
 
         res = result.res
         est = result.estimates[i] = estimate(res.model, res.hw, res.train_config(i), res.stack, res.memory_margin)
@@ -218,9 +218,9 @@ def hardware_ids(current: str) -> list[str]:
 
 def hardware_rows(inp: Inputs, hardware: list[str]) -> list[dict]:
     """The best configuration of the same model at the same number of GPUs on each profile."""
-    from estimator.hardware import load_hardware
-    from planner.capacity import train_time
-    from planner.search import plan_search
+    from meshplan.estimator.hardware import load_hardware
+    from meshplan.planner.capacity import train_time
+    from meshplan.planner.search import plan_search
 
     model, hw0, stack = load_inputs(inp)
     world = inp.nodes * (inp.gpus_per_node or hw0.gpus_per_node)
@@ -241,7 +241,7 @@ def hardware_rows(inp: Inputs, hardware: list[str]) -> list[dict]:
             rows.append(row)
             continue
         if len(res.ranked) == 0:
-            from planner.search import explain_empty
+            from meshplan.planner.search import explain_empty
 
             row["why_not"] = explain_empty(res)
             rows.append(row)
@@ -261,7 +261,7 @@ def hardware_rows(inp: Inputs, hardware: list[str]) -> list[dict]:
 
 def build_plan(result: Result, i: int):
     """The plan file (planner.plan_file.Plan) for configuration `i`."""
-    from planner.plan_file import make_plan
+    from meshplan.planner.plan_file import make_plan
 
     res = result.res
     tokens = result.inputs.tokens
@@ -275,8 +275,8 @@ def export_files(result: Result, i: int, directory: str | Path, partition: str |
 
     Every file is rendered before anything is written (or the folder created), so a bad value (a Slurm
     partition with shell characters, say) writes nothing; each file is then written atomically."""
-    from planner.export import SCRIPT_FORMATS, render
-    from planner.plan_file import plan_yaml, write_atomic
+    from meshplan.planner.export import SCRIPT_FORMATS, render
+    from meshplan.planner.plan_file import plan_yaml, write_atomic
 
     text = str(directory).strip()
     if not text:
@@ -305,13 +305,13 @@ def launch_preview(result: Result, i: int, backend: str, plan_file: str | None =
     """
     import tempfile
 
-    from planner.export import render
-    from planner.plan_file import save_plan
+    from meshplan.planner.export import render
+    from meshplan.planner.plan_file import save_plan
 
     plan = build_plan(result, i)
     shown = plan_file or f"{plan.name}.yaml"
     try:
-        from launcher.launch import build_launch
+        from meshplan.launcher.launch import build_launch
     except ImportError:
         cmd = f"meshplan export {shown} -f {backend}  (launcher not installed: the script it would run)"
         return cmd, render(plan, backend, shown)
@@ -328,6 +328,6 @@ def launch_preview(result: Result, i: int, backend: str, plan_file: str | None =
 
 def gpus_per_node(hardware: list[str]) -> dict[str, int]:
     """GPUs per node of each built-in hardware profile (the form's placeholder)."""
-    from estimator.hardware import load_hardware
+    from meshplan.estimator.hardware import load_hardware
 
     return {h: load_hardware(h).gpus_per_node for h in hardware}

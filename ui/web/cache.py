@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 
 import streamlit as st
-
-from estimator.hardware import hardware_names, load_hardware
-from estimator.model_spec import load_model, preset_names
-from planner.search import SearchResult
-from planner.tree import decision_tree
-from ui.web import compute
-from ui.web.compute import Job
+from meshplan.estimator.hardware import hardware_names, load_hardware
+from meshplan.estimator.model_spec import load_model, preset_names
+from meshplan.planner.search import SearchResult
+from meshplan.planner.tree import decision_tree
+from meshplan.ui.web import compute
+from meshplan.ui.web.compute import Job
 
 ENTRIES = 24
 

@@ -12,16 +12,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
-
-from estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
-from estimator.errors import MeshplanError
-from estimator.estimate import GIB_DECIMALS, estimate
-from estimator.hardware import HardwareProfile, load_hardware
-from estimator.model_spec import ModelSpec
-from estimator.stack import load_stack
-from planner.capacity import train_time
-from planner.search import SearchResult, explain_empty, plan_search, short_config
-from ui.web.inputs import search_space
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.estimate import GIB_DECIMALS, estimate
+from meshplan.estimator.hardware import HardwareProfile, load_hardware
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.stack import load_stack
+from meshplan.planner.capacity import train_time
+from meshplan.planner.search import SearchResult, explain_empty, plan_search, short_config
+from meshplan.ui.web.inputs import search_space
 
 EXPORT_FORMATS = {  # format -> (button label, file suffix, mime type)
     "torchtitan-toml": ("torchtitan config (TOML, 0.2.x)", ".toml", "application/toml"),
@@ -170,7 +169,7 @@ def reason_table(res: SearchResult) -> pd.DataFrame:
 
 
 def _rule_name(code: int) -> str:
-    from planner.space import REASON_KEYS
+    from meshplan.planner.space import REASON_KEYS
 
     return REASON_KEYS[code].replace("_", " ")
 
@@ -253,7 +252,7 @@ def _points_frame(res: SearchResult, idx: np.ndarray, count: np.ndarray, pareto:
 
 def config_estimate(job: Job, cfg: dict) -> dict:
     """The estimator's full report (memory per stage, time breakdown, warnings) for one configuration."""
-    from estimator.config import TrainConfig
+    from meshplan.estimator.config import TrainConfig
 
     return estimate(job.model_spec(), job.hw(), TrainConfig(**cfg), load_stack(job.stack), job.memory_margin)
 
@@ -270,9 +269,9 @@ def exports(job: Job, cfg: dict, est: dict, tokens: float | None, plan_path: str
     Keys: `plan` (the plan YAML), every format of `planner.export`. Scripts point at `plan_path`
     (default: the plan's file name, next to the script).
     """
-    from estimator.config import TrainConfig
-    from planner.export import render
-    from planner.plan_file import make_plan, plan_yaml
+    from meshplan.estimator.config import TrainConfig
+    from meshplan.planner.export import render
+    from meshplan.planner.plan_file import make_plan, plan_yaml
 
     plan = make_plan(job.model_spec(), job.model_source, job.hw(), TrainConfig(**cfg), est, stack=job.stack,
                      tokens=int(tokens) if tokens else None)

@@ -9,13 +9,12 @@ import json
 from pathlib import PurePath
 
 import yaml
+from meshplan.estimator import data_files
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec, from_hf_config
+from meshplan.planner.space import SearchSpace
 from pydantic import ValidationError
-
-from estimator import data_files
-from estimator.errors import MeshplanError
-from estimator.hardware import HardwareProfile
-from estimator.model_spec import ModelSpec, from_hf_config
-from planner.space import SearchSpace
 
 MAX_UPLOAD_BYTES = 1 << 20
 # Fields of a hardware profile a user may override on the page, with their labels and units.

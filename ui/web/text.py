@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from estimator.estimate import FLOP_CONVENTION
-from estimator.hardware import HardwareProfile
-from estimator.model_spec import ModelSpec
-from estimator.stack import StackProfile
-from planner.search import RANK_BAND
+from meshplan.estimator.estimate import FLOP_CONVENTION
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.stack import StackProfile
+from meshplan.planner.search import RANK_BAND
 
 
 def model_facts(m: ModelSpec) -> str:

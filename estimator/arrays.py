@@ -1,0 +1,65 @@
+"""Configurations as parallel arrays: what the vectorised estimator, the rules and the planner's search take.
+
+One element per configuration, integer arrays; the mode columns hold the codes of
+:class:`~meshplan.estimator.config.Schedule`, :class:`~meshplan.estimator.config.AC` and
+:class:`~meshplan.estimator.config.Float8`. A single configuration is the length-1 case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
+
+
+@dataclass
+class ConfigArrays:
+    """Resolved configurations as parallel integer arrays (torchtitan's degrees; batch in sequences)."""
+
+    dp_replicate: np.ndarray
+    dp_shard: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    vpp: np.ndarray
+    schedule: np.ndarray
+    seq_len: np.ndarray
+    global_batch: np.ndarray
+    micro_batch: np.ndarray
+    ac: np.ndarray
+    compile: np.ndarray
+    float8: np.ndarray
+    async_tp: np.ndarray
+    gpus_per_node: np.ndarray
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[TrainConfig]) -> ConfigArrays:
+        """Pack already-resolved TrainConfigs."""
+        cols: dict[str, list] = {f.name: [] for f in fields(cls)}
+        for c in configs:
+            cols["dp_replicate"].append(c.dp_replicate)
+            cols["dp_shard"].append(c.dp_shard)
+            cols["tp"].append(c.tp)
+            cols["pp"].append(c.pp)
+            cols["cp"].append(c.cp)
+            cols["vpp"].append(c.vpp or 1)
+            cols["schedule"].append(PP_SCHEDULES.index(c.pp_schedule))
+            cols["seq_len"].append(c.seq_len)
+            cols["global_batch"].append(c.global_batch_size)
+            cols["micro_batch"].append(c.micro_batch_size)
+            cols["ac"].append(AC_MODES.index(c.ac))
+            cols["compile"].append(c.compile)
+            cols["float8"].append(FLOAT8_RECIPES.index(c.float8))
+            cols["async_tp"].append(c.async_tp)
+            cols["gpus_per_node"].append(c.gpus_per_node)
+        return cls(**{k: np.asarray(v, dtype=np.int64) for k, v in cols.items()})
+
+    def take(self, idx: np.ndarray) -> ConfigArrays:
+        """The configurations at `idx` (an index or boolean array)."""
+        return ConfigArrays(**{k: v[idx] for k, v in vars(self).items()})
+
+    def __len__(self) -> int:
+        return len(self.tp)

@@ -1,0 +1,123 @@
+"""Communication time (seconds): the bandwidth a rank group gets, ring collectives, and each parallelism's
+traffic — TP (+SP) all-gathers and reduce-scatters, CP's ring attention, FSDP's all-gather and reduce-scatter,
+and the DP-replicate (HSDP) all-reduce. Bandwidths and latencies come from the hardware profile
+(`intra_node_gbs`, `inter_node_gbps`, their efficiencies and latencies); overlaps from the stack profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.estimator.config import Float8
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe
+from meshplan.estimator.physics.layout import Layout, as_float
+from meshplan.estimator.physics.shapes import RankParams
+from meshplan.estimator.physics.state import BF16, GRAD_BYTES
+from meshplan.estimator.stack import StackProfile
+
+
+def ring_s(nbytes, ranks, bytes_per_s, latency_s):
+    """Ring all-gather / reduce-scatter of `nbytes` (the full, unsharded size) over `ranks` ranks, seconds."""
+    n = as_float(ranks)
+    return np.where(n > 1, nbytes * (n - 1) / n / bytes_per_s + (n - 1) * latency_s, 0.0)
+
+
+def group_bytes_per_s(hw: HardwareProfile, ranks_per_node, spans_nodes, nodes=2.0):
+    """Per-rank ring bandwidth (B/s): NVLink inside a node; across nodes each rank drives its own NIC, so
+    `ranks_per_node` parallel rings share the node's NICs and NVLink caps the total. Achieved network bandwidth
+    falls as a collective spans more nodes (the profile's `inter_node_scaling` per doubling beyond two)."""
+    scale = 1.0 / (1.0 + hw.inter_node_scaling * np.log2(np.maximum(as_float(nodes), 2.0) / 2.0))
+    inter = np.minimum(hw.intra_bw, hw.inter_bw * scale * as_float(ranks_per_node))
+    return np.where(spans_nodes, inter, hw.intra_bw)
+
+
+@dataclass(frozen=True)
+class TPTimes:
+    """TP + sequence parallel per microbatch (s)."""
+
+    total_s: np.ndarray  # every TP collective
+    overlap: np.ndarray  # share hidden behind compute (async TP micro-pipelining or the stack's plain overlap)
+
+    @property
+    def exposed_s(self) -> np.ndarray:
+        return self.total_s * (1 - self.overlap)
+
+
+def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers) -> TPTimes:
+    """Per block: 2 all-gathers + 2 reduce-scatters of tokens x hidden forward, the same backward, and the
+    all-gathers again when the forward is recomputed (full AC) or the inputs re-gathered (op-SAC). Tensorwise
+    Float8 all-gathers the activations in fp8 (1 byte)."""
+    h, lat = float(model.hidden), hw.intra_node_latency_us * 1e-6
+    ag_bytes = lay.tokens_mb * h * np.where(lay.fp8 & (lay.float8 == Float8.TENSORWISE), 1.0, BF16)
+    rs_bytes = lay.tokens_mb * h * BF16
+    n_ag = 4 + np.where(lay.full_ac, 2, np.where(lay.selective_ac, 2, 0))
+    n_rs = 4 + np.where(lay.full_ac, 2, 0)
+    total = layers * (n_ag * ring_s(ag_bytes, lay.tp, hw.intra_bw, lat) + n_rs * ring_s(rs_bytes, lay.tp, hw.intra_bw, lat))
+    return TPTimes(total_s=total, overlap=np.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap))
+
+
+def cp_exposed_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers,
+                 attention_s) -> np.ndarray:
+    """CP ring attention per microbatch: K and V blocks pass around the ring (cp - 1 times forward, twice that
+    backward), overlapped with the attention of the previous block."""
+    kv_attn = float(model.q_dim if stack.repeat_kv else model.kv_dim)
+    kv_bytes = 2 * lay.tokens_mb * kv_attn / lay.tp * 2.0
+    gpn, t, cp = lay.gpus_per_node, lay.tp, lay.cp
+    spans = cp * t > gpn
+    bw = group_bytes_per_s(hw, np.maximum(1.0, gpn / t), spans)
+    lat = np.where(spans, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6
+    comm = layers * 3 * (cp - 1) * (kv_bytes / bw + lat) * np.where(lay.full_ac, FULL_AC_PASSES, 1.0)
+    return np.maximum(0.0, comm - stack.cp_overlap * layers * attention_s)
+
+
+@dataclass(frozen=True)
+class FSDPTimes:
+    """FSDP all-gather and reduce-scatter over the dp_shard x cp group (s)."""
+
+    per_microbatch_s: np.ndarray  # collectives each microbatch issues (hidden behind compute up to fsdp_overlap)
+    step_edges_s: np.ndarray  # the first all-gather and last reduce-scatter, which cannot hide
+    step_once_s: np.ndarray  # with PP (or no per-microbatch sync): the stage gathered and reduced once per step
+
+
+def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams) -> FSDPTimes:
+    """All-gather (bf16, or fp8 with Float8 all-gather) and reduce-scatter (the stack's reduce dtype) of the rank's
+    parameters, one collective per block and the two root units, ring over nodes then inside them."""
+    n, t, gpn = lay.fsdp_ranks, lay.tp, lay.gpus_per_node
+    lat_intra, lat_inter = hw.intra_node_latency_us * 1e-6, hw.inter_node_latency_us * 1e-6
+    ranks_node = np.maximum(1.0, np.minimum(n, gpn / t))
+    nodes = np.ceil(n / ranks_node)
+    bw = group_bytes_per_s(hw, ranks_node, n * t > gpn, nodes)
+    fp8_ag = by_recipe(lay, stack, "fp8_all_gather", False)
+    ag_bytes = rp.most * np.where(fp8_ag, 1.0, BF16)
+    rs_bytes = rp.most * stack.reduce_bytes
+    units = rp.layers + 2
+    # latency per collective: one hop per node crossed plus the hops inside a node
+    hop = np.where(n > 1, (nodes - 1) * lat_inter + (ranks_node - 1) * lat_intra, 0.0)
+    ag = ring_s(ag_bytes, n, bw, 0) + units * hop
+    rs = ring_s(rs_bytes, n, bw, 0) + units * hop
+    single = lay.single_stage
+    reshard = single & np.bool_(stack.reshard_after_forward)
+    per_mb_sync = single & np.bool_(stack.grad_sync_every_microbatch)
+    # per microbatch: AG forward (+ AG backward when resharded) + RS (every microbatch or only the last)
+    per_mb = np.where(single, ag * np.where(reshard, 2.0, 1.0), 0.0) + np.where(per_mb_sync, rs, 0.0)
+    hidden = 1 - stack.fsdp_overlap
+    return FSDPTimes(
+        per_microbatch_s=per_mb,
+        # once per microbatch when gradients are reduced every microbatch, else once per step
+        step_edges_s=(ag + rs) / units * np.where(per_mb_sync, lay.microbatches, 1.0),
+        step_once_s=np.where(single, np.where(per_mb_sync, 0.0, rs * hidden), (ag + rs) * hidden),
+    )
+
+
+def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams) -> np.ndarray:
+    """DP replicate (HSDP / DDP): the fp32 gradient all-reduce across replicas, once per step, partly hidden
+    (the stack's `dp_replicate_overlap_share` of FSDP's overlap)."""
+    dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
+    bw = np.where(world > gpn, hw.inter_bw * np.minimum(gpn, world / dr), hw.intra_bw)
+    bw = np.minimum(bw, hw.intra_bw)
+    allreduce = np.where(dr > 1, 2 * GRAD_BYTES * rp.most / lay.fsdp_ranks * (dr - 1) / dr / bw, 0.0)
+    return allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)

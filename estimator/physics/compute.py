@@ -1,0 +1,121 @@
+"""Compute time per microbatch on one rank (seconds): GEMMs, attention, recompute, Float8 casts, elementwise work,
+kernel-launch overhead; and the optimizer step. FLOPs are dense; peaks and efficiencies come from the hardware
+profile, the framework's factors from the stack profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.estimator.config import FLOAT8_RECIPES
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.stack import StackProfile
+
+FWD_BWD_GEMM = 3.0  # a linear's forward + backward: 1 + 2 matmuls of the same size
+FWD_BWD_ATTENTION = 3.5  # flash attention's forward + backward: the backward is 2.5 forwards (recomputes P)
+FULL_AC_PASSES = 4.0 / 3.0  # full AC runs each block's forward twice: 4 passes instead of 3
+FP32 = 4.0  # bytes per fp32 element
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    """Seconds per microbatch on one rank (float arrays)."""
+
+    gemm_attention_s: np.ndarray  # the blocks' GEMMs and attention plus the output projection
+    recompute_s: np.ndarray  # what activation checkpointing re-runs
+    float8_casts_s: np.ndarray  # Float8 amax + scale + cast traffic
+    elementwise_s: np.ndarray  # norms, RoPE, activations, residuals, and the loss over the vocabulary
+    overhead_s: np.ndarray  # kernel launches and hooks
+    attention_s: np.ndarray  # one block's attention (CP overlaps its ring exchange with it)
+
+    @property
+    def busy_s(self) -> np.ndarray:
+        """Time the GPU computes (before slow-down by communication kernels)."""
+        return self.gemm_attention_s + self.recompute_s + self.float8_casts_s + self.elementwise_s
+
+
+def peak_flops(hw: HardwareProfile, fp8: bool = False) -> float:
+    """Sustained dense peak FLOP/s: the profile's bf16 (or fp8) tensor peak x its clock under the power cap."""
+    tflops = (hw.peak_tflops_fp8 or hw.peak_tflops_bf16) if fp8 else hw.peak_tflops_bf16
+    return tflops * 1e12 * hw.efficiency.clock
+
+
+def hbm_bytes_per_s(hw: HardwareProfile) -> float:
+    """Achieved HBM bandwidth of memory-bound kernels, bytes/s."""
+    return hw.hbm_bandwidth_tbs * 1e12 * hw.efficiency.hbm
+
+
+def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarray:
+    """A Float8 recipe's stack value per configuration (`default` where the recipe is none or not profiled)."""
+    out = np.full(len(lay.tp), default, dtype=np.asarray(default).dtype)
+    for code, name in enumerate(FLOAT8_RECIPES):
+        if name in stack.float8:
+            out = np.where(lay.float8 == code, getattr(stack.float8[name], field), out)
+    return out
+
+
+def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, count: float = 1.0):
+    """(forward + backward seconds of a linear with k_in x n_out weights, already TP-sharded, per microbatch in
+    the configuration's precision, the same in bf16). Efficiency falls for small and skinny GEMMs."""
+    fl = 2.0 * lay.tokens_mb * k_in * n_out
+    narrow = np.minimum(k_in, n_out)  # skinny GEMMs (TP-sharded K/V, small heads) run below peak
+    size = fl / (fl + stack.gemm_half_gflop * 1e9) * narrow / (narrow + stack.gemm_half_dim)
+    t16 = FWD_BWD_GEMM * fl / (peak_flops(hw) * hw.efficiency.gemm_bf16 * stack.gemm_efficiency * size)
+    if hw.peak_tflops_fp8 is None:
+        return count * t16, count * t16
+    recipe = by_recipe(lay, stack, "gemm_factor", 1.0)
+    t8 = FWD_BWD_GEMM * fl / (peak_flops(hw, fp8=True) * hw.efficiency.gemm_fp8 * stack.gemm_efficiency * size * recipe)
+    return count * np.where(lay.fp8, t8, t16), count * t16
+
+
+def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers: np.ndarray,
+                  vocab_rank: np.ndarray) -> ComputeTimes:
+    """Compute time per microbatch of a rank running `layers` blocks; timing assumes the stage with the head."""
+    h, q, kv, F = float(model.hidden), float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
+    t, swiglu = lay.tp, model.mlp == "swiglu"
+    kv_t, q_t, f_t = kv / t, q / t, F / t
+    async_eff = np.where(lay.async_tp, stack.async_tp_gemm_factor, 1.0)
+    wq, _ = gemm_s(hw, stack, lay, h, q_t)
+    wk, _ = gemm_s(hw, stack, lay, h, kv_t)
+    wo, _ = gemm_s(hw, stack, lay, q_t, h)
+    w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if swiglu else 1.0)  # w1 and w3 (SwiGLU) or fc1
+    w2, _ = gemm_s(hw, stack, lay, f_t, h)
+    block_gemm = (wq + 2 * wk + wo + w1 + w2) / async_eff
+    _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / t)  # the output projection stays bf16 (torchao)
+    # causal flash attention: forward 2 matmuls of s x s/2 x d per head
+    attn_fwd_flops = 4.0 * lay.micro_batch * lay.seq_len * lay.seq_len * q / (t * lay.cp) * 0.5
+    attn_eff = hw.efficiency.attention * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
+    attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
+    per_chunk = np.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
+    # recompute: full AC re-runs each block's forward; op-SAC re-runs every second mm (wk, wo, w3)
+    sel_recompute = (wk + wo + (w1 / 2 if swiglu else 0.0)) / FWD_BWD_GEMM / async_eff
+    fwd_block = (block_gemm + attn) / FWD_BWD_GEMM
+    # Float8 scale + cast traffic over every converted linear's input and output gradient
+    lin_elems = (h + h + q_t + h + (2 * f_t if swiglu else f_t) + f_t) + (q_t + 2 * kv_t + h + 2 * f_t + h)
+    hbm = hbm_bytes_per_s(hw)
+    casts = np.where(lay.fp8, layers * lay.tokens_mb * lin_elems * by_recipe(lay, stack, "cast_bytes_per_element", 0.0)
+                     / hbm, 0.0) * np.where(lay.compiled, 1.0, stack.eager_float8_cast_factor)
+    elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / t + F / t) * 2 / hbm \
+        * np.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
+    elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
+    overhead = layers * stack.launch_overhead_s_per_layer * np.where(lay.compiled, stack.compile_overhead_factor, 1.0)
+    return ComputeTimes(
+        gemm_attention_s=layers * (block_gemm + attn) + head_gemm * per_chunk,
+        recompute_s=layers * np.where(lay.full_ac, fwd_block, np.where(lay.selective_ac, sel_recompute, 0.0)),
+        float8_casts_s=casts,
+        elementwise_s=elem,
+        overhead_s=overhead * np.where(lay.full_ac, FULL_AC_PASSES, 1.0),
+        attention_s=attn,
+    )
+
+
+def optimizer_step_s(hw: HardwareProfile, params_rank: np.ndarray, fsdp_ranks: np.ndarray) -> np.ndarray:
+    """AdamW (foreach) over the local shard, memory-bound: parameter, gradient and both moments read and written
+    (32 bytes per parameter), and the gradient-norm pass (4)."""
+    hbm = hbm_bytes_per_s(hw)
+    return 32.0 * params_rank / fsdp_ranks / hbm + 4.0 * params_rank / fsdp_ranks / hbm
+

@@ -1,0 +1,70 @@
+"""The configuration as float arrays: parallel degrees, microbatches per step, tokens one rank holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.estimator.arrays import ConfigArrays
+from meshplan.estimator.config import AC, Float8
+
+
+def as_float(x) -> np.ndarray:
+    """`x` as a float64 array (the estimator computes in float64: bytes and FLOPs exceed int32)."""
+    return np.asarray(x, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Degrees and sizes of each configuration (float arrays) and its mode flags (boolean arrays)."""
+
+    c: ConfigArrays
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    vpp: np.ndarray
+    dp_shard: np.ndarray
+    dp_replicate: np.ndarray
+    seq_len: np.ndarray  # tokens per sequence
+    micro_batch: np.ndarray  # sequences per microbatch
+    global_batch: np.ndarray  # sequences per optimizer step
+    gpus_per_node: np.ndarray
+    world: np.ndarray  # GPUs in the job
+    microbatches: np.ndarray  # microbatches per step per DP rank (accumulation or pipeline microbatches)
+    fsdp_ranks: np.ndarray  # FSDP shards over dp_shard x cp (torchtitan's dp_shard_cp mesh)
+    tokens_mb: np.ndarray  # tokens of one microbatch held by one rank (sequence split over CP)
+    full_ac: np.ndarray
+    selective_ac: np.ndarray
+    compiled: np.ndarray
+    fp8: np.ndarray
+    has_tp: np.ndarray
+    single_stage: np.ndarray  # no pipeline parallelism
+
+    @property
+    def float8(self) -> np.ndarray:
+        """Float8 recipe codes (:class:`~meshplan.estimator.config.Float8`)."""
+        return self.c.float8
+
+    @property
+    def schedule(self) -> np.ndarray:
+        """Pipeline schedule codes (:class:`~meshplan.estimator.config.Schedule`)."""
+        return self.c.schedule
+
+    @property
+    def async_tp(self) -> np.ndarray:
+        return self.c.async_tp.astype(bool)
+
+
+def layout_of(c: ConfigArrays) -> Layout:
+    """The float view of configurations `c` the physics modules compute with."""
+    t, p, cp, v = as_float(c.tp), as_float(c.pp), as_float(c.cp), as_float(c.vpp)
+    ds, dr = as_float(c.dp_shard), as_float(c.dp_replicate)
+    s, mbs, gbs = as_float(c.seq_len), as_float(c.micro_batch), as_float(c.global_batch)
+    return Layout(
+        c=c, tp=t, pp=p, cp=cp, vpp=v, dp_shard=ds, dp_replicate=dr, seq_len=s, micro_batch=mbs, global_batch=gbs,
+        gpus_per_node=as_float(c.gpus_per_node), world=ds * dr * t * p * cp,
+        microbatches=gbs / (dr * ds * mbs), fsdp_ranks=ds * cp, tokens_mb=mbs * s / cp,
+        full_ac=c.ac == AC.FULL, selective_ac=c.ac == AC.SELECTIVE, compiled=c.compile.astype(bool),
+        fp8=c.float8 > Float8.NONE, has_tp=t > 1, single_stage=p == 1,
+    )

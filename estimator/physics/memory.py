@@ -1,0 +1,214 @@
+"""Peak GPU memory of the worst rank, by category: the three phases of a microbatch and the worst pipeline stage.
+
+The allocated peak is the largest of three moments of a microbatch (the traced timeline of launcher/trace.py
+shows each; summing every term as if all were live at once overshoots it by 8-39 %):
+
+- loss: every saved activation + the logits buffers of the loss (last stage only);
+- block backward: the saved activations + the temporaries of the block in backward (its activation gradients,
+  MLP weight gradients, what AC recomputes) + the unsharded parameters (current + prefetched block, the root) +
+  the reduce-scatter input of the block before it (FSDP2 holds it until the next reduce-scatter);
+- end of backward: every sharded gradient + the root's parameters and bf16 weight gradients.
+
+Parameters, optimizer state and (from the second microbatch on) sharded gradients are live in all three.
+Reserved memory is the allocated peak x (1 + fragmentation), the caching allocator's share. Bytes throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.estimator.hardware import GIB, HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.activations import Activations
+from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.pipeline import head_microbatches, layers_in_flight, receive_buffer_bytes
+from meshplan.estimator.physics.shapes import RankParams
+from meshplan.estimator.physics.state import BF16, model_state
+from meshplan.estimator.stack import StackProfile
+
+# the categories of the allocated peak, in the order they are reported (they sum to the allocated bytes)
+ALLOCATED_CATEGORIES = (
+    "params_fp32",
+    "grads_fp32",
+    "optimizer_states",
+    "unsharded_params",
+    "unsharded_grads",
+    "activations",
+    "logits_loss",
+    "transient",
+)
+MEMORY_CATEGORIES = (*ALLOCATED_CATEGORIES, "fragmentation")
+PEAK_PHASES = ("loss", "block backward", "end of backward")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What one phase holds beyond parameters and optimizer state (bytes, float arrays)."""
+
+    grads_fp32: np.ndarray
+    unsharded_params: np.ndarray
+    unsharded_grads: np.ndarray
+    activations: np.ndarray
+    logits_loss: np.ndarray
+    transient: np.ndarray
+
+    def total(self) -> np.ndarray:
+        return (self.grads_fp32 + self.unsharded_params + self.unsharded_grads + self.activations
+                + self.logits_loss + self.transient)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """The peak of one pipeline stage (or the worst one) for every configuration; bytes unless named."""
+
+    allocated_bytes: np.ndarray
+    parts: dict[str, np.ndarray]  # ALLOCATED_CATEGORIES -> bytes at the peak phase
+    saved_activations_bytes: np.ndarray  # every saved activation at the end of a forward (loss phase)
+    grads_after_backward_bytes: np.ndarray  # sharded fp32 gradients once the step's backward is done
+    peak_phase: np.ndarray  # index into PEAK_PHASES (float array)
+    unsharded_params_max_bytes: np.ndarray  # all-gathered bf16 parameters at their most (a block's backward)
+
+    def where(self, worse: np.ndarray, other: StageMemory) -> StageMemory:
+        """Element-wise: `other` where `worse`, else this."""
+        return StageMemory(
+            allocated_bytes=np.where(worse, other.allocated_bytes, self.allocated_bytes),
+            parts={k: np.where(worse, other.parts[k], v) for k, v in self.parts.items()},
+            saved_activations_bytes=np.where(worse, other.saved_activations_bytes, self.saved_activations_bytes),
+            grads_after_backward_bytes=np.where(worse, other.grads_after_backward_bytes,
+                                                self.grads_after_backward_bytes),
+            peak_phase=np.where(worse, other.peak_phase, self.peak_phase),
+            unsharded_params_max_bytes=np.where(worse, other.unsharded_params_max_bytes,
+                                                self.unsharded_params_max_bytes),
+        )
+
+
+@dataclass(frozen=True)
+class Unsharded:
+    """FSDP2's all-gathered bf16 parameters (bytes) at each moment, and the reduce-scatter input it holds."""
+
+    current: np.ndarray  # the root and the block running
+    backward: np.ndarray  # in a block's backward: the root, the current and the prefetched block
+    loss: np.ndarray  # at the loss: the output projection (last stage)
+    end: np.ndarray  # at the end of the backward: the root
+    reduce_scatter_input: np.ndarray  # the previous block's reduce-scatter input (reduce dtype)
+
+
+def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, prank, root, last) -> Unsharded:
+    """Unsharded parameters of a stage holding `prank` parameters and `root` root parameters. Without PP FSDP2
+    reshards after forward (the stack's policy) and gathers one block at a time; with PP it keeps the stage."""
+    resharded = lay.single_stage & np.bool_(stack.reshard_after_forward)
+    pp_nosync = ~lay.single_stage
+    whole = BF16 * prank
+    return Unsharded(
+        current=np.where(resharded, BF16 * rp.block + BF16 * root, whole),
+        backward=np.where(resharded, stack.prefetch_blocks * BF16 * rp.block + BF16 * root, whole),
+        loss=np.where(resharded, BF16 * np.where(last, rp.output, 0.0), whole),
+        end=np.where(resharded, BF16 * root, whole),
+        reduce_scatter_input=np.where(resharded | ~pp_nosync, stack.reduce_bytes * rp.block, 0.0),
+    )
+
+
+def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankParams, act: Activations,
+                 stage: np.ndarray) -> StageMemory:
+    """The allocated peak of pipeline stage `stage` (0-based), at whichever phase is largest."""
+    p, m = lay.pp, lay.microbatches
+    first, last = stage == 0, stage == p - 1
+    prank = rp.of_stage(first, last)
+    state = model_state(prank, lay.fsdp_ranks)
+    gf = state.grads_bytes
+    single, pp_nosync = lay.single_stage, ~lay.single_stage
+    # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches
+    acc = np.where(pp_nosync & (m > 1), stack.reduce_bytes * prank, 0.0)
+    root = rp.root(first, last)
+    up = unsharded(stack, lay, rp, prank, root, last)
+    recv = receive_buffer_bytes(lay, float(model.hidden), first)
+    recv_all = m * recv
+    acts_blocks = act.block_bytes * layers_in_flight(lay, float(model.layers), rp.layers, stage) + recv_all
+    acc = acc + recv_all
+    head = np.where(last, act.head_per_token * lay.tokens_mb * head_microbatches(lay), 0.0)
+
+    loss = Phase(grads_fp32=np.where(single & (m > 1), gf, 0.0), unsharded_params=up.loss, unsharded_grads=acc,
+                 activations=acts_blocks + head, logits_loss=np.where(last, act.logits_bytes, 0.0),
+                 transient=np.zeros_like(p))
+    backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks)
+    # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight gradients
+    # (under TP the embedding's is a Partial of the whole vocabulary: DTensor has no vocab-sharded embedding
+    # backward), the first block's reduce-scatter input, and the gradient arriving at the embedding output
+    # (full sequence, bf16) with its copy
+    root_grads = BF16 * root + np.where(first, BF16 * model.vocab * model.hidden - BF16 * rp.embedding, 0.0)
+    end = Phase(grads_fp32=gf, unsharded_params=up.end,
+                unsharded_grads=acc + up.reduce_scatter_input + root_grads, activations=recv_all,
+                logits_loss=np.zeros_like(p), transient=np.where(first, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0))
+
+    base = state.params_bytes + state.optimizer_bytes
+    phases = (loss, backward, end)
+    totals = np.stack([base + ph.total() for ph in phases])
+    phase = np.where(last, np.argmax(totals, axis=0), np.argmax(totals[1:], axis=0) + 1)
+    parts = {"params_fp32": state.params_bytes, "optimizer_states": state.optimizer_bytes}
+    for name in ALLOCATED_CATEGORIES:
+        if name not in parts:
+            parts[name] = np.choose(phase, np.broadcast_arrays(*(getattr(ph, name) for ph in phases)))
+    return StageMemory(
+        allocated_bytes=np.choose(phase, totals),
+        parts={k: parts[k] for k in ALLOCATED_CATEGORIES},
+        # saved for backward at the end of a forward: the receive buffers of the microbatches in flight only
+        saved_activations_bytes=acts_blocks - recv_all
+        + recv * layers_in_flight(lay, float(model.layers), rp.layers, stage) / rp.layers + head,
+        grads_after_backward_bytes=gf,
+        peak_phase=phase.astype(float),
+        unsharded_params_max_bytes=up.backward,
+    )
+
+
+def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded, gf, acc, acts_blocks) -> Phase:
+    """A block's backward: in the first block to run (every activation, the next block prefetched, no
+    reduce-scatter yet) or in the second (its predecessor's activations freed, that block's reduce-scatter
+    input held, the one after it prefetched if the stage has three or more), whichever holds more."""
+    m, pp_nosync = lay.microbatches, ~lay.single_stage
+    # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
+    # (the schedule's microbatches accumulate unsharded until the last one)
+    g_first = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 0.0))
+    g_prev = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 4 * rp.block / lay.fsdp_ranks))
+    up_last = np.where(rp.layers >= 2, up.backward, up.current)
+    up_prev = np.where(rp.layers >= 3, up.backward, up.current)
+    in_last = g_first + up_last + acc + acts_blocks + act.backward_temp_bytes
+    in_prev = g_prev + up_prev + acc + acts_blocks - act.block_bytes + up.reduce_scatter_input \
+        + act.backward_temp_bytes
+    prev = (rp.layers >= 2) & (in_prev > in_last)
+    return Phase(
+        grads_fp32=np.where(prev, g_prev, g_first),
+        unsharded_params=np.where(prev, up_prev, up_last),
+        unsharded_grads=acc + np.where(prev, up.reduce_scatter_input, 0.0),
+        activations=acts_blocks - np.where(prev, act.block_bytes, 0.0),
+        logits_loss=np.zeros_like(gf),
+        transient=act.backward_temp_bytes + np.zeros_like(gf),
+    )
+
+
+def worst_stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankParams, act: Activations,
+                       stage=None) -> tuple[StageMemory, np.ndarray]:
+    """(the peak, the 0-based stage it is on): of pipeline stage `stage` when given (an int or an array), else of
+    the worst stage — the first (most microbatches in flight, the embedding), the second (the most in flight
+    among those holding receive buffers) or the last (the logits)."""
+    p = lay.pp
+    if stage is not None:
+        k = np.minimum(np.asarray(stage, dtype=np.float64), p - 1)
+        return stage_memory(model, stack, lay, rp, act, k), k
+    worst = stage_memory(model, stack, lay, rp, act, np.zeros_like(p))
+    worst_stage = np.zeros_like(p)
+    for k in (np.minimum(1.0, p - 1), p - 1):
+        cand = stage_memory(model, stack, lay, rp, act, k)
+        worse = cand.allocated_bytes > worst.allocated_bytes
+        worst = worst.where(worse, cand)
+        worst_stage = np.where(worse, k, worst_stage)
+    return worst, worst_stage
+
+
+def reserved_bytes(hw: HardwareProfile, stack: StackProfile, allocated: np.ndarray) -> np.ndarray:
+    """The caching allocator's reserved bytes for an allocated peak: x (1 + fragmentation), except near the
+    limit, where it frees cached blocks and retries instead of growing (capped at the usable HBM)."""
+    usable = hw.usable_hbm_gib * GIB
+    reserved = allocated * (1 + stack.fragmentation)
+    return np.where((reserved > usable) & (allocated <= usable), usable, reserved)

@@ -1,0 +1,51 @@
+"""Pipeline parallelism: microbatches in flight per stage, the bubble, and the stage-to-stage transfers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.estimator.config import Schedule
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.stack import StackProfile
+
+
+def layers_in_flight(lay: Layout, layers: float, layers_rank: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """Microbatch-layers whose activations pipeline stage `stage` (0-based) holds at the end of its forwards:
+    1F1B keeps min(m, pp - k) microbatches on stage k, interleaved 1F1B adds (pp - 1 - k) / vpp more
+    chunk-microbatches, GPipe keeps all m. Without PP: the model's `layers` for the one microbatch."""
+    p, v, m = lay.pp, lay.vpp, lay.microbatches
+    per_stage_layers = layers / (p * v)
+    ahead = np.minimum(m, p - stage)
+    one_f = ahead * per_stage_layers * v
+    inter = per_stage_layers * v * (ahead + (p - 1 - stage) / v)
+    gpipe = m * layers_rank
+    sched = lay.schedule
+    by_schedule = np.where(sched == Schedule.GPIPE, gpipe, np.where(sched == Schedule.INTERLEAVED_1F1B, inter, one_f))
+    return np.where(lay.single_stage, layers, by_schedule)
+
+
+def head_microbatches(lay: Layout) -> np.ndarray:
+    """Microbatches whose head inputs the last stage holds at once: all of them under GPipe, else one."""
+    return np.where(~lay.single_stage & (lay.schedule == Schedule.GPIPE), lay.microbatches, 1.0)
+
+
+def receive_buffer_bytes(lay: Layout, hidden: float, first: np.ndarray) -> np.ndarray:
+    """Bytes of one receive buffer (micro-batch, seq / tp, hidden; bf16) a non-first stage's PipelineStage keeps
+    per microbatch of the step (and the gradient of each once its backward ran, until the step ends)."""
+    return np.where(~lay.single_stage & ~first, lay.tokens_mb * 2 * hidden / lay.tp, 0.0)
+
+
+def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
+    """Idle time per step (s) of a pipeline stage: (pp - 1) / vpp microbatch times (warm-up and drain)."""
+    return np.where(lay.single_stage, 0.0, microbatch_s * (lay.pp - 1) / lay.vpp)
+
+
+def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float) -> np.ndarray:
+    """Exposed stage-to-stage time per step (s): each microbatch chunk sends its activation forward and receives
+    its gradient backward (bf16, tokens x hidden / tp), plus the schedule's per-microbatch overhead."""
+    spans_nodes = lay.world > lay.gpus_per_node
+    p2p_bytes = lay.tokens_mb * hidden / lay.tp * 2.0 * 2  # activation forward + gradient backward per boundary
+    bw = np.where(spans_nodes, hw.inter_bw, hw.intra_bw)
+    per_mb = p2p_bytes / bw * stack.pp_p2p_exposed + stack.pp_overhead_s_per_microbatch
+    return np.where(lay.single_stage, 0.0, lay.microbatches * lay.vpp * per_mb)

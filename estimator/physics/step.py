@@ -1,0 +1,88 @@
+"""The optimizer step (seconds) from its parts, and what it yields: tokens/s per GPU and MFU.
+
+A microbatch's time is the busy compute (slowed while communication kernels share the SMs) + launch overhead
++ the exposed TP, CP and FSDP time; a step is the microbatches, the pipeline's bubble and transfers, FSDP's
+unhidden edges, the DP-replicate all-reduce, the optimizer and the stack's fixed per-step overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics import pipeline
+from meshplan.estimator.physics.comms import cp_exposed_s, dp_replicate_s, fsdp_times, tp_times
+from meshplan.estimator.physics.compute import compute_times, optimizer_step_s
+from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.shapes import RankParams
+from meshplan.estimator.stack import StackProfile
+
+TIME_CATEGORIES = (
+    "compute",
+    "recompute",
+    "float8_casts",
+    "elementwise",
+    "overhead",
+    "fsdp_exposed",
+    "tp_exposed",
+    "cp_exposed",
+    "pp_bubble",
+    "pp_p2p",
+    "dp_allreduce",
+    "optimizer_step",
+)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step by TIME_CATEGORIES (they sum to `step_s`), and what the step yields."""
+
+    parts: dict[str, np.ndarray]
+    step_s: np.ndarray
+    microbatch_s: np.ndarray
+    tokens_per_sec_per_gpu: np.ndarray
+    mfu: np.ndarray  # model FLOPs (torchtitan's convention) / bf16 peak of the profile
+
+
+def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams,
+              vocab_rank: np.ndarray) -> StepTime:
+    """Step time of every configuration, timed for the stage with the output layer."""
+    m, layers = lay.microbatches, rp.layers
+    comp = compute_times(model, hw, stack, lay, layers, vocab_rank)
+    tp = tp_times(model, hw, stack, lay, layers)
+    cp = cp_exposed_s(model, hw, stack, lay, layers, comp.attention_s)
+    fsdp = fsdp_times(hw, stack, lay, rp)
+    busy = comp.busy_s
+    fsdp_exposed = np.maximum(0.0, fsdp.per_microbatch_s - stack.fsdp_overlap * busy)
+    # slow-down of compute kernels sharing the GPU with communication kernels
+    hidden_comm = fsdp.per_microbatch_s + tp.total_s * tp.overlap
+    slow = stack.comm_compute_slowdown * np.minimum(1.0, hidden_comm / np.maximum(busy, 1e-12))
+    busy_slow = busy * (1 + slow)
+    t_mb = busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed
+    parts = {
+        "compute": m * comp.gemm_attention_s,
+        "recompute": m * comp.recompute_s,
+        "float8_casts": m * comp.float8_casts_s,
+        "elementwise": m * comp.elementwise_s,
+        "overhead": m * (comp.overhead_s + (busy_slow - busy_slow / (1 + slow))) + stack.step_overhead_s,
+        "fsdp_exposed": m * fsdp_exposed + fsdp.step_edges_s + fsdp.step_once_s,
+        "tp_exposed": m * tp.exposed_s,
+        "cp_exposed": m * cp,
+        "pp_bubble": pipeline.bubble_s(lay, t_mb),
+        "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden)),
+        "dp_allreduce": dp_replicate_s(hw, stack, lay, rp),
+        "optimizer_step": optimizer_step_s(hw, rp.most, lay.fsdp_ranks),
+    }
+    step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s
+            + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s)
+    tps = lay.global_batch * lay.seq_len / (lay.world * step)
+    return StepTime(parts=parts, step_s=step, microbatch_s=t_mb, tokens_per_sec_per_gpu=tps,
+                    mfu=model_flops_per_token(model, lay.seq_len) * tps / (hw.peak_tflops_bf16 * 1e12))
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: np.ndarray) -> np.ndarray:
+    """torchtitan's MFU numerator per token: 6 (N - N_embedding) + 12 L q s (full attention, no recompute)."""
+    return model.flops_per_token(1) + 12.0 * float(model.layers) * float(model.q_dim) * (seq_len - 1)
