@@ -86,16 +86,6 @@ class HardwareProfile(BaseModel):
         """What torch's caching allocator can reserve: device total minus the runtime's own reserve."""
         return self.hbm_total_gib - self.runtime_reserve_gib
 
-    @property
-    def intra_bw(self) -> float:
-        """Achievable ring-collective bandwidth inside a node, bytes/s per GPU."""
-        return self.intra_node_gbs * 1e9 * self.intra_node_efficiency
-
-    @property
-    def inter_bw(self) -> float:
-        """Achievable ring-collective bandwidth across nodes, bytes/s per GPU."""
-        return self.inter_node_gbps / 8 * 1e9 * self.inter_node_efficiency
-
 
 def hardware_names() -> list[str]:
     return data_files.names("hardware_profiles")

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.estimator.arrays import ConfigArrays
-from meshplan.estimator.config import FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.estimator.config import FLOAT8_RECIPES, PP_SCHEDULES, Float8, Schedule
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 
-INTERLEAVED = PP_SCHEDULES.index("Interleaved1F1B")
-MXFP8 = FLOAT8_RECIPES.index("mxfp8")
+INTERLEAVED = Schedule.INTERLEAVED_1F1B
+MXFP8 = Float8.MXFP8
 
 
 @dataclass(frozen=True)

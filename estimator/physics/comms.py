@@ -20,6 +20,18 @@ from meshplan.estimator.physics.state import BF16, GRAD_BYTES
 from meshplan.estimator.stack import StackProfile
 
 
+def intra_node_bytes_per_s(hw: HardwareProfile) -> float:
+    """Achievable ring-collective bandwidth inside a node, bytes/s per GPU: the scale-up link (GB/s per direction)
+    x its ring efficiency."""
+    return hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
+
+
+def inter_node_bytes_per_s(hw: HardwareProfile) -> float:
+    """Achievable ring-collective bandwidth across nodes, bytes/s per GPU: the NIC line rate (Gb/s) / 8 x NCCL's
+    efficiency across nodes."""
+    return hw.inter_node_gbps / 8 * 1e9 * hw.inter_node_efficiency
+
+
 def ring_s(nbytes, ranks, bytes_per_s, latency_s):
     """Ring all-gather / reduce-scatter of `nbytes` (the full, unsharded size) over `ranks` ranks, seconds."""
     n = as_float(ranks)
@@ -31,8 +43,8 @@ def group_bytes_per_s(hw: HardwareProfile, ranks_per_node, spans_nodes, nodes=2.
     `ranks_per_node` parallel rings share the node's NICs and NVLink caps the total. Achieved network bandwidth
     falls as a collective spans more nodes (the profile's `inter_node_scaling` per doubling beyond two)."""
     scale = 1.0 / (1.0 + hw.inter_node_scaling * np.log2(np.maximum(as_float(nodes), 2.0) / 2.0))
-    inter = np.minimum(hw.intra_bw, hw.inter_bw * scale * as_float(ranks_per_node))
-    return np.where(spans_nodes, inter, hw.intra_bw)
+    inter = np.minimum(intra_node_bytes_per_s(hw), inter_node_bytes_per_s(hw) * scale * as_float(ranks_per_node))
+    return np.where(spans_nodes, inter, intra_node_bytes_per_s(hw))
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,8 @@ def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: La
     rs_bytes = lay.tokens_mb * h * BF16
     n_ag = 4 + np.where(lay.full_ac, 2, np.where(lay.selective_ac, 2, 0))
     n_rs = 4 + np.where(lay.full_ac, 2, 0)
-    total = layers * (n_ag * ring_s(ag_bytes, lay.tp, hw.intra_bw, lat) + n_rs * ring_s(rs_bytes, lay.tp, hw.intra_bw, lat))
+    bw = intra_node_bytes_per_s(hw)  # TP stays inside a node (the planner's rule; estimate warns otherwise)
+    total = layers * (n_ag * ring_s(ag_bytes, lay.tp, bw, lat) + n_rs * ring_s(rs_bytes, lay.tp, bw, lat))
     return TPTimes(total_s=total, overlap=np.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap))
 
 
@@ -117,7 +130,7 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: Ra
     """DP replicate (HSDP / DDP): the fp32 gradient all-reduce across replicas, once per step, partly hidden
     (the stack's `dp_replicate_overlap_share` of FSDP's overlap)."""
     dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
-    bw = np.where(world > gpn, hw.inter_bw * np.minimum(gpn, world / dr), hw.intra_bw)
-    bw = np.minimum(bw, hw.intra_bw)
+    bw = np.where(world > gpn, inter_node_bytes_per_s(hw) * np.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
+    bw = np.minimum(bw, intra_node_bytes_per_s(hw))
     allreduce = np.where(dr > 1, 2 * GRAD_BYTES * rp.most / lay.fsdp_ranks * (dr - 1) / dr / bw, 0.0)
     return allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)

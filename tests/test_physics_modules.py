@@ -1,0 +1,113 @@
+"""The physics modules one by one, against numbers worked out by hand (the arithmetic is in the comments) and
+published parameter counts, not against copies of their formulas."""
+
+import numpy as np
+import pytest
+
+from meshplan.estimator import TrainConfig, load_hardware, load_model, load_stack
+from meshplan.estimator.arrays import ConfigArrays
+from meshplan.estimator.hardware import GIB
+from meshplan.estimator.physics import activations, comms, compute, memory, pipeline, shapes, state
+from meshplan.estimator.physics.layout import layout_of
+
+M8, M70 = load_model("llama3-8b"), load_model("llama3-70b")
+H100 = load_hardware("h100-sxm")
+TT = load_stack("torchtitan")
+
+
+def lay(model=M8, **kw):
+    cfg = TrainConfig(**kw).resolve(model, H100)
+    return layout_of(ConfigArrays.from_configs([cfg]))
+
+
+def test_rank_params_without_parallelism_is_the_published_count():
+    rp = shapes.rank_params(M8, lay(gpus=1, seq_len=2048))
+    assert rp.first[0] == rp.last[0] == M8.params
+    assert abs(M8.params - 8.03e9) / 8.03e9 < 0.001  # Llama 3.1 8B model card: 8.03 B
+
+
+def test_tp_shards_everything_but_the_norms():
+    # 8 TP ranks together hold the model once plus 7 extra copies of every norm: 32 blocks x 2 x 4096 + 4096
+    rp = shapes.rank_params(M8, lay(gpus=8, tp=8, seq_len=2048))
+    norms = 32 * 2 * 4096 + 4096
+    assert rp.first[0] * 8 == pytest.approx(M8.params + 7 * norms, rel=1e-12)
+
+
+def test_pipeline_stages_split_the_blocks():
+    # 70B: 80 blocks over pp 4 = 20 per stage; the first adds the embedding (128,256 x 8,192 = 1,050,673,152)
+    rp = shapes.rank_params(M70, lay(M70, gpus=32, pp=4, dp_shard=8, seq_len=2048, global_batch_size=64))
+    assert rp.layers[0] == 20
+    assert rp.first[0] - rp.blocks[0] == 1_050_673_152
+
+
+def test_model_state_is_16_bytes_per_parameter_over_fsdp():
+    # 8.03e9 x 16 B / 8 ranks = 16.06e9 B = 14.96 GiB
+    st = state.model_state(np.array([8.03e9]), np.array([8.0]))
+    total = st.params_bytes + st.grads_bytes + st.optimizer_bytes
+    assert total[0] / GIB == pytest.approx(14.957, abs=1e-3)
+
+
+def test_ring_time_by_hand():
+    # 1 GiB over 8 ranks at 100 GB/s, 5 us a step: 1,073,741,824 x 7/8 / 1e11 + 7 x 5e-6 = 0.009430241 s
+    t = comms.ring_s(np.array([float(2**30)]), np.array([8]), 100e9, 5e-6)
+    assert t[0] == pytest.approx(0.009430241, rel=1e-6)
+    assert comms.ring_s(np.array([1e9]), np.array([1]), 1e9, 1e-6)[0] == 0.0  # one rank sends nothing
+
+
+def test_group_bandwidth_inside_and_across_nodes():
+    # H100 SXM: NVLink 450 GB/s x 0.82 = 369 GB/s; NIC 400 Gb/s / 8 x 0.73 = 36.5 GB/s per GPU, 8 per node: 292 GB/s
+    inside = comms.group_bytes_per_s(H100, np.array([8.0]), np.array([False]))
+    across = comms.group_bytes_per_s(H100, np.array([8.0]), np.array([True]))
+    one = comms.group_bytes_per_s(H100, np.array([1.0]), np.array([True]))
+    assert inside[0] == pytest.approx(369e9)
+    assert across[0] == pytest.approx(292e9)
+    assert one[0] == pytest.approx(36.5e9)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "vpp", "expected"),
+    [("GPipe", 1, 64), ("1F1B", 1, 32), ("Interleaved1F1B", 2, 44)],
+)
+def test_layers_in_flight_on_the_first_stage(schedule, vpp, expected):
+    # 8B (32 blocks), pp 4, 8 microbatches. GPipe: 8 microbatches x 8 blocks = 64. 1F1B: min(8, 4) x 8 = 32.
+    # Interleaved, vpp 2 (4 blocks a chunk): 4 x 2 x (4 + 3 / 2) = 44 chunk-blocks.
+    la = lay(gpus=4, pp=4, pp_schedule=schedule, vpp=vpp, seq_len=2048, global_batch_size=8)
+    rp = shapes.rank_params(M8, la)
+    assert pipeline.layers_in_flight(la, 32.0, rp.layers, np.array([0.0]))[0] == expected
+
+
+def test_bubble_is_pp_minus_one_microbatches_over_vpp():
+    # (p - 1) / v microbatch times: pp 4 -> 3 s of a 1 s microbatch; interleaved with vpp 2 -> 1.5 s
+    plain = lay(gpus=4, pp=4, seq_len=2048, global_batch_size=8)
+    inter = lay(gpus=4, pp=4, pp_schedule="Interleaved1F1B", vpp=2, seq_len=2048, global_batch_size=8)
+    assert pipeline.bubble_s(plain, np.array([1.0]))[0] == 3.0
+    assert pipeline.bubble_s(inter, np.array([1.0]))[0] == 1.5
+    assert pipeline.bubble_s(lay(gpus=1, seq_len=2048), np.array([1.0]))[0] == 0.0
+
+
+def test_full_ac_saves_only_the_block_input():
+    # full AC keeps one bf16 tensor of width 4096 per token and block: 8,192 bytes
+    saved, _ = activations.saved_per_token_layer(M8, TT, lay(gpus=1, seq_len=2048, ac="full"))
+    assert saved[0] == 8192
+    sel, _ = activations.saved_per_token_layer(M8, TT, lay(gpus=1, seq_len=2048, ac="selective"))
+    none, _ = activations.saved_per_token_layer(M8, TT, lay(gpus=1, seq_len=2048, ac="none"))
+    assert saved[0] < sel[0] < none[0]
+
+
+def test_large_gemm_runs_near_the_profiles_efficiency():
+    # a 65536 x 8192 x 8192 linear (8.8 TFLOP forward + backward) is big enough to reach the size curve's plateau:
+    # time ~ 3 x 2 x M K N / (989e12 x 0.80 x stack gemm_efficiency), within the curve's few per cent
+    la = lay(gpus=1, seq_len=65536)
+    t, t16 = compute.gemm_s(H100, TT, la, 8192.0, 8192.0)
+    ideal = 6.0 * 65536 * 8192 * 8192 / (989e12 * 0.80 * TT.gemm_efficiency)
+    assert t16[0] == t[0]  # bf16 without Float8
+    assert ideal < t[0] < ideal * 1.1
+
+
+def test_reserved_memory_caps_at_usable_when_the_allocation_fits():
+    usable = H100.usable_hbm_gib * GIB
+    alloc = np.array([0.5 * usable, 0.95 * usable, 1.1 * usable])
+    res = memory.reserved_bytes(H100, TT, alloc)
+    assert res[0] == pytest.approx(0.5 * usable * (1 + TT.fragmentation))
+    assert res[1] == usable  # the allocator frees cached blocks and retries instead of growing past the device
+    assert res[2] > usable  # a real OOM stays one
