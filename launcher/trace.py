@@ -25,15 +25,16 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from meshplan.estimator.errors import MeshplanError
 from meshplan.launcher.core.config import RunConfig
+from meshplan.launcher.trace_kernels import gpu_kernels
 
 # Trace categories (bytes), in display order. The tracker's own categories are merged as:
 #   params: sharded fp32 params (Parameter without FSDP); grads: sharded fp32 grads; optimizer: AdamW state;
@@ -162,80 +163,6 @@ def traced_ranks(cfg: RunConfig) -> list[tuple[int, int]]:
     return ranks
 
 
-# --- CUDA kernels the CPU lacks ------------------------------------------------------------------------
-class _FusedRMSNorm(torch.autograd.Function):
-    """What CUDA's fused RMSNorm kernel (`aten._fused_rms_norm`, which `F.rms_norm` uses on GPUs) keeps for
-    backward: the input and the fp32 per-token rstd. On CPU `F.rms_norm` decomposes into pointwise ops that
-    save two fp32 copies of the input instead, which the GPU run never allocates."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        out = (xf * rstd).to(x.dtype)
-        if weight is not None:
-            out = out * weight
-        ctx.save_for_backward(x, weight, rstd)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        x, weight, rstd = ctx.saved_tensors
-        normed = x.float() * rstd
-        g = grad.float()
-        gw = None
-        if weight is not None:
-            gw = (g * normed).sum(dim=tuple(range(g.dim() - 1))).to(weight.dtype)
-            g = g * weight.float()
-        gx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
-        return gx.to(x.dtype), gw, None
-
-
-@contextmanager
-def _gpu_kernels() -> Iterator[None]:
-    """During the trace, `F.rms_norm` (what `nn.RMSNorm` calls) runs `_FusedRMSNorm`, the GPU run's saved
-    tensors. A module attribute rather than a TorchFunctionMode: AC recomputation runs inside the autograd
-    engine, where function modes are not active."""
-    import torch.nn.functional as F
-
-    orig = F.rms_norm
-
-    def rms_norm(x: Any, shape: Any, weight: Any = None, eps: float | None = None) -> Any:
-        if len(shape) != 1:
-            return orig(x, shape, weight, eps)
-        return _FusedRMSNorm.apply(x, weight, torch.finfo(torch.float32).eps if eps is None else eps)
-
-    F.rms_norm = rms_norm
-    try:
-        with _untracked_sharding_propagation():
-            yield
-    finally:
-        F.rms_norm = orig
-
-
-@contextmanager
-def _untracked_sharding_propagation() -> Iterator[None]:
-    """DTensor derives an op's output metadata by running it on fake tensors of the *global* shape
-    (`ShardingPropagator._propagate_tensor_meta_non_cached`). Under the trace's FakeTensorMode it reuses
-    that mode, so the memory tracker counted those global-shape tensors, which never exist on a GPU (e.g.
-    two fp32 logits-sized buffers of the full vocabulary in the loss-parallel backward). Run the
-    propagation with the trace's modes switched off, as it runs in a real step."""
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    orig = ShardingPropagator._propagate_tensor_meta_non_cached
-
-    def propagate(self: Any, op_schema: Any) -> Any:
-        with _disable_current_modes():
-            return orig(self, op_schema)
-
-    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
-    try:
-        yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = orig
-
-
 # --- trackers ------------------------------------------------------------------------------------------
 def _tracker_class(fsdp: bool) -> type:
     """FSDPMemTracker / MemTracker that accept several root forwards per step (microbatches) and record
@@ -307,9 +234,10 @@ def _storage_bytes(t: Any) -> int:
 # --- one rank ---------------------------------------------------------------------------------------------
 def trace_rank(cfg: RunConfig, rank: int, progress: Progress | None = None) -> RankTrace:
     """Trace one rank of `cfg` (already made traceable) in this process."""
-    from meshplan.launcher.core.train import Trainer
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meshplan.launcher.core.train import Trainer
 
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -357,7 +285,7 @@ def trace_rank(cfg: RunConfig, rank: int, progress: Progress | None = None) -> R
                 if step == 2:
                     tracker.category_max = {}
                     fwd_end.clear()
-                with fake, tracker, _gpu_kernels():  # a new tracker session resets the peak
+                with fake, tracker, gpu_kernels():  # a new tracker session resets the peak
                     recv = _recv_buffers(trainer) if cfg.pp > 1 else []
                     baseline = _snapshot(tracker)["activations"]
                     if cfg.pp > 1:
@@ -416,8 +344,9 @@ def _pipeline_step(
     1F1B schedule runs it on this stage (`Schedule1F1B._step_microbatches`, `PipelineStage`'s no-sync
     backward and `_post_backward`), with fake tensors standing in for the activations received from the
     previous stage and the gradients received from the next."""
-    from meshplan.launcher.core.model import cross_entropy
     from torch.distributed.fsdp import FSDPModule
+
+    from meshplan.launcher.core.model import cross_entropy
 
     cfg = trainer.cfg
     n, mbs = cfg.microbatches, cfg.micro_batch_size
@@ -510,112 +439,3 @@ def trace_config(cfg: RunConfig, progress: Progress | None = None) -> TraceResul
               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return TraceResult(config=run_cfg.dump(), ranks=ranks, notes=notes, seconds=time.perf_counter() - t0,
                        max_rss_mib=rss)
-
-
-# --- next to the analytical model -------------------------------------------------------------------------
-COMPARED = ("params", "grads", "optimizer", "unsharded_params", "activations", "total")
-
-
-def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int) -> dict[str, float]:
-    """The estimator's tensor-level terms (bytes) for pipeline stage `pp_rank` of the traced config."""
-    from meshplan.estimator.batch import ConfigArrays, estimate_arrays
-    from meshplan.estimator.config import TrainConfig
-
-    tc = TrainConfig(
-        gpus=cfg.world_size, gpus_per_node=min(hw.gpus_per_node, cfg.world_size), dp_replicate=cfg.dp_replicate,
-        dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, pp_schedule=cfg.pp_schedule, vpp=cfg.vpp,
-        seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.micro_batch_size,
-        ac=cfg.ac, compile=False, float8="none", async_tp=False,
-    ).resolve(cfg.model, hw)
-    r = estimate_arrays(cfg.model, hw, stack, ConfigArrays.from_configs([tc]), stage=pp_rank)
-    return {k: float(v[0]) for k, v in r.items()}
-
-
-def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
-    """Per traced rank, the traced and analytical bytes of each compared quantity and the relative error
-    (analytical / traced - 1).
-
-    params / grads: sharded fp32 (exact); optimizer: AdamW exp_avg + exp_avg_sq, plus the 4-byte step
-    counter AdamW keeps per parameter tensor (too small to model; added to the analytical side);
-    unsharded_params: the maximum of all-gathered bf16 params + all-gather buffers; activations: what the
-    forward leaves saved for backward at the end of a microbatch's forward (in-flight microbatches
-    included, the stage output excluded); total: tensor memory at the step-2 peak vs the analytical
-    allocated (pre-fragmentation) memory."""
-    cfg = RunConfig.from_dict(result.config)
-    rows = []
-    for r in result.ranks:
-        a = analytical_terms(cfg, hw, stack, r.pp_rank)
-        traced = {
-            "params": r.state["params"],
-            "grads": r.state["grads"],
-            "optimizer": r.state["optimizer"],
-            "unsharded_params": r.category_max["unsharded_params"],
-            "activations": r.saved_activations,
-            "total": r.peak_total,
-        }
-        model = {
-            "params": a["params_fp32"],
-            "grads": a["grads_after_backward"],
-            "optimizer": a["optimizer_states"] + 4 * r.param_tensors,
-            "unsharded_params": a["unsharded_params_max"],
-            "activations": a["saved_activations"],
-            "total": a["allocated_bytes"],
-        }
-        rows.append({
-            "rank": r.rank,
-            "pp_rank": r.pp_rank,
-            "traced": traced,
-            "analytical": model,
-            "error": {k: (model[k] / traced[k] - 1) if traced[k] else 0.0 for k in COMPARED},
-            "peak": r.peak,
-        })
-    return rows
-
-
-def embedding_partial_bytes(cfg: RunConfig, pp_rank: int) -> int:
-    """Bytes of stage `pp_rank` that the analytical model leaves out: the TP embedding's full-vocabulary
-    gradient under PP (`estimator.estimate.embedding_partial_bytes`; fp32 reduce, as the trace runs), on
-    the first stage only."""
-    from meshplan.estimator.estimate import embedding_partial_bytes as partial
-
-    if pp_rank != 0:
-        return 0
-    return int(partial(cfg.model, cfg.tp, cfg.pp, cfg.microbatches, reduce_bytes=4.0))
-
-
-# --- plan files -----------------------------------------------------------------------------------------
-def run_config_for_plan(plan: Any) -> RunConfig:
-    """The training core's RunConfig for a plan (MeshplanError when the core rejects it)."""
-    from meshplan.launcher.plan_run import run_config_fields
-
-    try:
-        return RunConfig.from_dict(run_config_fields(plan, steps=2, device="cpu"))
-    except ValueError as exc:
-        raise MeshplanError(str(exc)) from None
-
-
-def trace_plan(plan: Any, progress: Progress | None = None) -> dict[str, Any]:
-    """Trace a plan and put the analytical model's tensor-level terms next to it (the `--json` object)."""
-    from meshplan.estimator.stack import load_stack
-
-    result = trace_config(run_config_for_plan(plan), progress)
-    stack = load_stack(plan.stack)
-    rows = compare(result, plan.hardware, stack)
-    cfg = RunConfig.from_dict(result.config)
-    for row in rows:
-        row["unmodelled_embedding_gradient"] = embedding_partial_bytes(cfg, row["pp_rank"])
-    worst = max(rows, key=lambda r: r["traced"]["total"])
-    notes = list(result.notes)
-    return {
-        "plan": plan.name,
-        "model": plan.model.name,
-        "config": {k: result.config[k] for k in (
-            "dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "micro_batch_size",
-            "global_batch_size", "seq_len", "ac")},
-        "traced_ranks": [{"rank": r["rank"], "pp_rank": r["pp_rank"]} for r in rows],
-        "worst_rank": worst["rank"],
-        "ranks": rows,
-        "notes": notes,
-        "seconds": round(result.seconds, 2),
-        "max_rss_mib": round(result.max_rss_mib, 1),
-    }

@@ -45,7 +45,8 @@ def grid_model(name: str) -> ModelSpec:
 def run_grid(quick: bool = False, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Trace every grid configuration; one row per traced rank with traced / analytical bytes and errors."""
     from meshplan.launcher.core.config import RunConfig
-    from meshplan.launcher.trace import _in_subprocess, compare, embedding_partial_bytes, trace_config
+    from meshplan.launcher.trace import _in_subprocess, trace_config
+    from meshplan.launcher.trace_compare import compare, embedding_partial_bytes
 
     hw, stack = load_hardware("h100-sxm"), load_stack("torchtitan")
     rows = []

@@ -50,7 +50,7 @@ def trace_cmd(
 
 def run_trace(plan, quiet: bool = False) -> dict:
     """Trace with a progress spinner on stderr (none when `quiet`)."""
-    from meshplan.launcher.trace import trace_plan
+    from meshplan.launcher.trace_compare import trace_plan
 
     console = Console(stderr=True)
     if quiet:

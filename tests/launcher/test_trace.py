@@ -8,15 +8,16 @@ import subprocess
 import sys
 
 import pytest
+from rich.console import Console
+
+from meshplan.commands.trace import render
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.stack import load_stack
 from meshplan.launcher.core.config import RunConfig
-from meshplan.launcher.trace import analytical_terms, compare, embedding_partial_bytes, trace_config
-from rich.console import Console
-
-from meshplan.commands.trace import render
+from meshplan.launcher.trace import trace_config
+from meshplan.launcher.trace_compare import analytical_terms, compare, embedding_partial_bytes
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 HW = load_hardware("h100-sxm")
