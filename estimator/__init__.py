@@ -1,8 +1,9 @@
 """meshplan's analytical estimator: per-GPU memory, host RAM and step time for a training configuration.
 
 Pure Python + numpy: no torch, no UI. Units are stated in every name or docstring (bytes, GiB, seconds,
-tokens). The public entry points are :func:`estimator.estimate.estimate` (one configuration) and
-:func:`estimator.batch.estimate_batch` (many configurations at once, vectorised).
+tokens). The public entry points are :func:`meshplan.estimator.estimate.estimate` (one configuration, a
+JSON-ready report) and :func:`meshplan.estimator.batch.estimate_arrays` (many configurations at once,
+vectorised); the physics they share lives in :mod:`meshplan.estimator.physics`, one module per term.
 """
 
 from meshplan.estimator.config import TrainConfig
