@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from meshplan.estimator import rules
 from meshplan.estimator.batch import GIB, ConfigArrays, estimate_arrays
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
 from meshplan.estimator.errors import MeshplanError
@@ -83,7 +85,7 @@ class SearchResult:
     def reason_text(self, i: int) -> str:
         code = int(self.reason[i])
         extra = {}
-        if code == 9:
+        if code == rules.MEMORY:
             extra = dict(peak_gib=float(self.peak_gib[i]), limit_gib=self.limit_gib, margin=self.memory_margin,
                          usable_gib=self.hw.usable_hbm_gib)
         return describe_reason(code, self.model, self.hw, self.config(i), extra)
@@ -155,8 +157,7 @@ def plan_search(
     valid = np.flatnonzero(reason == 0)
     for start in range(0, len(valid), CHUNK):
         idx = valid[start : start + CHUNK]
-        sub = ConfigArrays(**{k: v[idx] for k, v in vars(configs).items()})
-        r = estimate_arrays(model, hw, stack, sub)
+        r = estimate_arrays(model, hw, stack, configs.take(idx))
         peak[idx] = r["peak_bytes"] / GIB
         tps[idx] = r["tokens_per_sec_per_gpu"]
         step[idx] = r["step_time_s"]
@@ -164,7 +165,7 @@ def plan_search(
         if progress:
             progress(min(start + CHUNK, len(valid)), len(valid))
     limit = hw.usable_hbm_gib * memory_margin
-    reason[(reason == 0) & (peak > limit)] = 9
+    reason[(reason == 0) & (peak > limit)] = rules.MEMORY
     fits = np.flatnonzero(reason == 0)
     ranked = _order(tps, peak, fits)
     return SearchResult(
@@ -178,7 +179,7 @@ def plan_search(
 def explain_empty(res: SearchResult) -> str:
     """Why nothing fits: the closest configuration and what the rules rejected."""
     counts = res.reason_counts()
-    mem = np.flatnonzero(res.reason == 9)
+    mem = np.flatnonzero(res.reason == rules.MEMORY)
     if len(mem):
         i = mem[np.nanargmin(res.peak_gib[mem])]
         return (

@@ -10,6 +10,8 @@ Everything is read off one sweep (no new estimates), so the tree is consistent w
 from __future__ import annotations
 
 import numpy as np
+
+from meshplan.estimator import rules
 from meshplan.estimator.config import AC_MODES
 from meshplan.estimator.estimate import GIB_DECIMALS
 from meshplan.planner.search import SearchResult, short_config
@@ -89,7 +91,7 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
             continue
         best = best_of(mask)
         feature = best_of(mask & _uses(res, key))
-        oom = np.flatnonzero(mask & evaluated & (res.reason == 9))
+        oom = np.flatnonzero(mask & evaluated & (res.reason == rules.MEMORY))
         closest = oom[np.argsort(res.peak_gib[oom])[:alternatives]] if len(oom) else np.array([], dtype=int)
         steps.append({
             "key": key,
@@ -179,7 +181,7 @@ def _ac_step(res: SearchResult) -> dict:
         i = int(idx[0])
         if i == w:
             parts.insert(0, f"{mode} (chosen): {res.tps[i]:,.0f} tok/s/GPU at {res.peak_gib[i]:.1f} GiB")
-        elif res.reason[i] == 9:
+        elif res.reason[i] == rules.MEMORY:
             parts.append(f"{mode}: does not fit ({res.peak_gib[i]:.1f} GiB)")
             step["rejected"].append({**_entry(res, i), "reason": res.reason_text(i)})
         elif res.reason[i] == 0:
