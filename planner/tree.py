@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.estimator import rules
-from meshplan.estimator.config import AC_MODES
+from meshplan.estimator.config import AC_MODES, Float8
 from meshplan.estimator.estimate import GIB_DECIMALS
 from meshplan.planner.search import SearchResult, short_config
 
@@ -31,9 +31,9 @@ GAIN = 0.01  # a step is worth taking when it raises throughput by more than 1 %
 
 def _masks(res: SearchResult) -> list[np.ndarray]:
     c = res.configs
-    m = (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1) & (c.compile == 0) & (c.float8 == 0)
+    m = (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1) & (c.compile == 0) & (c.float8 == Float8.NONE)
     masks = [m]
-    m = m | ((c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1) & (c.float8 == 0))
+    m = m | ((c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1) & (c.float8 == Float8.NONE))
     masks.append(m)
     m = m | ((c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1))
     masks.append(m)
