@@ -90,7 +90,7 @@ RULES: tuple[Rule, ...] = (
     Rule(6, "batch_divides", "global batch {global_batch} does not divide into dp {dp} x micro-batch {micro_batch}",
          lambda m, c, hw: ~_micro(c)[0]),
     Rule(7, "float8_unsupported", "float8 needs fp8 tensor cores; {hardware} has none",
-         lambda m, c, hw: (c.float8 > 0) & (not hw.supports_fp8), needs_hw=True),
+         lambda m, c, hw: (c.float8 != Float8.NONE) & (not hw.supports_fp8), needs_hw=True),
     Rule(8, "mxfp8_unsupported", "mxfp8 needs MX formats (Blackwell); {hardware} lacks them",
          lambda m, c, hw: (c.float8 == MXFP8) & (not hw.mx_formats), needs_hw=True),
     Rule(10, "tp_vocab", "tp {tp} does not divide the vocabulary ({vocab}), which loss parallel shards",

@@ -63,7 +63,7 @@ def _uses(res: SearchResult, key: str) -> np.ndarray:
     return {
         "fsdp": np.ones(len(c), dtype=bool),
         "compile": c.compile == 1,
-        "float8": c.float8 != 0,
+        "float8": c.float8 != Float8.NONE,
         "tp": c.tp > 1,
         "pp": c.pp > 1,
         "cp": c.cp > 1,
