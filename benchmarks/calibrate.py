@@ -97,16 +97,29 @@ def objective(rows: list[dict]) -> tuple[float, dict]:
     return total, terms
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("csv", nargs="?", default=str(DEFAULT_CSV))
-    ap.add_argument("--rounds", type=int, default=6)
-    args = ap.parse_args()
-    rows = V.read_rows(Path(args.csv))
+def current_values() -> dict[tuple[str, str], float]:
+    """The constants PARAMS names, as the (cached) stack profiles hold them now."""
+    return {(sid, path): _get(V._stack(sid), path) for sid, path, _, _ in PARAMS}
+
+
+def set_values(values: dict[tuple[str, str], float]) -> None:
+    """Put `values` into every release of each stack profile (the cached objects validate uses)."""
+    for (sid, path), value in values.items():
+        for stack in _releases(sid):
+            _set(stack, path, value)
+
+
+def neutral_start() -> dict[tuple[str, str], float]:
+    """Every fitted constant at the geometric middle of its bounds: a start that knows nothing of any row."""
+    return {(sid, path): math.sqrt(max(lo, 1e-3) * hi) if lo > 0 else (lo + hi) / 2 for sid, path, lo, hi in PARAMS}
+
+
+def fit(rows: list[dict], rounds: int, log=print) -> tuple[float, dict]:
+    """Bounded coordinate descent from the profiles' current values; leaves the fitted values in the profiles."""
     best, terms = objective(rows)
-    print(f"start: {best:.4f} {terms}")
+    log(f"start: {best:.4f} {terms}")
     step = 0.2
-    for rnd in range(args.rounds):
+    for rnd in range(rounds):
         for stack_id, path, lo, hi in PARAMS:
             targets = _releases(stack_id)
             cur = _get(targets[0], path)
@@ -121,7 +134,17 @@ def main() -> None:
                     for stack in targets:
                         _set(stack, path, cur)
         step *= 0.6
-        print(f"round {rnd + 1}: {best:.4f} {terms}")
+        log(f"round {rnd + 1}: {best:.4f} {terms}")
+    return best, terms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", nargs="?", default=str(DEFAULT_CSV))
+    ap.add_argument("--rounds", type=int, default=6)
+    args = ap.parse_args()
+    rows = V.read_rows(Path(args.csv))
+    fit(rows, args.rounds)
     for stack_id, path, _, _ in PARAMS:
         print(f"{stack_id:12s} {path:45s} {_get(V._stack(stack_id), path):.4g}")
 

@@ -19,12 +19,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from estimator_throughput import random_configs  # noqa: E402
+from readme_section import replace_section  # noqa: E402
+
 from meshplan.estimator import load_hardware, load_model, load_stack  # noqa: E402
 from meshplan.estimator.batch import estimate_arrays  # noqa: E402
 from meshplan.estimator.validate import pct, read_rows, summarize, validate_rows  # noqa: E402
 from meshplan.planner.search import plan_search  # noqa: E402
 from meshplan.planner.tree import decision_tree  # noqa: E402
-from readme_section import replace_section  # noqa: E402
 
 DEFAULT_CSV = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
 
