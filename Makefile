@@ -37,7 +37,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Regenerates the accuracy table in README.md from ../shared/ground_truth/runs.csv.
+# Regenerates the accuracy table in README.md from data/ground_truth/runs.csv (the published runs).
 validate-report: $(STAMP)
 	$(BIN)/python benchmarks/validate_report.py --write-readme
 

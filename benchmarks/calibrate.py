@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from meshplan.estimator import validate as V  # noqa: E402
 
-DEFAULT_CSV = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
+DEFAULT_CSV = ROOT / "data" / "ground_truth" / "runs.csv"  # the repository's copy of shared/ground_truth
 
 # (stack id, field path, lower bound, upper bound)
 PARAMS = [

@@ -27,7 +27,7 @@ from meshplan.estimator.validate import pct, read_rows, summarize, validate_rows
 from meshplan.planner.search import plan_search  # noqa: E402
 from meshplan.planner.tree import decision_tree  # noqa: E402
 
-DEFAULT_CSV = ROOT.parent / "shared" / "ground_truth" / "runs.csv"
+DEFAULT_CSV = ROOT / "data" / "ground_truth" / "runs.csv"  # the repository's copy of shared/ground_truth
 
 
 def _p(x: float | None) -> str:

@@ -1,6 +1,6 @@
 """Predict published runs from their configuration columns and compare with what they measured.
 
-Reads a CSV in the schema of `shared/ground_truth/runs.csv`. Predictions use only the configuration
+Reads a CSV in the schema of `data/ground_truth/runs.csv` (the published runs meshplan ships). Predictions use only the configuration
 columns (model dimensions, hardware, degrees, batch, precision, compile, AC); the measured columns are
 read afterwards, for the comparison only.
 

@@ -12,12 +12,17 @@ from rich.table import Table
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.validate import pct, read_rows, summarize, validate_rows
 
-DEFAULT_CSV = Path("../shared/ground_truth/runs.csv")
+
+def default_csv() -> Path:
+    """The published runs shipped with meshplan (data/ground_truth/runs.csv, a copy of shared/ground_truth)."""
+    from meshplan.estimator.data_files import data_dir
+
+    return data_dir("ground_truth") / "runs.csv"
 
 
 def validate_cmd(
     csv_path: Path = typer.Argument(
-        None, metavar="CSV", help="runs in the ground-truth schema [default: ../shared/ground_truth/runs.csv]"
+        None, metavar="CSV", help="runs in the ground-truth schema [default: the 132 published runs shipped in data/ground_truth/runs.csv]"
     ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: rows and summary"),
     framework: str = typer.Option(None, "--framework", help="only rows of this framework"),
@@ -25,9 +30,9 @@ def validate_cmd(
     """Predict every row of a runs CSV from its configuration columns only; print predicted vs measured
     tokens/s/GPU and peak memory, and the mean absolute percentage error by framework."""
     if csv_path is None:
-        csv_path = DEFAULT_CSV
+        csv_path = default_csv()
         if not csv_path.exists():
-            raise MeshplanError("give the runs CSV to validate (no ../shared/ground_truth/runs.csv here)")
+            raise MeshplanError(f"give the runs CSV to validate ({csv_path} is missing from this installation)")
     rows = read_rows(csv_path)
     if framework:
         rows = [r for r in rows if r.get("framework") == framework]
