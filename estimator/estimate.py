@@ -54,7 +54,7 @@ def estimate(
     usable = hw.usable_hbm_gib
     peak = r["peak_bytes"] / GIB
     host = r["host_bytes_per_node"] / GIB
-    warnings: list[str] = []
+    warnings: list[str] = list(model.notes)  # what the model spec leaves out (a vision tower, sliding windows)
     if peak > usable * memory_margin:
         warnings.append(
             f"peak {peak:.1f} GiB exceeds {memory_margin * 100:.0f}% of usable HBM ({usable * memory_margin:.1f} GiB): OOM"

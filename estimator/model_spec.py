@@ -1,5 +1,8 @@
-"""Dense decoder-only transformer specs: Llama family (GQA, SwiGLU, RMSNorm, RoPE) and GPT/MPT style
-(MHA, GELU MLP). Presets live in `data/models/*.yaml`; Hugging Face `config.json` files load too.
+"""Dense decoder-only transformer specs: Llama family (GQA, SwiGLU, RMSNorm, RoPE), Qwen 2/3, Mistral, Phi-3,
+Gemma 1-3 (GeGLU, four norms per block, QK-norm) and GPT/MPT style (MHA, GELU MLP). Presets live in
+`data/models/*.yaml`; Hugging Face `config.json` files load too (:mod:`meshplan.estimator.hf_config`), and an
+architecture meshplan does not model (mixture-of-experts, multi-head latent attention, an unknown model_type)
+is refused in one line rather than planned as something else.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
@@ -29,10 +32,15 @@ class ModelSpec(BaseModel):
     vocab: int = Field(gt=0)
     head_dim: int | None = Field(default=None, gt=0, description="defaults to hidden // heads")
     tied_embeddings: bool = False
-    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    mlp: Literal["swiglu", "geglu", "gelu"] = Field(
+        default="swiglu", description="gated SwiGLU / GeGLU (3 matrices) or a plain GELU MLP (2 matrices)"
+    )
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    block_norms: int = Field(default=2, ge=1, description="norms per block: 2 (pre-norm), 4 (Gemma 2/3 sandwich)")
+    qk_norm: bool = Field(default=False, description="RMSNorm over each query and key head (Qwen3, Gemma 3)")
     qkv_bias: bool = False
     description: str = ""
+    notes: tuple[str, ...] = Field(default=(), description="what the spec leaves out, reported with every estimate")
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelSpec:
@@ -58,15 +66,25 @@ class ModelSpec(BaseModel):
         return self.kv_heads * self.d_head
 
     @property
+    def gated_mlp(self) -> bool:
+        """SwiGLU or GeGLU: w2(act(w1 x) * w3 x), three matrices."""
+        return self.mlp != "gelu"
+
+    @property
     def mlp_matrices(self) -> int:
-        """Weight matrices in the MLP: 3 for SwiGLU (w1, w2, w3), 2 for GELU."""
-        return 3 if self.mlp == "swiglu" else 2
+        """Weight matrices in the MLP: 3 for SwiGLU / GeGLU (w1, w2, w3), 2 for GELU."""
+        return 3 if self.gated_mlp else 2
 
     @cached_property
     def attn_params(self) -> int:
         h = self.hidden
         bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
-        return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + bias
+        return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + bias + self.qk_norm_params
+
+    @property
+    def qk_norm_params(self) -> int:
+        """The query and key heads' norm weights (one head_dim vector each), 0 without QK-norm."""
+        return 2 * self.d_head if self.qk_norm else 0
 
     @cached_property
     def mlp_params(self) -> int:
@@ -77,9 +95,14 @@ class ModelSpec(BaseModel):
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
     @cached_property
+    def replicated_block_params(self) -> int:
+        """Parameters of one block that every TP rank holds whole: its norms (sequence parallel) and QK-norms."""
+        return self.block_norms * self.norm_params_per_norm + self.qk_norm_params
+
+    @cached_property
     def block_params(self) -> int:
-        """Parameters of one transformer block (attention + MLP + two norms)."""
-        return self.attn_params + self.mlp_params + 2 * self.norm_params_per_norm
+        """Parameters of one transformer block (attention + MLP + its norms)."""
+        return self.attn_params + self.mlp_params + self.block_norms * self.norm_params_per_norm
 
     @cached_property
     def embedding_params(self) -> int:
@@ -119,45 +142,6 @@ def preset_names() -> list[str]:
     return data_files.names("models")
 
 
-def from_hf_config(obj: dict, name: str) -> ModelSpec:
-    """Build a spec from a Hugging Face `config.json` mapping (Llama/Mistral/Qwen2 or GPT-2/MPT keys)."""
-
-    def pick(*keys: str, default=None):
-        for k in keys:
-            if k in obj and obj[k] is not None:
-                return obj[k]
-        return default
-
-    hidden = pick("hidden_size", "n_embd", "d_model")
-    layers = pick("num_hidden_layers", "n_layer", "n_layers")
-    heads = pick("num_attention_heads", "n_head", "n_heads")
-    missing = [k for k, v in (("hidden_size", hidden), ("num_hidden_layers", layers),
-                              ("num_attention_heads", heads)) if v is None]
-    if missing:
-        raise MeshplanError(f"config.json for '{name}' lacks {', '.join(missing)}")
-    kv = pick("num_key_value_heads", "n_kv_heads", default=heads)
-    act = str(pick("hidden_act", "activation_function", default="silu")).lower()
-    gelu = "gelu" in act or pick("model_type") in ("gpt2", "mpt", "gpt_neox")
-    ffn = pick("intermediate_size", "n_inner", "ffn_hidden_size")
-    if ffn is None:
-        ratio = (obj.get("ffn_config") or {}).get("expansion_ratio") or obj.get("expansion_ratio") or 4
-        ffn = int(ratio * hidden)
-    vocab = pick("vocab_size", "padded_vocab_size")
-    if vocab is None:
-        raise MeshplanError(f"config.json for '{name}' lacks vocab_size")
-    tied = bool(pick("tie_word_embeddings", default=pick("model_type") in ("gpt2", "mpt")))
-    fields = dict(
-        name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, ffn_hidden=ffn, vocab=vocab,
-        head_dim=pick("head_dim"), tied_embeddings=tied, mlp="gelu" if gelu else "swiglu",
-        norm="layernorm" if gelu else "rmsnorm",
-        qkv_bias=bool(pick("attention_bias", default=pick("model_type") == "qwen2")),
-    )
-    try:
-        return ModelSpec.model_validate(fields)
-    except ValidationError as exc:
-        raise data_files.one_line(exc, f"model config {name}") from None
-
-
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (`llama3-8b`), a meshplan model YAML, or a Hugging Face `config.json`."""
     path = Path(name_or_path)
@@ -172,5 +156,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         if not isinstance(obj, dict):
             raise MeshplanError(f"{path} must hold a JSON object")
         label = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+        from meshplan.estimator.hf_config import from_hf_config
+
         return from_hf_config(obj, label or "model")
     return data_files.load_named("models", name_or_path, ModelSpec, "model")

@@ -35,8 +35,8 @@ def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout) ->
     heads, t, has_tp = float(model.heads), lay.tp, lay.has_tp
     kv_attn = q if stack.repeat_kv else kv  # K/V width fed to attention
     gathered = np.where(has_tp, 2 * h, 2 * h / t)  # SP all-gather output saved by column-parallel linears
-    if model.mlp == "swiglu":
-        mlp_none = 8 * F / t  # w1, w3, silu, product
+    if model.gated_mlp:
+        mlp_none = 8 * F / t  # w1, w3, the activation, the product
         mlp_sel = 2 * F / t  # w1 output (3rd of 4 saved mms, torchtitan op-SAC)
     else:
         mlp_none = 4 * F / t  # fc1, gelu
@@ -61,7 +61,7 @@ def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> n
     """Bytes of one block's backward temporaries: its activation gradients, the bf16 weight gradients of the
     MLP, and what the checkpoint recomputes (op-SAC: the unsaved MLP tensors; full AC: the whole block)."""
     h, F, t = float(model.hidden), float(model.ffn_hidden), lay.tp
-    if model.mlp == "swiglu":
+    if model.gated_mlp:
         grad_tok = 6 * F / t  # gradients of the w2 input, the silu output and w3's output
         sac_tok = 8 * F / t  # w3 output, silu, product and silu's gradient temporaries recomputed
         mlp_w = 3 * h * F / t

@@ -76,13 +76,13 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
                   vocab_rank: np.ndarray) -> ComputeTimes:
     """Compute time per microbatch of a rank running `layers` blocks; timing assumes the stage with the head."""
     h, q, kv, F = float(model.hidden), float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
-    t, swiglu = lay.tp, model.mlp == "swiglu"
+    t, gated = lay.tp, model.gated_mlp
     kv_t, q_t, f_t = kv / t, q / t, F / t
     async_eff = np.where(lay.async_tp, stack.async_tp_gemm_factor, 1.0)
     wq, _ = gemm_s(hw, stack, lay, h, q_t)
     wk, _ = gemm_s(hw, stack, lay, h, kv_t)
     wo, _ = gemm_s(hw, stack, lay, q_t, h)
-    w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if swiglu else 1.0)  # w1 and w3 (SwiGLU) or fc1
+    w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if gated else 1.0)  # w1 and w3 (gated MLP) or fc1
     w2, _ = gemm_s(hw, stack, lay, f_t, h)
     block_gemm = (wq + 2 * wk + wo + w1 + w2) / async_eff
     _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / t)  # the output projection stays bf16 (torchao)
@@ -92,10 +92,10 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
     per_chunk = np.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
     # recompute: full AC re-runs each block's forward; op-SAC re-runs every second mm (wk, wo, w3)
-    sel_recompute = (wk + wo + (w1 / 2 if swiglu else 0.0)) / FWD_BWD_GEMM / async_eff
+    sel_recompute = (wk + wo + (w1 / 2 if gated else 0.0)) / FWD_BWD_GEMM / async_eff
     fwd_block = (block_gemm + attn) / FWD_BWD_GEMM
     # Float8 scale + cast traffic over every converted linear's input and output gradient
-    lin_elems = (h + h + q_t + h + (2 * f_t if swiglu else f_t) + f_t) + (q_t + 2 * kv_t + h + 2 * f_t + h)
+    lin_elems = (h + h + q_t + h + (2 * f_t if gated else f_t) + f_t) + (q_t + 2 * kv_t + h + 2 * f_t + h)
     hbm = hbm_bytes_per_s(hw)
     casts = np.where(lay.fp8, layers * lay.tokens_mb * lin_elems * by_recipe(lay, stack, "cast_bytes_per_element", 0.0)
                      / hbm, 0.0) * np.where(lay.compiled, 1.0, stack.eager_float8_cast_factor)

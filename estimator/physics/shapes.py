@@ -15,7 +15,7 @@ class RankParams:
     """Parameter counts per rank (float arrays)."""
 
     layers: np.ndarray  # transformer blocks on the rank: ceil(L / (pp x vpp)) x vpp
-    block: np.ndarray  # one block's parameters on the rank: matrices / tp, norms replicated (sequence parallel)
+    block: np.ndarray  # one block's parameters on the rank: matrices / tp, norms whole (sequence parallel)
     blocks: np.ndarray  # layers x block
     embedding: np.ndarray  # the embedding's share (vocab-sharded by tp)
     output: np.ndarray  # the output projection's share (/ tp) and the final norm
@@ -42,7 +42,8 @@ def rank_params(model: ModelSpec, lay: Layout) -> RankParams:
     t, p, v = lay.tp, lay.pp, lay.vpp
     norm = float(model.norm_params_per_norm)
     layers = np.ceil(float(model.layers) / (p * v)) * v
-    block = (float(model.block_params) - 2 * norm) / t + 2 * norm
+    whole = float(model.replicated_block_params)  # norms (sequence parallel) and QK-norms: whole on every TP rank
+    block = (float(model.block_params) - whole) / t + whole
     blocks = layers * block
     emb = model.embedding_params / t
     out = (model.output_params - norm) / t + norm
