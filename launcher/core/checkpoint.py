@@ -29,7 +29,6 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from meshplan.launcher.core import faults
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -39,6 +38,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.optim import Optimizer
+
+from meshplan.launcher.core import faults
 
 _OPTIM_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 STEP_DIR = re.compile(r"^step-(\d{8})$")

@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from meshplan.estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule
 from meshplan.estimator.model_spec import ModelSpec, load_model
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size",
                "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp"}

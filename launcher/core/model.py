@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from meshplan.estimator.model_spec import ModelSpec
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from meshplan.estimator.model_spec import ModelSpec
 
 ROPE_THETA = 10000.0
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from meshplan.launcher.core.config import RunConfig
-from meshplan.launcher.core.model import ContextParallel, Transformer, build_meta_model
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from meshplan.launcher.core.config import RunConfig
+from meshplan.launcher.core.model import ContextParallel, Transformer, build_meta_model
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 

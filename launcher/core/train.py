@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from meshplan.launcher.core import faults
 from meshplan.launcher.core.checkpoint import Checkpointer, CheckpointError
 from meshplan.launcher.core.config import RunConfig
@@ -41,7 +43,6 @@ from meshplan.launcher.core.parallelize import (
     build_parallel,
     check_environment,
 )
-from torch.distributed.elastic.multiprocessing.errors import record
 
 
 class NonFiniteLoss(RuntimeError):

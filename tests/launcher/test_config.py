@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from launchtools import ROOT, TINY_MODEL, child_env, config
+
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.data import ShardedLoader, TokenSource
 from meshplan.launcher.core.parallelize import check_environment, float8_filter, stage_ids, stage_layers
@@ -92,9 +93,10 @@ def test_entry_point_reports_cuda_request_in_one_line(tmp_path):
 
 
 def test_float8_converts_block_linears_but_not_output():
+    from torchao.float8.float8_linear import Float8Linear
+
     from meshplan.launcher.core.model import build_meta_model
     from meshplan.launcher.core.parallelize import convert_float8
-    from torchao.float8.float8_linear import Float8Linear
 
     model = build_meta_model(make().model.model_copy(update={"vocab": 250}), seq_len=32)
     convert_float8(model, "tensorwise")
