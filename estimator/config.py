@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.errors import ConfigError, InputError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from meshplan.estimator.model_spec import ModelSpec
@@ -98,55 +98,56 @@ class TrainConfig(BaseModel):
         c = self.model_copy()
         for name in ("dp_replicate", "tp", "pp", "cp", "micro_batch_size", "seq_len"):
             if getattr(c, name) < 1:
-                raise MeshplanError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(c, name)}")
+                raise InputError(f"{name} must be a positive integer, got {getattr(c, name)}", field=name)
         # absurd sizes are a one-line error here, before they overflow the estimator's int64 arrays
         for name, limit in (("gpus", MAX_GPUS), ("gpus_per_node", MAX_GPUS_PER_NODE), ("dp_replicate", MAX_GPUS),
                             ("dp_shard", MAX_GPUS), ("tp", MAX_GPUS), ("pp", MAX_GPUS), ("cp", MAX_GPUS),
                             ("vpp", MAX_GPUS), ("seq_len", MAX_SEQ_LEN), ("global_batch_size", MAX_GLOBAL_BATCH),
                             ("micro_batch_size", MAX_GLOBAL_BATCH)):
-            check_size(getattr(c, name), f"--{name.replace('_', '-')}", limit)
+            check_size(getattr(c, name), name, limit)
         if c.gpus is not None and c.gpus < 1:
-            raise MeshplanError(f"--gpus must be a positive integer, got {c.gpus}")
+            raise InputError(f"gpus must be a positive integer, got {c.gpus}", field="gpus")
         if c.gpus_per_node is None:
             c.gpus_per_node = hw.gpus_per_node
         if c.gpus_per_node < 1:
-            raise MeshplanError(f"--gpus-per-node must be a positive integer, got {c.gpus_per_node}")
+            raise InputError(f"gpus_per_node must be a positive integer, got {c.gpus_per_node}", field="gpus_per_node")
         others = c.dp_replicate * c.tp * c.pp * c.cp
         if c.dp_shard == -1:
             world = c.gpus if c.gpus is not None else c.gpus_per_node
             if world % others:
-                raise MeshplanError(
+                raise ConfigError(
                     f"cannot infer dp_shard: dp_replicate*tp*pp*cp = {others} does not divide {world} GPUs"
                 )
             c.dp_shard = world // others
         elif c.dp_shard < 1:
-            raise MeshplanError(f"--dp-shard must be a positive integer or -1 (infer), got {c.dp_shard}")
+            raise InputError(f"dp_shard must be a positive integer or -1 (infer), got {c.dp_shard}", field="dp_shard")
         product = others * c.dp_shard
         if c.gpus is None:
             c.gpus = product
         check_size(c.gpus, "the world size (GPUs)", MAX_GPUS)
         if product != c.gpus:
-            raise MeshplanError(
+            raise ConfigError(
                 f"degrees multiply to {product} (dp_replicate {c.dp_replicate} x dp_shard {c.dp_shard} x cp {c.cp}"
                 f" x tp {c.tp} x pp {c.pp}) but the world size is {c.gpus} GPUs"
             )
         if c.gpus > c.gpus_per_node and c.gpus % c.gpus_per_node:
-            raise MeshplanError(f"{c.gpus} GPUs is not a whole number of {c.gpus_per_node}-GPU nodes")
+            raise ConfigError(f"{c.gpus} GPUs is not a whole number of {c.gpus_per_node}-GPU nodes")
         if c.vpp is None:
             c.vpp = 2 if c.pp_schedule == "Interleaved1F1B" else 1
         if c.vpp < 1:
-            raise MeshplanError(f"--vpp must be a positive integer, got {c.vpp}")
+            raise InputError(f"vpp must be a positive integer, got {c.vpp}", field="vpp")
         dp = c.dp_replicate * c.dp_shard
         if c.global_batch_size == 0:
             c.global_batch_size = dp * c.micro_batch_size * max(1, c.pp if c.pp > 1 else 1)
         if c.global_batch_size < 0:
-            raise MeshplanError(f"--global-batch-size must be positive, got {c.global_batch_size}")
-        check_size(c.global_batch_size, "--global-batch-size", MAX_GLOBAL_BATCH)
+            raise InputError(f"global_batch_size must be positive, got {c.global_batch_size}",
+                             field="global_batch_size")
+        check_size(c.global_batch_size, "global_batch_size", MAX_GLOBAL_BATCH)
         from meshplan.estimator import (
             rules,  # the one validator shared with the planner, the plan file and the core
         )
 
         problem = rules.check(model, hw, c.rule_fields())
         if problem:
-            raise MeshplanError(problem)
+            raise ConfigError(problem)
         return c

@@ -19,26 +19,27 @@ MAX_GLOBAL_BATCH = 10**12  # sequences (or tokens) per optimizer step
 MAX_TOKENS = 1e18  # token budget to train
 
 
-def check_size(value: int | None, flag: str, limit: int) -> None:
-    """Raise MeshplanError when an integer size is above `limit` (None: not given, nothing to check)."""
+def check_size(value: int | None, field: str, limit: int) -> None:
+    """Raise InputError when an integer size is above `limit` (None: not given, nothing to check). `field`: the
+    input's field name (`seq_len`) or a description (`the world size (GPUs)`)."""
     if value is not None and value > limit:
-        from meshplan.estimator.errors import MeshplanError
+        from meshplan.estimator.errors import InputError
 
-        raise MeshplanError(f"{flag} {value:,} is too large (at most {limit:,})")
+        raise InputError(f"{field} {value:,} is too large (at most {limit:,})", field=field)
 
 
-def check_tokens(value: float | None, flag: str = "--tokens") -> float | None:
-    """A token budget: a finite number in 1..MAX_TOKENS (None passes through). One-line MeshplanError otherwise."""
+def check_tokens(value: float | None, field: str = "tokens") -> float | None:
+    """A token budget: a finite number in 1..MAX_TOKENS (None passes through). One-line InputError otherwise."""
     if value is None:
         return None
-    from meshplan.estimator.errors import MeshplanError
+    from meshplan.estimator.errors import InputError
 
     if not math.isfinite(value):
-        raise MeshplanError(f"{flag} must be a finite token count such as 2e12, got {value}")
+        raise InputError(f"{field} must be a finite token count such as 2e12, got {value}", field=field)
     if value < 1:
-        raise MeshplanError(f"{flag} must be at least 1 token, got {value:g}")
+        raise InputError(f"{field} must be at least 1 token, got {value:g}", field=field)
     if value > MAX_TOKENS:
-        raise MeshplanError(f"{flag} {value:.3g} is too large (at most {MAX_TOKENS:.0e} tokens)")
+        raise InputError(f"{field} {value:.3g} is too large (at most {MAX_TOKENS:.0e} tokens)", field=field)
     return value
 
 

@@ -31,9 +31,9 @@ from pydantic import ValidationError
 from meshplan.estimator import data_files
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.estimate import estimate
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
 
 CONFIG_COLUMNS = (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.estimate import estimate
+from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
 from meshplan.estimator.validate import CONFIG_COLUMNS, MEASURED_COLUMNS
 from meshplan.planner.plan_file import Plan, load_plan

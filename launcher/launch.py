@@ -24,7 +24,7 @@ from meshplan.planner.plan_file import Plan, default_run_dir, load_plan, plan_fi
 
 BACKENDS = ("local", "torchrun", "slurm", "mpirun")
 ENGINES = ("core", "torchtitan")
-TRAIN_MODULE = "meshplan.launcher.core.train"
+TRAIN_MODULE = "meshplan.launcher.run_plan"
 
 
 @dataclass

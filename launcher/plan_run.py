@@ -1,7 +1,7 @@
 """The training core's run configuration for a plan file (no torch import here).
 
 `meshplan launch` copies the plan into the run directory and every rank runs
-`python -m meshplan.launcher.core.train --plan RUN_DIR/plan.yaml`; this maps the plan onto the core's RunConfig
+`python -m meshplan.launcher.run_plan --plan RUN_DIR/plan.yaml`; this maps the plan onto the core's RunConfig
 fields one-to-one (the parallel names are torchtitan's on both sides).
 """
 

@@ -72,9 +72,9 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
 
 def embedding_partial_bytes(cfg: RunConfig, pp_rank: int) -> int:
     """Bytes of stage `pp_rank` that the analytical model leaves out: the TP embedding's full-vocabulary
-    gradient under PP (`estimator.estimate.embedding_partial_bytes`; fp32 reduce, as the trace runs), on
+    gradient under PP (`estimator.report.embedding_partial_bytes`; fp32 reduce, as the trace runs), on
     the first stage only."""
-    from meshplan.estimator.estimate import embedding_partial_bytes as partial
+    from meshplan.estimator.report import embedding_partial_bytes as partial
 
     if pp_rank != 0:
         return 0

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.estimate import GIB_DECIMALS
+from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import check_tokens
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.report import GIB_DECIMALS
 from meshplan.estimator.stack import StackProfile
 from meshplan.planner.search import plan_search, short_config
 from meshplan.planner.space import SearchSpace
@@ -26,7 +26,7 @@ CAPACITY_SPACE = dict(compile=[True], async_tp=[True], micro_batch_size=[1, 2, 4
 def train_time(tokens: float, tps_per_gpu: float, gpus: int, usd_per_gpu_hour: float | None) -> dict:
     """Days, GPU-hours and cost to train `tokens` at `tps_per_gpu` on `gpus` GPUs."""
     if tokens <= 0:
-        raise MeshplanError(f"--tokens must be positive, got {tokens}")
+        raise InputError(f"tokens must be positive, got {tokens}", field="tokens")
     check_tokens(tokens)  # finite and not absurd: never "inf days, $inf"
     seconds = tokens / (tps_per_gpu * gpus)
     gpu_hours = seconds * gpus / 3600

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from meshplan.estimator import data_files
 from meshplan.estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule, TrainConfig
-from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PLAN_VERSION = 1
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -214,7 +215,8 @@ def default_run_dir(plan: Plan) -> Path:
 def check_name(name: str | None) -> None:
     """A job name (--name) goes into file names and scripts: letters, digits, . _ - only."""
     if name is not None and not re.match(SAFE_NAME, name):
-        raise MeshplanError(f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (no spaces or shell characters)")
+        raise InputError(f"name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (no spaces or shell characters)",
+                         field="name")
 
 
 def _default_name(model_name: str, gpus: int) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 from meshplan.estimator import rules
 from meshplan.estimator.batch import GIB, ConfigArrays, estimate_arrays
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
-from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from meshplan.estimator.model_spec import ModelSpec
@@ -141,13 +141,13 @@ def plan_search(
     if seq_len < 1 or global_batch < 1:
         raise MeshplanError("seq_len and the global batch must be positive")
     check_size(world, "the world size (GPUs)", MAX_GPUS)
-    check_size(gpus_per_node, "--gpus-per-node", MAX_GPUS_PER_NODE)
-    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
+    check_size(gpus_per_node, "gpus_per_node", MAX_GPUS_PER_NODE)
+    check_size(seq_len, "seq_len", MAX_SEQ_LEN)
     check_size(global_batch, "the global batch (sequences)", MAX_GLOBAL_BATCH)
     if not 0 < memory_margin <= 1:
-        raise MeshplanError(f"--memory-margin must be in (0, 1], got {memory_margin}")
+        raise InputError(f"memory_margin must be in (0, 1], got {memory_margin}", field="memory_margin")
     if objective not in OBJECTIVES:
-        raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+        raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}", field="objective")
     configs, reason = enumerate_space(model, hw, world, gpus_per_node, seq_len, global_batch, space)
     n = len(reason)
     peak = np.full(n, np.nan)

@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from meshplan.estimator import rules
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES

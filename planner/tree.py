@@ -13,7 +13,7 @@ import numpy as np
 
 from meshplan.estimator import rules
 from meshplan.estimator.config import AC_MODES, Float8
-from meshplan.estimator.estimate import GIB_DECIMALS
+from meshplan.estimator.report import GIB_DECIMALS
 from meshplan.planner.search import SearchResult, short_config
 
 # (key, label, what the step adds) - masks are cumulative

@@ -23,6 +23,8 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120,
     )
 
 
+sys.path.insert(0, str(Path(__file__).parent))  # tests' own helper modules (needs.py) import from any folder
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -1,4 +1,5 @@
 import pytest
+
 from meshplan.estimator import MeshplanError, load_hardware
 from meshplan.estimator.hardware import hardware_names
 

@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+
 from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model
 from meshplan.estimator.validate import read_rows, validate_rows
 from meshplan.launcher.compare import GROUND_TRUTH_COLUMNS
@@ -25,7 +26,7 @@ def test_local_dry_run_prints_torchrun_and_writes_nothing(cli, plan_path, tmp_pa
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip()
     assert "-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=16" in line
-    assert "-m meshplan.launcher.core.train --plan" in line and "'" in line  # the path with a space is quoted
+    assert "-m meshplan.launcher.run_plan --plan" in line and "'" in line  # the path with a space is quoted
     assert not run.exists()
 
 
@@ -36,7 +37,7 @@ def test_script_backends_dry_run(cli, plan_path, tmp_path, backend, first):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("# resolved run: ") and "device cuda (nccl)" in lines[0]
     assert lines[2].startswith(first) and "#!/usr/bin/env bash" in out.stdout
-    assert "meshplan.launcher.core.train --plan" in out.stdout
+    assert "meshplan.launcher.run_plan --plan" in out.stdout
 
 
 def test_launch_writes_run_dir_and_fails_clearly_without_sbatch(cli, plan_path, tmp_path):

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from meshplan.estimator import MeshplanError, load_model
 from meshplan.estimator.model_spec import preset_names
 

@@ -1,6 +1,7 @@
 """The estimator's physics, pinned against hand computations and monotonic behaviour."""
 
 import pytest
+
 from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
 from meshplan.estimator.batch import MEMORY_CATEGORIES, PEAK_PHASES, ConfigArrays, estimate_arrays
 

@@ -4,6 +4,7 @@ validation (`launcher.core.config.RunConfig`) and the exported torchtitan job ac
 from __future__ import annotations
 
 import pytest
+
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import load_model
 from meshplan.estimator.stack import load_stack
@@ -84,7 +85,7 @@ def test_planned_plan_dry_runs_to_cuda_in_its_run_dir(cli, tmp_path, model, node
         assert run["device"] == "cuda" and run["process_group"] == "nccl" and run["world"] == nodes * 8
         assert run["run_dir"].startswith(str(tmp_path / "runs")) and run["fingerprint"][:8] in run["run_dir"]
         text = run["script"] if backend != "local" else " ".join(run["command"])
-        assert "cuda" in text and run["run_dir"] in text and "meshplan.launcher.core.train" in text
+        assert "cuda" in text and run["run_dir"] in text and "meshplan.launcher.run_plan" in text
         assert sys.executable in text
         if backend == "slurm":
             assert "#SBATCH --gpus-per-node=8" in text

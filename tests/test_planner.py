@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+
 from meshplan.estimator import MeshplanError, TrainConfig, estimate, load_hardware, load_model, load_stack
 from meshplan.planner.capacity import Option, answers, capacity_options, train_time
 from meshplan.planner.plan_file import load_plan, make_plan, save_plan

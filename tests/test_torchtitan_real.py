@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware

@@ -14,6 +14,6 @@
 Every function is pure numpy over arrays of configurations (one element per configuration); units are in the
 names (`_bytes`, `_s`, `_per_token`). Constants come from the hardware profile (`data/hardware_profiles/`) and
 the stack profile (`data/stacks/`), never from code. :func:`meshplan.estimator.batch.estimate_arrays` calls
-them in this order; the single-configuration :func:`meshplan.estimator.estimate.estimate` is the same path on
+them in this order; the single-configuration :func:`meshplan.estimator.report.estimate` is the same path on
 arrays of length one.
 """

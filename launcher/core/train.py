@@ -433,9 +433,8 @@ def keep_metrics_until(path: Path, step: int) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m meshplan.launcher.core.train", description=__doc__.split("\n\n")[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="run config (JSON or YAML, the RunConfig fields)")
-    src.add_argument("--plan", help="a meshplan plan file (what `meshplan launch` passes)")
+    ap.add_argument("--config", required=True, help="run config (JSON or YAML, the RunConfig fields); a plan file "
+                    "runs through `python -m meshplan.launcher.run_plan --plan PLAN`")
     ap.add_argument("--run-dir", help="override run_dir")
     ap.add_argument("--steps", type=int, help="override steps")
     ap.add_argument("--device", choices=("cpu", "cuda"), help="override device")
@@ -443,27 +442,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_config(args: argparse.Namespace) -> RunConfig:
-    """The RunConfig from --config or --plan, with the command-line overrides applied."""
+    """The RunConfig from --config, with the command-line overrides applied."""
     overrides = {"run_dir": args.run_dir, "steps": args.steps, "device": args.device}
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if args.plan:
-        from meshplan.launcher.plan_run import run_config_fields
-        from meshplan.planner.plan_file import load_plan
-
-        fields = run_config_fields(load_plan(args.plan), args.run_dir, args.steps, args.device)
-        return RunConfig.from_dict(fields)
     cfg = RunConfig.load(args.config)
     return RunConfig.from_dict({**cfg.dump(), **overrides}) if overrides else cfg
 
 
 @record
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, config: Callable[[], RunConfig] | None = None) -> int:
+    """Train one rank. The run configuration comes from `--config` in `argv`, or from `config()` (how
+    `meshplan.launcher.run_plan` passes a plan's, so the core itself never reads plan files)."""
     # First thing: a stop signal (Slurm may send its time-limit warning seconds after the start) is remembered
     # while the model is still being built, and honoured with a checkpoint after the first step.
     stop = StopFlag()
-    args = parse_args(argv)
+    args = None if config is not None else parse_args(argv)
     try:
-        cfg = load_config(args)
+        cfg = config() if config is not None else load_config(args)
         device = init_distributed(cfg)
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

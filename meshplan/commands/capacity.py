@@ -45,8 +45,8 @@ def capacity_cmd(
         raise MeshplanError(f"--nodes takes comma-separated integers, got {nodes!r}") from None
     if not node_counts or min(node_counts) < 1:
         raise MeshplanError(f"--nodes values must be positive, got {nodes!r}")
-    check_size(max(node_counts), "--nodes", MAX_NODES)
-    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
+    check_size(max(node_counts), "nodes", MAX_NODES)
+    check_size(seq_len, "seq_len", MAX_SEQ_LEN)
     for flag, value in (("--deadline-days", deadline_days), ("--budget", budget), ("--price", price)):
         if value is not None and not math.isfinite(value):
             raise MeshplanError(f"{flag} must be a finite number, got {value}")

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.estimator.config import TrainConfig
-from meshplan.estimator.estimate import estimate
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import token_budget
 from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
 from meshplan.planner.plan_file import load_plan, make_plan, save_plan
 

@@ -50,7 +50,7 @@ def export_cmd(
     """Export PLAN as a torchtitan job (0.2.2 TOML, 0.3.0 command line or 0.3.0 Python config) or a launch script.
 
     Scripts run meshplan's training core on every rank, with this interpreter (MESHPLAN_PYTHON overrides it):
-    `python -m meshplan.launcher.core.train --plan PLAN --run-dir RUN_DIR --device DEVICE`, under torchrun with c10d
+    `python -m meshplan.launcher.run_plan --plan PLAN --run-dir RUN_DIR --device DEVICE`, under torchrun with c10d
     rendezvous (the same command on every node), Slurm (sbatch + srun torchrun) or OpenMPI mpirun.
     SIGUSR1/SIGTERM make the core checkpoint and stop, and the script exit 0 once the checkpoint is complete.
     Written atomically; scripts are made executable.

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.estimate import GIB_DECIMALS, estimate
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
 from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.report import GIB_DECIMALS, estimate
 from meshplan.estimator.stack import load_stack
 from meshplan.planner.capacity import train_time
 from meshplan.planner.plan_file import check_name, check_output_path, make_plan, save_plan, write_atomic
 from meshplan.planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
 from meshplan.planner.space import SearchSpace
 from meshplan.planner.tree import decision_tree, tree_text
+from meshplan.planner.views import sweep_csv
 
 
 def _int_list(text: str | None, name: str) -> list[int] | None:
@@ -54,8 +52,8 @@ def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | 
     """Load inputs, check the batch arguments, and run the search (with a progress bar on big spaces)."""
     if nodes < 1:
         raise MeshplanError(f"--nodes must be at least 1, got {nodes}")
-    check_size(nodes, "--nodes", MAX_NODES)
-    check_size(seq_len, "--seq-len", MAX_SEQ_LEN)
+    check_size(nodes, "nodes", MAX_NODES)
+    check_size(seq_len, "seq_len", MAX_SEQ_LEN)
     model, hw, stack = load_model(model_name), load_hardware(hardware), load_stack(stack_name)
     gpn = gpus_per_node or hw.gpus_per_node
     if global_batch_size and global_batch_tokens:
@@ -187,39 +185,3 @@ def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float
     console.print(tree_text(tree), highlight=False, markup=False)
     if output is not None:
         console.print(f"wrote {output} (launch: meshplan launch {output} --backend torchrun|slurm|mpirun)")
-
-
-def sweep_csv(res: SearchResult) -> str:
-    """The whole sweep as CSV: every configuration, its estimate or why it was rejected."""
-    buf = io.StringIO()
-    c = res.configs
-    cols = ["dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size", "ac", "float8",
-            "compile", "async_tp", "status", "peak_gib", "tokens_per_sec_per_gpu", "mfu", "step_time_s", "reason"]
-    w = csv.writer(buf)
-    w.writerow(cols)
-    from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
-
-    reasons_cache: dict = {}
-    for i in range(res.evaluated):
-        code = int(res.reason[i])
-        if code == 0:
-            status, reason = "fits", ""
-        else:
-            status = "oom" if code == 9 else "invalid"
-            key = (code, i) if code == 9 else (code, int(c.tp[i]), int(c.pp[i]), int(c.cp[i]), int(c.vpp[i]),
-                                               int(c.micro_batch[i]), int(c.float8[i]), int(c.dp_shard[i]))
-            reason = reasons_cache.get(key)
-            if reason is None:
-                reason = res.reason_text(i)
-                if code != 9:
-                    reasons_cache[key] = reason
-        w.writerow([
-            int(c.dp_replicate[i]), int(c.dp_shard[i]), int(c.cp[i]), int(c.tp[i]), int(c.pp[i]),
-            PP_SCHEDULES[int(c.schedule[i])], int(c.vpp[i]), int(c.micro_batch[i]), AC_MODES[int(c.ac[i])],
-            FLOAT8_RECIPES[int(c.float8[i])], bool(c.compile[i]), bool(c.async_tp[i]), status,
-            "" if np.isnan(res.peak_gib[i]) else round(float(res.peak_gib[i]), 3),
-            "" if np.isnan(res.tps[i]) else round(float(res.tps[i]), 1),
-            "" if np.isnan(res.mfu[i]) else round(float(res.mfu[i]), 4),
-            "" if np.isnan(res.step_s[i]) else round(float(res.step_s[i]), 4), reason,
-        ])
-    return buf.getvalue()

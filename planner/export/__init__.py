@@ -2,7 +2,7 @@
 scripts (torchrun, Slurm, OpenMPI mpirun).
 
 `render(plan, fmt, plan_path)` is pure: it returns the text and touches nothing. Scripts run meshplan's
-training core, `"$python" -m meshplan.launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"`, every
+training core, `"$python" -m meshplan.launcher.run_plan --plan "$plan" --run-dir "$run_dir" --device "$device"`, every
 value shell-quoted.
 
     >>> text = render(plan, "slurm", "/shared/plans/llama3-70b.yaml", partition="train", time="2-00:00:00")

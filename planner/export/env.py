@@ -12,9 +12,10 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 BACKENDS = ("torchrun", "slurm", "mpirun")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")

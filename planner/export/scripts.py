@@ -2,7 +2,7 @@
 
 All three run meshplan's training core on every rank, always as
 
-    "$python" -m meshplan.launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device"
+    "$python" -m meshplan.launcher.run_plan --plan "$plan" --run-dir "$run_dir" --device "$device"
 
 with `python` the absolute interpreter meshplan was installed with (MESHPLAN_PYTHON overrides it at run time; no
 activated venv is needed on the nodes), `run_dir` an absolute path and `device` cuda (NCCL) unless cpu (gloo) was
@@ -27,7 +27,7 @@ from meshplan.planner.export._common import assign, comment, describe, env_lines
 from meshplan.planner.export.env import EnvDefaults
 from meshplan.planner.plan_file import Plan
 
-TRAIN_MODULE = "meshplan.launcher.core.train"
+TRAIN_MODULE = "meshplan.launcher.run_plan"
 DEVICES = ("cuda", "cpu")
 # torchrun's default signal set plus SIGUSR1, which Slurm sends before the time limit (--signal) and which the
 # scripts use to ask for a checkpoint-and-stop

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from launchtools import ROOT, TINY_MODEL, child_env, config
+from needs import require_module
 
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.data import ShardedLoader, TokenSource
@@ -175,7 +176,7 @@ def _word_tokenizer(path, text: str) -> int:
 
 def test_hf_tokenizer_file_feeds_the_stream_and_trains(tmp_path):
     """A local tokenizer.json replaces the byte tokenizer: the stream holds its ids, and a run learns on them."""
-    pytest.importorskip("tokenizers", reason="the train extra installs tokenizers")
+    require_module("tokenizers", "the train extra installs it")
     text = "the quick brown fox jumps over the lazy dog. " * 200
     (tmp_path / "corpus.txt").write_text(text)
     n = _word_tokenizer(tmp_path / "tokenizer.json", text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from needs import require_module
 
 APP = Path(__file__).resolve().parents[2] / "ui" / "streamlit_app.py"
 
@@ -12,7 +13,7 @@ APP = Path(__file__).resolve().parents[2] / "ui" / "streamlit_app.py"
 @pytest.fixture
 def web_app():
     """`web_app(view=None, **state)`: an AppTest of ui/streamlit_app.py with session state preset, run once."""
-    pytest.importorskip("streamlit")
+    require_module("streamlit")
     from streamlit.testing.v1 import AppTest
 
     def make(view: str | None = None, **state) -> AppTest:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import typer
-from meshplan.estimator.errors import MeshplanError
-from meshplan.ui.tui.form import DEFAULTS, compact_config, fmt_days, fmt_money, parse_form, parse_number
 from typer.testing import CliRunner
 
 from meshplan.commands import tui
+from meshplan.estimator.errors import MeshplanError
+from meshplan.ui.tui.form import DEFAULTS, compact_config, fmt_days, fmt_money, parse_form, parse_number
 
 
 def test_form_defaults_parse():
@@ -92,7 +92,7 @@ def test_export_files_and_launch_preview(tmp_path):
     first, command = text.splitlines()[:2]
     assert first.startswith("# resolved run: world 8 on 1 node(s); device cuda (nccl); run dir /")
     assert command.startswith("bash /") and "/runs/llama3-8b-8gpu-" in command and command.endswith("/launch.sh")
-    assert '--device "$device"' in text and "meshplan.launcher.core.train" in text
+    assert '--device "$device"' in text and "meshplan.launcher.run_plan" in text
     assert not (tmp_path / "runs").exists()
 
 

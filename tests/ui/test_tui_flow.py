@@ -9,13 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from needs import require_module  # noqa: E402
 
-pytest.importorskip("textual")
+require_module("textual")
+
+from textual.widgets import DataTable, Input, Select, Static, TabbedContent, Tree  # noqa: E402
 
 from meshplan.ui.tui.app import MainScreen, MeshplanApp  # noqa: E402
 from meshplan.ui.tui.screens import ExportScreen, HelpScreen, LaunchScreen  # noqa: E402
-from textual.widgets import DataTable, Input, Select, Static, TabbedContent, Tree  # noqa: E402
 
 
 async def settle(pilot) -> None:
@@ -154,7 +155,7 @@ async def _test_whole_flow(tmp_path):
         head = str(app.screen.query_one("#launch-cmd", Static).render())
         assert f"meshplan launch {out}/{plan}-16gpu.yaml --backend torchrun --dry-run" in head
         body = str(app.screen.query_one("#launch-text", Static).render())
-        assert "torchrun" in body and "meshplan.launcher.core.train" in body
+        assert "torchrun" in body and "meshplan.launcher.run_plan" in body
         await pilot.press("2")
         assert "sbatch" in str(app.screen.query_one("#launch-text", Static).render())
         await pilot.press("escape")

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from needs import require, require_module
 
-pytest.importorskip("textual")
+require_module("textual")
 
 ROOT = Path(__file__).resolve().parents[2]
 TMUX = shutil.which("tmux") or ("/usr/bin/tmux" if os.path.exists("/usr/bin/tmux") else None)
@@ -44,8 +45,8 @@ class Tmux:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(TMUX is None, reason="tmux is not installed")
 def test_tui_in_tmux_80x24(tmp_path):
+    require(TMUX is not None, "tmux is not installed (apt-get install tmux)")
     name = f"meshplan-tui-{os.getpid()}"
     tmux = Tmux(name)
     out = tmp_path / "exported"

@@ -8,11 +8,13 @@ so a change to its constants changes these pictures too.
 from __future__ import annotations
 
 import pytest
+from needs import require_module  # noqa: E402
 
-pytest.importorskip("pytest_textual_snapshot")
+require_module("pytest_textual_snapshot")
+
+from textual.widgets import DataTable  # noqa: E402
 
 from meshplan.ui.tui.app import MeshplanApp  # noqa: E402
-from textual.widgets import DataTable  # noqa: E402
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
 

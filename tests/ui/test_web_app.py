@@ -9,10 +9,12 @@ import json
 
 import pytest
 import yaml
+from needs import require_module
+
 from meshplan.estimator.model_spec import preset_names
 from meshplan.planner.plan_file import Plan
 
-pytest.importorskip("streamlit")
+require_module("streamlit")
 VIEWS = ["Plans & memory", "Sweep", "Decision tree", "Time & cost", "Compare", "Export", "Assumptions"]
 
 

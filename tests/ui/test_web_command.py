@@ -6,9 +6,10 @@ import socket
 import sys
 
 import pytest
-from meshplan.estimator.errors import MeshplanError
+from needs import require_module
 
 from meshplan.commands import web
+from meshplan.estimator.errors import MeshplanError
 
 
 def test_app_path_is_the_installed_ui_package_file():
@@ -50,8 +51,8 @@ def test_web_cmd_execs_streamlit(monkeypatch):
 @pytest.mark.parametrize("address", ["127.0.0.1", None])
 def test_busy_port_is_a_one_line_error(cli, address):
     """The port is checked before `serving on ...` is printed or Streamlit starts: one line, exit 2."""
-    pytest.importorskip("streamlit")
-    pytest.importorskip("plotly")
+    require_module("streamlit")
+    require_module("plotly")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

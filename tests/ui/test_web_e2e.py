@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from needs import require, require_module
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -105,9 +106,8 @@ def test_sigterm_to_meshplan_web_stops_the_server(tmp_path):
 
 
 def test_change_model_updates_chart_and_table(web_server, tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (CI installs it: apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+    require(Path(CHROMIUM).exists(), f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    sync_api = require_module("playwright.sync_api")
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
 from meshplan.planner.search import plan_search
 from meshplan.planner.tree import decision_tree

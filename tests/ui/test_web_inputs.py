@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import load_model

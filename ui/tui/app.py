@@ -11,6 +11,16 @@ import argparse
 import os
 from pathlib import Path
 
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.suggester import SuggestFromList
+from textual.widgets import DataTable, Footer, Input, Label, Select, Static, TabbedContent, TabPane, Tree
+from textual.worker import get_current_worker
+
 from meshplan.ui.tui.form import (
     DEFAULTS,
     FIELDS,
@@ -24,15 +34,6 @@ from meshplan.ui.tui.form import (
     parse_form,
 )
 from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, warn_style
-from rich.text import Text
-from textual import on, work
-from textual.app import App, ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
-from textual.suggester import SuggestFromList
-from textual.widgets import DataTable, Footer, Input, Label, Select, Static, TabbedContent, TabPane, Tree
-from textual.worker import get_current_worker
 
 COLUMNS = ((0, 1, 2), (3, 4, 5), (6, 7, 8))  # FIELDS by form column
 TABS = ("plans", "tree", "compare", "hardware")
@@ -452,8 +453,9 @@ class MainScreen(Screen):
             self.query_one("#tree-info", Static).update(text)
 
     def fill_compare(self) -> None:
-        from meshplan.ui.tui import logic
         from rich.table import Table
+
+        from meshplan.ui.tui import logic
 
         result = self.result
         if result is None:

@@ -160,7 +160,7 @@ def estimate_of(result: Result, i: int) -> dict:
     """The estimator's full report for configuration `i` (memory per stage, warnings), cached."""
     est = result.estimates.get(i)
     if est is None:
-        from meshplan.estimator.estimate import estimate
+        from meshplan.estimator.report import estimate
 
         res = result.res
         est = result.estimates[i] = estimate(res.model, res.hw, res.train_config(i), res.stack, res.memory_margin)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from meshplan.ui.tui.form import fmt_count, fmt_days, fmt_money, fmt_tokens
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import DataTable
+
+from meshplan.ui.tui.form import fmt_count, fmt_days, fmt_money, fmt_tokens
 
 # memory category -> (short label, colour); the colours read on light and dark backgrounds alike
 CATEGORIES = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import streamlit as st
+
 from meshplan.estimator.hardware import hardware_names, load_hardware
 from meshplan.estimator.model_spec import load_model, preset_names
 from meshplan.planner.search import SearchResult

@@ -12,11 +12,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
+
+from meshplan.estimator import rules
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.estimate import GIB_DECIMALS, estimate
 from meshplan.estimator.hardware import HardwareProfile, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.report import GIB_DECIMALS, estimate
 from meshplan.estimator.stack import load_stack
 from meshplan.planner.capacity import train_time
 from meshplan.planner.search import SearchResult, explain_empty, plan_search, short_config
@@ -157,13 +159,13 @@ def reason_table(res: SearchResult) -> pd.DataFrame:
     rows = []
     for code in sorted(int(k) for k in np.unique(res.reason) if k != 0):
         idx = np.flatnonzero(res.reason == code)
-        example = int(idx[np.nanargmin(res.peak_gib[idx])]) if code == 9 else int(idx[0])
+        example = int(idx[np.nanargmin(res.peak_gib[idx])]) if code == rules.MEMORY else int(idx[0])
         why = res.reason_text(example)
-        if code == 9:  # the closest miss: enough digits to tell peak and limit apart
+        if code == rules.MEMORY:  # the closest miss: enough digits to tell peak and limit apart
             why = (f"does not fit: peak {res.peak_gib[example]:.2f} GiB > {res.limit_gib:.2f} GiB "
                    f"({res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.2f} usable)")
         rows.append({"reason": _rule_name(code), "configurations": len(idx),
-                     "example": short_config(res.config(example)) + (" (closest)" if code == 9 else ""),
+                     "example": short_config(res.config(example)) + (" (closest)" if code == rules.MEMORY else ""),
                      "why": why})
     return pd.DataFrame(rows, columns=["reason", "configurations", "example", "why"])
 
@@ -288,10 +290,10 @@ def exports(job: Job, cfg: dict, est: dict, tokens: float | None, plan_path: str
 
 
 def sweep_csv(res: SearchResult) -> str:
-    """The whole sweep as CSV, the same columns as `meshplan plan --csv`."""
-    from meshplan.commands.plan import sweep_csv as cli_sweep_csv
+    """The whole sweep as CSV, the same columns as `meshplan plan --csv` (meshplan.planner.views)."""
+    from meshplan.planner.views import sweep_csv as shared_sweep_csv
 
-    return cli_sweep_csv(res)
+    return shared_sweep_csv(res)
 
 
 # ---- hardware comparison -----------------------------------------------------------------------------

@@ -9,12 +9,14 @@ import json
 from pathlib import PurePath
 
 import yaml
+from pydantic import ValidationError
+
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
-from meshplan.estimator.model_spec import ModelSpec, from_hf_config
+from meshplan.estimator.hf_config import from_hf_config
+from meshplan.estimator.model_spec import ModelSpec
 from meshplan.planner.space import SearchSpace
-from pydantic import ValidationError
 
 MAX_UPLOAD_BYTES = 1 << 20
 # Fields of a hardware profile a user may override on the page, with their labels and units.

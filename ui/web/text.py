@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from meshplan.estimator.estimate import FLOP_CONVENTION
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.report import FLOP_CONVENTION
 from meshplan.estimator.stack import StackProfile
 from meshplan.planner.search import RANK_BAND
 

@@ -102,7 +102,7 @@ mpirun "${mpi_args[@]}" \
   -x MASTER_ADDR -x MASTER_PORT \
   -x OMP_NUM_THREADS -x PYTORCH_CUDA_ALLOC_CONF -x PYTORCH_ALLOC_CONF -x TORCH_NCCL_ASYNC_ERROR_HANDLING \
   -x NCCL_DEBUG -x PYTHONUNBUFFERED -x PYTHONFAULTHANDLER -x PATH \
-  bash -c ': "${OMPI_COMM_WORLD_RANK:?not started by Open MPI mpirun}"; export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; exec "$1" -m meshplan.launcher.core.train --plan "$2" --run-dir "$3" --device "$4"' \
+  bash -c ': "${OMPI_COMM_WORLD_RANK:?not started by Open MPI mpirun}"; export RANK="$OMPI_COMM_WORLD_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; exec "$1" -m meshplan.launcher.run_plan --plan "$2" --run-dir "$3" --device "$4"' \
   meshplan-rank "$python" "$plan" "$run_dir" "$device" &
 child=$!
 if [ -n "$stop_signal" ]; then kill -USR1 "$child" 2>/dev/null || true; fi  # a stop right at the start

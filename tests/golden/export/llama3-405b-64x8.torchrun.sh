@@ -114,7 +114,7 @@ fi
   --max-restarts "$max_restarts" \
   --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
   --shutdown-timeout "$shutdown_timeout" \
-  -m meshplan.launcher.core.train --plan "$plan" --run-dir "$run_dir" --device "$device" &
+  -m meshplan.launcher.run_plan --plan "$plan" --run-dir "$run_dir" --device "$device" &
 child=$!
 if [ -n "$stop_signal" ]; then kill -USR1 "$child" 2>/dev/null || true; fi  # a stop right at the start
 status=0
