@@ -16,7 +16,9 @@ from pathlib import Path
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export.env import BACKENDS, EnvDefaults, EnvVar, default_env_path, load_env_defaults
-from meshplan.planner.export.scripts import TRAIN_MODULE, render_mpirun, render_slurm, render_torchrun
+from meshplan.planner.export.mpirun import render_mpirun
+from meshplan.planner.export.scripts import TRAIN_MODULE, render_torchrun
+from meshplan.planner.export.slurm import render_slurm
 from meshplan.planner.export.torchtitan import TOML_VERSION, render_toml
 from meshplan.planner.export.torchtitan_cli import CLI_VERSION, cli_overrides, render_cli
 from meshplan.planner.export.torchtitan_py import PY_VERSION, render_py, torchtitan_train_argv
