@@ -16,6 +16,7 @@ require_module("textual")
 from textual.widgets import DataTable, Input, Select, Static, TabbedContent, Tree  # noqa: E402
 
 from meshplan.ui.tui.app import MainScreen, MeshplanApp  # noqa: E402
+from meshplan.ui.tui.panes import HardwarePane  # noqa: E402
 from meshplan.ui.tui.screens import ExportScreen, HelpScreen, LaunchScreen  # noqa: E402
 
 
@@ -242,9 +243,9 @@ async def _test_hardware_comparison_switches_hardware():
         await pilot.press("h")
         await settle(pilot)
         table = screen.query_one("#hw-table", DataTable)
-        ids = [r["hardware"] for r in screen.hw_rows]
+        ids = [r["hardware"] for r in screen.query_one(HardwarePane).rows]
         assert ids[:3] == ["h100-sxm", "h200-sxm", "b200"] and table.row_count == len(ids)
-        assert [r["hardware"] for r in screen.hw_rows if r["current"]] == ["h100-sxm"]
+        assert [r["hardware"] for r in screen.query_one(HardwarePane).rows if r["current"]] == ["h100-sxm"]
         assert "train" not in [str(c.label) for c in table.columns.values()]  # no token budget: no time
         table.move_cursor(row=ids.index("h200-sxm"))
         await pilot.press("enter")

@@ -15,46 +15,26 @@ from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.suggester import SuggestFromList
-from textual.widgets import DataTable, Footer, Input, Label, Select, Static, TabbedContent, TabPane, Tree
+from textual.widgets import DataTable, Footer, Input, Select, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from meshplan.ui.tui.form import (
     DEFAULTS,
     FIELDS,
-    OBJECTIVES,
     SORTS,
     FieldError,
     Inputs,
     fmt_days,
     fmt_money,
-    fmt_tokens,
     parse_form,
 )
-from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, warn_style
+from meshplan.ui.tui.panes import ComparePane, FormPane, HardwarePane, TreePane
+from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, cell, fill
 
-COLUMNS = ((0, 1, 2), (3, 4, 5), (6, 7, 8))  # FIELDS by form column
 TABS = ("plans", "tree", "compare", "hardware")
 THEMES = {"dark": "textual-dark", "light": "textual-light"}
 HINT = "f edits the form · enter applies it · esc back to the results · ? help"
-
-
-def _cell(text: str, style: str = "", right: bool = True) -> Text:
-    return Text(text, style=style, justify="right" if right else "left")
-
-
-def fill(table: DataTable, columns: list[tuple[str, Text]], rows: list[tuple[str, list[Text]]],
-         extra: dict[str, int] | None = None) -> None:
-    """Replace a table's columns and rows, with column widths measured here from the cells: the same
-    layout on every frame (DataTable would otherwise measure lazily, on idle)."""
-    table.clear(columns=True)
-    for n, (key, label) in enumerate(columns):
-        width = max([label.cell_len, *(cells[n].cell_len for _, cells in rows)]) + (extra or {}).get(key, 0)
-        table.add_column(label, key=key, width=width)
-    for key, cells in rows:
-        table.add_row(*cells, key=key)
 
 
 class MainScreen(Screen):
@@ -87,27 +67,14 @@ class MainScreen(Screen):
         self.sort_key, self.sort_reverse = "rank", False
         self.marked: list[int] = []
         self.rows: list[int] = []  # sweep indices in table order
-        self.hw_key: tuple | None = None
-        self.hw_rows: list[dict] = []
         self.exported_plan: str | None = None
-        self.names: tuple[list[str], list[str]] = ([], [])
         self.status: tuple = ("searching…", "busy", None)
-        self.hw_gpn: dict[str, int] = {}
-        self.hw_options: list[str] = [values.get("hardware") or DEFAULTS["hardware"]]
 
     # ---- layout ------------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         yield Static("[b]meshplan[/b]  loading…", id="title")
-        keys = list(FIELDS)
-        with Horizontal(id="form"):
-            for n, col in enumerate(COLUMNS):
-                with Vertical(classes=f"col col{n}"):
-                    for k in col:
-                        name = keys[k]
-                        with Horizontal(classes="row"):
-                            yield Label(FIELDS[name][0], classes="label")
-                            yield self._field(name)
+        yield FormPane(self.values, id="form")
         yield Static("", id="message")
         with TabbedContent(id="tabs", initial="plans"):
             with TabPane("[u]P[/u]lans", id="plans"):
@@ -115,48 +82,25 @@ class MainScreen(Screen):
                 with Panel(id="detail-box"):
                     yield PlanDetail(id="detail")
             with TabPane("[u]T[/u]ree", id="tree"):
-                yield Tree("decision tree", id="dtree")
-                yield Static("", id="tree-info")
+                yield TreePane()
             with TabPane("[u]C[/u]ompare", id="compare"):
-                with Panel(id="compare-box"):
-                    yield Static("", id="compare-note")
-                    yield Static("", id="compare-table")
+                yield ComparePane(id="compare-box")
             with TabPane("[u]H[/u]ardware", id="hardware"):
-                yield Static("", id="hw-note")
-                yield CursorTable(id="hw-table", cursor_type="row", zebra_stripes=True)
-                yield Static("", id="hw-info")
+                yield HardwarePane()
         yield Footer(show_command_palette=False)
 
-    def _field(self, name: str):
-        value = self.values.get(name, DEFAULTS[name])
-        if name == "objective":
-            return Select([(o, o) for o in OBJECTIVES], value=value if value in OBJECTIVES else OBJECTIVES[0],
-                          allow_blank=False, id=f"f-{name}", compact=True, classes="field")
-        if name == "hardware":
-            return Select([(value, value)], value=value, allow_blank=False, id=f"f-{name}", compact=True,
-                          classes="field")
-        placeholder = {"gpus_per_node": "profile's", "tokens": "none", "batch": "sequences"}.get(name, "")
-        return Input(value, placeholder=placeholder, id=f"f-{name}", compact=True, classes="field")
-
     def on_mount(self) -> None:
-        self.query_one("#dtree", Tree).show_root = False
         self.query_one("#table", DataTable).focus()
         self.set_message(*self.status[:2])
-        self.load_names()
         self.submit(force=True)
 
     # ---- the form ----------------------------------------------------------------------------------
 
     def form_values(self) -> dict[str, str]:
-        out = {}
-        for name in FIELDS:
-            w = self.query_one(f"#f-{name}")
-            out[name] = str(w.value) if isinstance(w, Select) else w.value
-        return out
+        return self.query_one(FormPane).values()
 
     def set_field_errors(self, errors: dict[str, str]) -> None:
-        for name in FIELDS:
-            self.query_one(f"#f-{name}").set_class(name in errors, "error")
+        self.query_one(FormPane).set_errors(errors)
 
     def set_message(self, text: str | Text, kind: str = "info") -> None:
         msg = self.query_one("#message", Static)
@@ -206,29 +150,12 @@ class MainScreen(Screen):
             self.submit()
 
     def update_gpn_placeholder(self) -> None:
-        hw = str(self.query_one("#f-hardware", Select).value)
-        gpn = self.hw_gpn.get(hw)
-        self.query_one("#f-gpus_per_node", Input).placeholder = f"{gpn} (profile)" if gpn else "profile's"
+        self.query_one(FormPane).update_gpn_placeholder()
 
-    @work(thread=True, group="names")
-    def load_names(self) -> None:
-        from meshplan.ui.tui import logic
-
-        models, hardware = logic.names()
-        gpn = logic.gpus_per_node(hardware)
-        self.app.call_from_thread(self._set_names, models, hardware, gpn)
-
-    def _set_names(self, models: list[str], hardware: list[str], gpn: dict[str, int]) -> None:
-        self.names = (models, hardware)
-        self.hw_gpn = gpn
-        self.query_one("#f-model", Input).suggester = SuggestFromList(models, case_sensitive=False)
-        select = self.query_one("#f-hardware", Select)
-        current = str(select.value)
-        self.hw_options = list(dict.fromkeys([*hardware, current]))
-        with select.prevent(Select.Changed):
-            select.set_options([(h, h) for h in self.hw_options])
-            select.value = current
-        self.update_gpn_placeholder()
+    @property
+    def names(self) -> tuple[list[str], list[str]]:
+        """Model presets and hardware profiles (for the help screen), once loaded."""
+        return self.query_one(FormPane).names
 
     # ---- the search --------------------------------------------------------------------------------
 
@@ -274,9 +201,9 @@ class MainScreen(Screen):
         self.query_one("#title", Static).update(Text.assemble(("meshplan", "bold"), "  ", result.describe()))
         self.set_status(HINT, "info")
         self.fill_table()
-        self.fill_tree()
+        self.query_one(TreePane).show(result)
         self.fill_compare()
-        self.hw_key = None
+        self.query_one(HardwarePane).reset()
         if self.query_one("#tabs", TabbedContent).active == "hardware":
             self.compare_hardware()
 
@@ -297,12 +224,12 @@ class MainScreen(Screen):
         rows = []
         for i in self.rows:
             r = logic.row(result, i)
-            cells = [self._rank_cell(i, r["rank"]), _cell(f"{r['peak_gib']:.1f}"), _cell(f"{r['tps']:,.0f}"),
-                     _cell(f"{r['mfu']:.1%}"), _cell(f"{r['step_s']:.2f}")]
+            cells = [self._rank_cell(i, r["rank"]), cell(f"{r['peak_gib']:.1f}"), cell(f"{r['tps']:,.0f}"),
+                     cell(f"{r['mfu']:.1%}"), cell(f"{r['step_s']:.2f}")]
             if money:
-                cells.append(_cell(fmt_days(r["days"])))
+                cells.append(cell(fmt_days(r["days"])))
                 if result.price is not None:
-                    cells.append(_cell(fmt_money(r["cost_usd"])))
+                    cells.append(cell(fmt_money(r["cost_usd"])))
             cells.append(Text(r["config"]))
             rows.append((str(i), cells))
         table = self.query_one("#table", DataTable)
@@ -319,8 +246,8 @@ class MainScreen(Screen):
 
     def _rank_cell(self, i: int, rank: int) -> Text:
         if i in self.marked:
-            return _cell(f"●{rank}", "bold magenta")
-        return _cell(str(rank))
+            return cell(f"●{rank}", "bold magenta")
+        return cell(str(rank))
 
     def selected(self) -> int | None:
         if self.result is None or not self.rows:
@@ -395,179 +322,22 @@ class MainScreen(Screen):
                 table.update_cell(str(j), "rank", self._rank_cell(j, logic.row(self.result, j)["rank"]))
         self.fill_compare()
 
-    # ---- tree, compare, hardware -------------------------------------------------------------------
-
-    def fill_tree(self) -> None:
-        tree = self.query_one("#dtree", Tree)
-        result = self.result
-        res = result.res
-        tree.clear()
-        tree.root.set_label(f"{res.model.name} on {result.nodes}x{res.gpus_per_node} {res.hw.id}")
-        for k, s in enumerate(result.tree, 1):
-            best = s["best"]
-            if best and s.get("taken"):
-                mark, style = "✓", "green"
-            elif best:
-                mark, style = "·", "yellow"
-            else:
-                mark, style = "✗", "red"
-            label = Text.assemble((f"{mark} ", style), (f"{k}. {s['label']}", "bold"))
-            own = s.get("feature_best")
-            if best and not s.get("taken") and own:
-                label.append(f"  with it: {own['peak_gib']:.1f} GiB · {own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
-            elif best:
-                label.append(f"  {best['peak_gib']:.1f} GiB · {best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU")
-            info = f"{k}. {s['label']}: {s['adds']}\n→ {s['reason']}"
-            if best:
-                info += f"\nbest: {best['summary']} | {best['peak_gib']:.1f} GiB, " \
-                        f"{best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, MFU {best['mfu']:.1%}"
-            node = tree.root.add(label, data=info, expand=False)
-            node.add_leaf(Text(f"→ {s['reason']}", style="italic"), data=f"why: {s['reason']}")
-            if best:
-                node.add_leaf(Text(f"best: {best['summary']}"),
-                              data=f"best at this step: {best['summary']}\n{best['peak_gib']:.1f} GiB, "
-                                   f"{best['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, MFU {best['mfu']:.1%}")
-            if own and not s.get("taken"):
-                node.add_leaf(Text(f"best with it: {own['summary']}", style="yellow"),
-                              data=f"best using this step: {own['summary']}\n{own['peak_gib']:.1f} GiB, "
-                                   f"{own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU, MFU {own['mfu']:.1%}")
-            for rej in s["rejected"]:
-                node.add_leaf(Text.assemble(("✗ ", "red"), f"{rej['summary']} · {rej['peak_gib']:.1f} GiB"),
-                              data=f"rejected: {rej['summary']}\n{rej['reason']}")
-            if not s["rejected"]:
-                node.add_leaf(Text("no alternative rejected for memory", style="dim"),
-                              data="every configuration this step opens either fits or breaks a rule")
-        tree.root.expand()
-        tree.move_cursor(tree.root.children[0] if tree.root.children else tree.root)
-
-    @on(Tree.NodeHighlighted, "#dtree")
-    @on(Tree.NodeExpanded, "#dtree")
-    @on(Tree.NodeCollapsed, "#dtree")
-    def _tree_node(self, event: Tree.NodeHighlighted) -> None:
-        node = self.query_one("#dtree", Tree).cursor_node
-        if node is not None and node.data:
-            text = Text(node.data)
-            if node.children and not node.is_expanded:
-                text.append("\nenter expands it: its reason, best configuration and the alternatives it rejected",
-                            style="dim")
-            self.query_one("#tree-info", Static).update(text)
+    # ---- tree, compare, hardware (the panes) ------------------------------------------------------
 
     def fill_compare(self) -> None:
-        from rich.table import Table
+        self.query_one(ComparePane).show(self.result, self.marked)
 
-        from meshplan.ui.tui import logic
-
-        result = self.result
-        if result is None:
-            return
-        indices = list(self.marked)
-        if len(indices) < 2:
-            note = "the top 3 plans; mark 2 or 3 rows in Plans with space to compare those"
-            indices = [int(i) for i in result.res.ranked[:3]]
-        else:
-            note = f"the {len(indices)} marked plans (space in Plans marks / unmarks)"
-        table = Table(box=None, show_header=False, pad_edge=False, expand=False)
-        table.add_column("", style="dim", no_wrap=True)
-        for _ in indices:
-            table.add_column("", ratio=1)
-        dark = getattr(self.app.current_theme, "dark", True)
-        good, warn = ("bold green" if dark else "bold #1a7f37"), warn_style(dark)
-        self.compared = logic.compare_rows(result, indices)
-        for label, cells, best in self.compared:
-            styled = [Text(c, style=good if best == n else warn if best == -1 else
-                           ("bold" if label in ("rank", "configuration") else "")) for n, c in enumerate(cells)]
-            table.add_row(label, *styled)
-        self.query_one("#compare-note", Static).update(Text(f"Comparing {note}; best in green, differences in yellow.",
-                                                            style="italic"))
-        self.query_one("#compare-table", Static).update(table)
+    @property
+    def compared(self) -> list:
+        return self.query_one(ComparePane).compared
 
     def compare_hardware(self) -> None:
-        inp = self.result.inputs if self.result is not None else None
-        if inp is None:
-            return
-        key = (inp,)
-        if key == self.hw_key:
-            return
-        self.hw_key = key
-        self.query_one("#hw-note", Static).update(Text(
-            f"comparing {inp.model} at {self.result.world} GPUs across accelerators…", style="italic"))
-        self.hardware_worker(inp, self.result.res.hw.id)
+        self.query_one(HardwarePane).compare(self.result)
 
-    @work(thread=True, exclusive=True, group="hardware")
-    def hardware_worker(self, inp: Inputs, current: str) -> None:
-        from meshplan.estimator.errors import MeshplanError
-        from meshplan.ui.tui import logic
-
-        worker = get_current_worker()
-        try:
-            rows = logic.hardware_rows(inp, logic.hardware_ids(current))
-        except (MeshplanError, ValueError, ArithmeticError, OSError) as exc:
-            rows, error = [], str(exc) if isinstance(exc, MeshplanError) else f"{type(exc).__name__}: {exc}"
-        else:
-            error = None
-        if not worker.is_cancelled:
-            self.app.call_from_thread(self.show_hardware, inp, rows, error)
-
-    def show_hardware(self, inp: Inputs, rows: list[dict], error: str | None) -> None:
-        if self.hw_key != (inp,):
-            return
-        note = self.query_one("#hw-note", Static)
-        if error:
-            note.update(Text(f"✗ {error}", style="red"))
-            return
-        self.hw_rows = rows
-        money = inp.tokens is not None
-        note.update(Text(f"{inp.model}: the best plan at ~{self.result.world} GPUs on each accelerator"
-                         + (f", {fmt_tokens(inp.tokens)} tokens" if money else "") + "; enter switches to it",
-                         style="italic"))
-        labels = ("hardware", "nodes", "GiB/usable", "tok/s/GPU", "MFU", *(("train", "cost") if money else ()),
-                  "$/GPU-h", "best configuration")
-        columns = [(label, Text(label, justify="left" if label in ("hardware", "best configuration") else "right"))
-                   for label in labels]
-        table_rows = []
-        for r in rows:
-            name = Text(("★ " if r["current"] else "  ") + r["hardware"], style="bold" if r["current"] else "")
-            cells = [name, _cell(f"{r['nodes']}x{r['gpus_per_node']}")]
-            if r["fits"]:
-                cells += [_cell(f"{r['peak_gib']:.1f}/{r['usable_gib']:.0f}"), _cell(f"{r['tps']:,.0f}"),
-                          _cell(f"{r['mfu']:.1%}")]
-                if money:
-                    cells += [_cell(fmt_days(r["days"])), _cell(fmt_money(r["cost_usd"]))]
-            else:
-                cells += [_cell(f"-/{r['usable_gib']:.0f}"), _cell("-"), _cell("-")]
-                if money:
-                    cells += [_cell("-"), _cell("-")]
-            cells.append(_cell(f"${r['price']:.2f}" if r["price"] else "-"))
-            cells.append(Text(r["config"]) if r["fits"] else Text("does not fit: " + r["why_not"], style="red"))
-            table_rows.append((r["hardware"], cells))
-        fill(self.query_one("#hw-table", DataTable), columns, table_rows)
-
-    @on(DataTable.RowHighlighted, "#hw-table")
-    def _hw_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        row = next((r for r in self.hw_rows if r["hardware"] == event.row_key.value), None)
-        if row is None:
-            return
-        if row["fits"]:
-            text = Text.assemble((row["hardware"], "bold"), f": {row['config']}")
-        else:
-            text = Text.assemble((row["hardware"], "bold"), (f" does not fit: {row['why_not']}", "red"))
-        self.query_one("#hw-info", Static).update(text)
-
-    @on(DataTable.RowSelected, "#hw-table")
-    def _hw_selected(self, event: DataTable.RowSelected) -> None:
-        hid = event.row_key.value
-        row = next((r for r in self.hw_rows if r["hardware"] == hid), None)
-        if row is None or row["current"]:
-            return
-        select = self.query_one("#f-hardware", Select)
-        with select.prevent(Select.Changed):
-            if hid not in self.hw_options:
-                self.hw_options.append(hid)
-                select.set_options([(h, h) for h in self.hw_options])
-            select.value = hid
-        self.query_one("#f-nodes", Input).value = str(row["nodes"])
-        self.query_one("#f-gpus_per_node", Input).value = ""
-        self.update_gpn_placeholder()
+    @on(HardwarePane.Chosen)
+    def _hardware_chosen(self, event: HardwarePane.Chosen) -> None:
+        """Switch the form to the accelerator picked in the hardware comparison and search again."""
+        self.query_one(FormPane).choose_hardware(event.hardware, event.nodes)
         self.action_tab("plans")
         self.submit(force=True)
 

@@ -7,21 +7,29 @@ from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import DataTable
 
+from meshplan.planner.palette import MEMORY_STYLE
 from meshplan.ui.tui.form import fmt_count, fmt_days, fmt_money, fmt_tokens
 
-# memory category -> (short label, colour); the colours read on light and dark backgrounds alike
-CATEGORIES = {
-    "params_fp32": ("params", "#4e79a7"),
-    "grads_fp32": ("grads", "#76b7b2"),
-    "optimizer_states": ("optim", "#b07aa1"),
-    "unsharded_params": ("unsh.params", "#59a14f"),
-    "unsharded_grads": ("unsh.grads", "#8cd17d"),
-    "activations": ("activ", "#edc948"),
-    "logits_loss": ("logits", "#f28e2b"),
-    "transient": ("transient", "#e15759"),
-    "fragmentation": ("frag", "#9c755f"),
-}
+# memory category -> (short label, colour), from the one palette the web app uses too
+CATEGORIES = {k: (v.short, v.color) for k, v in MEMORY_STYLE.items()}
 LIMIT_MARK, USABLE_MARK = "│", "┃"
+
+
+def cell(text: str, style: str = "", right: bool = True) -> Text:
+    """A table cell, right-aligned unless `right` is False."""
+    return Text(text, style=style, justify="right" if right else "left")
+
+
+def fill(table: DataTable, columns: list[tuple[str, Text]], rows: list[tuple[str, list[Text]]],
+         extra: dict[str, int] | None = None) -> None:
+    """Replace a table's columns and rows, with column widths measured here from the cells: the same
+    layout on every frame (DataTable would otherwise measure lazily, on idle)."""
+    table.clear(columns=True)
+    for n, (key, label) in enumerate(columns):
+        width = max([label.cell_len, *(cells[n].cell_len for _, cells in rows)]) + (extra or {}).get(key, 0)
+        table.add_column(label, key=key, width=width)
+    for key, cells in rows:
+        table.add_row(*cells, key=key)
 MAX_STAGE_BARS = 16
 
 

@@ -13,31 +13,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-MEMORY_LABELS = {
-    "params_fp32": "parameters (fp32 shard)",
-    "grads_fp32": "gradients (fp32 shard)",
-    "optimizer_states": "AdamW states",
-    "unsharded_params": "all-gathered bf16 params",
-    "unsharded_grads": "unsharded bf16 grads",
-    "activations": "activations",
-    "logits_loss": "logits + loss",
-    "transient": "transient buffers",
-    "fragmentation": "allocator fragmentation",
-}
-MEMORY_COLORS = {
-    "params_fp32": "#4c78a8", "grads_fp32": "#72b7b2", "optimizer_states": "#54a24b",
-    "unsharded_params": "#9ecae9", "unsharded_grads": "#88d27a", "activations": "#f58518",
-    "logits_loss": "#e45756", "transient": "#b279a2", "fragmentation": "#bab0ac",
-}
-TIME_LABELS = {
-    "compute": "compute", "recompute": "recompute (AC)", "float8_casts": "Float8 casts",
-    "elementwise": "elementwise", "overhead": "launch + step overhead", "fsdp_exposed": "FSDP comm (exposed)",
-    "tp_exposed": "TP comm (exposed)", "cp_exposed": "CP comm (exposed)", "pp_bubble": "pipeline bubble",
-    "pp_p2p": "pipeline P2P", "dp_allreduce": "DP all-reduce", "optimizer_step": "optimizer step",
-}
-USABLE_COLOR = "#d62728"
-LIMIT_COLOR = "#ff7f0e"
-FIT_COLOR = "#1f77b4"
+from meshplan.planner.palette import MEMORY_STYLE, STATUS_COLORS, TIME_STYLE
+
+MEMORY_LABELS = {k: v.label for k, v in MEMORY_STYLE.items()}
+MEMORY_COLORS = {k: v.color for k, v in MEMORY_STYLE.items()}
+TIME_LABELS = {k: v.label for k, v in TIME_STYLE.items()}
+USABLE_COLOR = STATUS_COLORS["usable"]
+LIMIT_COLOR = STATUS_COLORS["limit"]
+FIT_COLOR = STATUS_COLORS["fits"]
 GREY = "rgba(140,140,140,0.35)"
 FONT = dict(family="Source Sans Pro, sans-serif", size=13)
 
@@ -102,13 +85,11 @@ def time_bars(bars: Sequence[tuple[str, dict[str, float]]], title: str = "") -> 
     Exposed communication only: overlapped communication costs nothing here."""
     labels = [b[0] for b in bars]
     fig = go.Figure()
-    palette = ["#4c78a8", "#9ecae9", "#f58518", "#ffbf79", "#bab0ac", "#54a24b", "#88d27a", "#b279a2",
-               "#e45756", "#ff9d98", "#72b7b2", "#eeca3b"]
     cats = [c for c in TIME_LABELS if any(b[1].get(c, 0) > 0 for b in bars)]
-    for k, cat in enumerate(cats):
+    for cat in cats:
         fig.add_trace(go.Bar(
             y=labels, x=[float(b[1].get(cat, 0.0)) for b in bars], name=TIME_LABELS[cat], orientation="h",
-            marker_color=palette[k % len(palette)], meta=cat,
+            marker_color=TIME_STYLE[cat].color, meta=cat,
             hovertemplate="%{y}<br>" + TIME_LABELS[cat] + ": %{x:.3f} s<extra></extra>",
         ))
     fig.update_layout(barmode="stack", xaxis=dict(title=dict(text="seconds per optimizer step", standoff=4)),
@@ -154,7 +135,7 @@ def sweep_scatter(points: pd.DataFrame, limit_gib: float, usable_gib: float, cho
     if len(front):
         fig.add_trace(go.Scatter(
             x=front.peak_gib, y=front.tps, mode="lines+markers", name="Pareto front",
-            line=dict(color="#e45756", width=2, shape="hv"), marker=dict(size=9, symbol="diamond"),
+            line=dict(color=STATUS_COLORS["oom"], width=2, shape="hv"), marker=dict(size=9, symbol="diamond"),
             customdata=np.stack([front["index"], front["count"]], axis=1), text=list(front["label"].map(html.escape)),
             hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tok/s/GPU<extra>Pareto</extra>",
         ))
@@ -162,7 +143,7 @@ def sweep_scatter(points: pd.DataFrame, limit_gib: float, usable_gib: float, cho
         ch = points[points["index"] == chosen_index]
         fig.add_trace(go.Scatter(
             x=ch.peak_gib, y=ch.tps, mode="markers", name="chosen",
-            marker=dict(size=18, symbol="star", color="#ffd700", line=dict(color="black", width=1.5)),
+            marker=dict(size=18, symbol="star", color=STATUS_COLORS["chosen"], line=dict(color="black", width=1.5)),
             customdata=np.stack([ch["index"], ch["count"]], axis=1), text=list(ch["label"].map(html.escape)),
             hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tok/s/GPU<extra>chosen</extra>",
         ))
@@ -200,10 +181,10 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
     for k, s in enumerate(steps):
         best = s.get("best")
         if best is None:
-            colors.append("#e45756")
+            colors.append(STATUS_COLORS["oom"])
             symbols.append("x")
         elif s.get("taken"):
-            colors.append("#2ca02c")
+            colors.append(STATUS_COLORS["taken"])
             symbols.append("circle")
         else:
             colors.append("#c7e9c0")
@@ -227,7 +208,7 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
         taken = bool(nxt.get("taken")) and nxt.get("best") is not None
         fig.add_trace(go.Scatter(
             x=[0, 0], y=[ys[k], ys[k + 1]], mode="lines", hoverinfo="skip", showlegend=False,
-            line=dict(color="#2ca02c" if taken else "#bbbbbb", width=3 if taken else 2, dash=None if taken else "dot"),
+            line=dict(color=STATUS_COLORS["taken"] if taken else "#bbbbbb", width=3 if taken else 2, dash=None if taken else "dot"),
         ))
     # rejected alternatives, branching left
     alt_x, alt_y, alt_text = [], [], []
@@ -266,8 +247,8 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
         lines.append(f"<span style='color:#666'>{_wrap(s.get('reason', ''), 110)}</span>")
         fig.add_annotation(x=0.05, y=ys[k], xanchor="left", yanchor="middle", showarrow=False, align="left",
                            text="<br>".join([head, *lines]))
-    for name, color, symbol in (("taken", "#2ca02c", "circle"), ("fits, not worth it", "#c7e9c0", "circle-open"),
-                                ("nothing fits", "#e45756", "x")):
+    for name, color, symbol in (("taken", STATUS_COLORS["taken"], "circle"), ("fits, not worth it", "#c7e9c0", "circle-open"),
+                                ("nothing fits", STATUS_COLORS["oom"], "x")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(size=12, color=color, symbol=symbol, line=dict(color="#333", width=1))))
     fig.update_layout(
@@ -299,7 +280,7 @@ def hardware_figure(rows: Sequence[dict], title: str = "") -> go.Figure:
     if have_cost:
         panels.append(("cost_usd", "cost (US$)", None))
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels], horizontal_spacing=0.08)
-    colors = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d"]
+    colors = ["#4c78a8", "#f58518", "#54a24b", STATUS_COLORS["oom"], "#72b7b2", "#b279a2", "#eeca3b", "#9d755d"]
     for col, (key, label, fmt) in enumerate(panels, 1):
         vals = [r.get(key) for r in rows]
         text = [(fmt.format(v) if fmt else _usd(v)) if v is not None else "does not fit" if not r["fits"]
