@@ -19,6 +19,7 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.stack import StackProfile
+from meshplan.planner.labels import short_config
 from meshplan.planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
 
 OBJECTIVES = ("throughput", "time", "cost")
@@ -185,7 +186,7 @@ def explain_empty(res: SearchResult) -> str:
         return (
             f"no configuration of {res.model.name} fits on {res.world} x {res.hw.id}: the smallest peak is "
             f"{res.peak_gib[i]:.1f} GiB > {res.limit_gib:.1f} GiB ({res.memory_margin:.0%} of usable) with "
-            f"{_short(res.config(i))}; add nodes, pick a larger-memory GPU, or shorten the sequence"
+            f"{short_config(res.config(i))}; add nodes, pick a larger-memory GPU, or shorten the sequence"
         )
     if not counts:
         return "the search space is empty"
@@ -194,24 +195,3 @@ def explain_empty(res: SearchResult) -> str:
         f"no configuration of {res.model.name} is valid on {res.world} GPUs: every candidate breaks a rule "
         f"(most often {worst}: e.g. {res.reason_text(int(np.flatnonzero(res.reason > 0)[0]))})"
     )
-
-
-def _short(cfg: dict) -> str:
-    parts = [f"dp {cfg['dp_replicate']}x{cfg['dp_shard']}"]
-    for k in ("tp", "pp", "cp"):
-        if cfg[k] > 1:
-            parts.append(f"{k} {cfg[k]}")
-    if cfg["pp"] > 1:
-        parts.append(cfg["pp_schedule"] + (f"/v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
-    parts.append(f"mbs {cfg['micro_batch_size']}")
-    parts.append(f"AC {cfg['ac']}")
-    if cfg["float8"] != "none":
-        parts.append(f"fp8 {cfg['float8']}")
-    if cfg["compile"]:
-        parts.append("compile")
-    if cfg["async_tp"]:
-        parts.append("async TP")
-    return ", ".join(parts)
-
-
-short_config = _short

@@ -48,3 +48,68 @@ def sweep_csv(res: SearchResult) -> str:
             "" if np.isnan(res.step_s[i]) else round(float(res.step_s[i]), 4), reason,
         ])
     return buf.getvalue()
+
+
+# ---- the hardware comparison ----------------------------------------------------------------------------
+# the accelerators both UIs compare against by default (the web app preselects the first three)
+COMPARE_HARDWARE = ("h100-sxm", "h200-sxm", "b200", "mi300x", "a100-sxm-80g")
+
+
+def _row(hw, nodes: int, gpus_per_node: int, current: bool) -> dict:
+    """A hardware-comparison row with nothing found yet."""
+    return {"hardware": hw.id, "name": hw.name, "current": current, "nodes": nodes, "gpus_per_node": gpus_per_node,
+            "gpus": nodes * gpus_per_node, "fits": False, "configuration": "", "compact": "", "peak_gib": None,
+            "usable_gib": hw.usable_hbm_gib, "tokens_per_sec_per_gpu": None, "mfu": None, "days": None,
+            "gpu_hours": None, "cost_usd": None, "usd_per_gpu_hour": hw.price.usd_per_gpu_hour if hw.price else None,
+            "why_not": ""}
+
+
+def hardware_row(res: SearchResult, tokens: float | None, current: bool = False) -> dict:
+    """The best plan of one sweep as a row of the hardware comparison: memory (GiB, GIB_DECIMALS), tokens/s/GPU,
+    MFU, and days / GPU-hours / USD for `tokens` when given; `why_not` when nothing fits."""
+    from meshplan.estimator.report import GIB_DECIMALS
+    from meshplan.planner.capacity import train_time
+    from meshplan.planner.labels import compact_config, short_config
+    from meshplan.planner.search import explain_empty
+
+    hw = res.hw
+    row = _row(hw, res.world // res.gpus_per_node, res.gpus_per_node, current)
+    row["fits"] = len(res.ranked) > 0
+    price = row["usd_per_gpu_hour"]
+    if not len(res.ranked):
+        row["why_not"] = explain_empty(res)
+        return row
+    i = int(res.ranked[0])
+    cfg = res.config(i)
+    row.update(configuration=short_config(cfg), compact=compact_config(cfg),
+               peak_gib=round(float(res.peak_gib[i]), GIB_DECIMALS),
+               tokens_per_sec_per_gpu=round(float(res.tps[i]), 1), mfu=round(float(res.mfu[i]), 4))
+    if tokens:
+        row.update({k: train_time(tokens, float(res.tps[i]), res.world, price)[k]
+                    for k in ("days", "gpu_hours", "cost_usd")})
+    return row
+
+
+def compare_hardware(model, stack, hardware: list, world: int, gpus_per_node: int | None, seq_len: int,
+                     global_batch: int, memory_margin: float, objective: str, tokens: float | None,
+                     current: str | None = None) -> list[dict]:
+    """The same model at about the same GPU count on each accelerator in `hardware` (ids or profiles): the best
+    plan on each (`hardware_row`), or why none fits (a search error included). `gpus_per_node` overrides the
+    profile's for the `current` accelerator only; the others use their own node size."""
+    from meshplan.estimator.errors import MeshplanError
+    from meshplan.estimator.hardware import load_hardware
+    from meshplan.planner.search import plan_search
+
+    rows = []
+    for entry in hardware:
+        hw = load_hardware(entry) if isinstance(entry, str) else entry
+        is_current = hw.id == current
+        gpn = gpus_per_node if is_current and gpus_per_node else hw.gpus_per_node
+        nodes = max(1, world // gpn)
+        try:
+            res = plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch, memory_margin, objective)
+        except MeshplanError as exc:
+            rows.append({**_row(hw, nodes, gpn, is_current), "why_not": str(exc)})
+            continue
+        rows.append(hardware_row(res, tokens, current=is_current))
+    return rows

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from meshplan.commands import tui
 from meshplan.estimator.errors import MeshplanError
-from meshplan.ui.tui.form import DEFAULTS, compact_config, fmt_days, fmt_money, parse_form, parse_number
+from meshplan.planner.labels import compact_config
+from meshplan.ui.tui.form import DEFAULTS, fmt_days, fmt_money, parse_form, parse_number
 
 
 def test_form_defaults_parse():

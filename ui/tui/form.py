@@ -24,7 +24,6 @@ FIELDS = {
 DEFAULTS = {k: v[1] for k, v in FIELDS.items()}
 OBJECTIVES = ("throughput", "time", "cost")
 # The hardware comparison: these profiles plus the one in the form, at the same number of GPUs.
-COMPARE_HARDWARE = ("h100-sxm", "h200-sxm", "b200", "mi300x", "a100-sxm-80g")
 # Export: format -> file suffix (the same names the web app's downloads use).
 EXPORTS = {
     "torchtitan-toml": ".toml",
@@ -177,32 +176,6 @@ def parse_form(raw: dict[str, str]) -> tuple[Inputs | None, dict[str, str]]:
 
 
 # ---- formatting ----------------------------------------------------------------------------------------
-
-_SCHED = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "i1f1b"}
-
-
-def compact_config(cfg: dict) -> str:
-    """A short form for table cells: `fsdp64 tp8 pp4/1f1b mb1 AC:sel fp8:row +c +atp`."""
-    if cfg["dp_replicate"] > 1:
-        parts = [f"hsdp{cfg['dp_replicate']}x{cfg['dp_shard']}"]
-    else:
-        parts = [f"fsdp{cfg['dp_shard']}"]
-    for k in ("tp", "cp"):
-        if cfg[k] > 1:
-            parts.append(f"{k}{cfg[k]}")
-    if cfg["pp"] > 1:
-        sched = _SCHED.get(cfg["pp_schedule"], cfg["pp_schedule"])
-        parts.append(f"pp{cfg['pp']}/{sched}" + (f"v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
-    parts.append(f"mb{cfg['micro_batch_size']}")
-    parts.append({"none": "AC:no", "selective": "AC:sel", "full": "AC:full"}[cfg["ac"]])
-    if cfg["float8"] != "none":
-        parts.append(f"fp8:{cfg['float8'][:3]}")
-    if cfg["compile"]:
-        parts.append("+c")
-    if cfg["async_tp"]:
-        parts.append("+atp")
-    return " ".join(parts)
-
 
 def fmt_days(days: float | None) -> str:
     if days is None:

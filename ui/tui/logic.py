@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshplan.estimator.errors import MeshplanError
+from meshplan.planner.labels import compact_config
 from meshplan.ui.tui.form import (
-    COMPARE_HARDWARE,
     EXPORTS,
     SORTS,
     TABLE_ROWS,
     FieldError,
     Inputs,
-    compact_config,
     fmt_days,
     fmt_money,
 )
@@ -213,47 +212,21 @@ def compare_rows(result: Result, indices: list[int]) -> list[tuple[str, list[str
 
 
 def hardware_ids(current: str) -> list[str]:
+    from meshplan.planner.views import COMPARE_HARDWARE
+
     return list(dict.fromkeys([*COMPARE_HARDWARE, current]))
 
 
 def hardware_rows(inp: Inputs, hardware: list[str]) -> list[dict]:
-    """The best configuration of the same model at the same number of GPUs on each profile."""
-    from meshplan.estimator.hardware import load_hardware
-    from meshplan.planner.capacity import train_time
-    from meshplan.planner.search import plan_search
+    """The best configuration of the same model at the same number of GPUs on each profile
+    (meshplan.planner.views.compare_hardware, the comparison the web app shows too)."""
+    from meshplan.planner.views import compare_hardware
 
     model, hw0, stack = load_inputs(inp)
     world = inp.nodes * (inp.gpus_per_node or hw0.gpus_per_node)
-    rows = []
-    for hid in hardware:
-        hw = hw0 if hid == hw0.id or hid == inp.hardware else load_hardware(hid)
-        gpn = inp.gpus_per_node if hw is hw0 and inp.gpus_per_node else hw.gpus_per_node
-        nodes = max(1, world // gpn)
-        price = hw.price.usd_per_gpu_hour if hw.price else None
-        row = {"hardware": hw.id, "current": hw is hw0, "nodes": nodes, "gpus_per_node": gpn,
-               "usable_gib": hw.usable_hbm_gib, "price": price, "fits": False, "config": "", "peak_gib": None,
-               "tps": None, "mfu": None, "days": None, "cost_usd": None, "why_not": ""}
-        try:
-            res = plan_search(model, hw, stack, nodes * gpn, gpn, inp.seq_len, inp.sequences(), inp.margin,
-                              inp.objective)
-        except MeshplanError as exc:
-            row["why_not"] = str(exc)
-            rows.append(row)
-            continue
-        if len(res.ranked) == 0:
-            from meshplan.planner.search import explain_empty
-
-            row["why_not"] = explain_empty(res)
-            rows.append(row)
-            continue
-        i = int(res.ranked[0])
-        row.update(fits=True, config=compact_config(res.config(i)), peak_gib=float(res.peak_gib[i]),
-                   tps=float(res.tps[i]), mfu=float(res.mfu[i]))
-        if inp.tokens:
-            t = train_time(inp.tokens, float(res.tps[i]), nodes * gpn, price)
-            row.update(days=t["days"], cost_usd=t["cost_usd"])
-        rows.append(row)
-    return rows
+    profiles = [hw0 if hid in (hw0.id, inp.hardware) else hid for hid in hardware]
+    return compare_hardware(model, stack, profiles, world, inp.gpus_per_node, inp.seq_len, inp.sequences(),
+                            inp.margin, inp.objective, inp.tokens, current=hw0.id)
 
 
 # ---- exports and the launch preview --------------------------------------------------------------------

@@ -193,7 +193,7 @@ class HardwarePane(Vertical):
         name = Text(("★ " if r["current"] else "  ") + r["hardware"], style="bold" if r["current"] else "")
         cells = [name, cell(f"{r['nodes']}x{r['gpus_per_node']}")]
         if r["fits"]:
-            cells += [cell(f"{r['peak_gib']:.1f}/{r['usable_gib']:.0f}"), cell(f"{r['tps']:,.0f}"),
+            cells += [cell(f"{r['peak_gib']:.1f}/{r['usable_gib']:.0f}"), cell(f"{r['tokens_per_sec_per_gpu']:,.0f}"),
                       cell(f"{r['mfu']:.1%}")]
             if money:
                 cells += [cell(fmt_days(r["days"])), cell(fmt_money(r["cost_usd"]))]
@@ -201,8 +201,8 @@ class HardwarePane(Vertical):
             cells += [cell(f"-/{r['usable_gib']:.0f}"), cell("-"), cell("-")]
             if money:
                 cells += [cell("-"), cell("-")]
-        cells.append(cell(f"${r['price']:.2f}" if r["price"] else "-"))
-        cells.append(Text(r["config"]) if r["fits"] else Text("does not fit: " + r["why_not"], style="red"))
+        cells.append(cell(f"${r['usd_per_gpu_hour']:.2f}" if r["usd_per_gpu_hour"] else "-"))
+        cells.append(Text(r["compact"]) if r["fits"] else Text("does not fit: " + r["why_not"], style="red"))
         return cells
 
     def _row(self, key: str) -> dict | None:
@@ -214,7 +214,7 @@ class HardwarePane(Vertical):
         if row is None:
             return
         if row["fits"]:
-            text = Text.assemble((row["hardware"], "bold"), f": {row['config']}")
+            text = Text.assemble((row["hardware"], "bold"), f": {row['compact']}")
         else:
             text = Text.assemble((row["hardware"], "bold"), (f" does not fit: {row['why_not']}", "red"))
         self.query_one("#hw-info", Static).update(text)

@@ -21,7 +21,8 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import GIB_DECIMALS, estimate
 from meshplan.estimator.stack import load_stack
 from meshplan.planner.capacity import train_time
-from meshplan.planner.search import SearchResult, explain_empty, plan_search, short_config
+from meshplan.planner.search import SearchResult, plan_search, short_config
+from meshplan.planner.views import COMPARE_HARDWARE as SHARED_COMPARE_HARDWARE
 from meshplan.ui.web.inputs import search_space
 
 EXPORT_FORMATS = {  # format -> (button label, file suffix, mime type)
@@ -33,7 +34,7 @@ EXPORT_FORMATS = {  # format -> (button label, file suffix, mime type)
     "slurm": ("Slurm batch script", ".sbatch", "text/x-shellscript"),
     "mpirun": ("mpirun script", "-mpirun.sh", "text/x-shellscript"),
 }
-COMPARE_HARDWARE = ("h100-sxm", "h200-sxm", "b200")
+COMPARE_HARDWARE = SHARED_COMPARE_HARDWARE[:3]  # preselected in Compare (each is a sweep)
 
 
 @dataclass(frozen=True)
@@ -300,22 +301,10 @@ def sweep_csv(res: SearchResult) -> str:
 
 
 def hardware_row(job: Job, res: SearchResult, tokens: float | None) -> dict:
-    """The best configuration of one sweep as one row of the hardware comparison."""
-    hw = res.hw
-    row = {"hardware": hw.id, "name": hw.name, "nodes": res.world // res.gpus_per_node, "gpus": res.world,
-           "fits": len(res.ranked) > 0, "configuration": "", "peak_gib": None, "usable_gib": hw.usable_hbm_gib,
-           "tokens_per_sec_per_gpu": None, "mfu": None, "days": None, "gpu_hours": None, "cost_usd": None,
-           "usd_per_gpu_hour": price_of(hw), "why_not": ""}
-    if not len(res.ranked):
-        row["why_not"] = explain_empty(res)
-        return row
-    i = int(res.ranked[0])
-    row.update(configuration=short_config(res.config(i)), peak_gib=round(float(res.peak_gib[i]), GIB_DECIMALS),
-               tokens_per_sec_per_gpu=round(float(res.tps[i]), 1), mfu=round(float(res.mfu[i]), 4))
-    t = time_to_train(tokens, float(res.tps[i]), res.world, price_of(hw))
-    if t:
-        row.update(days=t["days"], gpu_hours=t["gpu_hours"], cost_usd=t["cost_usd"])
-    return row
+    """The best configuration of one sweep as one row of the hardware comparison (meshplan.planner.views)."""
+    from meshplan.planner.views import hardware_row as shared_row
+
+    return shared_row(res, tokens, current=res.hw.id == job.hw().id)
 
 
 def compare_job(job: Job, hw_id: str) -> Job:

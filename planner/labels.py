@@ -1,0 +1,51 @@
+"""A configuration in words, the same in every view: `short_config` for tables and the CLI (`dp 1x64, tp 8,
+pp 4, 1F1B, mbs 1, AC selective`), `compact_config` for an 80-column terminal (`fsdp64 tp8 pp4/1f1b mb1 AC:sel`).
+Pure Python (no numpy), so the terminal UI can import it before its first frame."""
+
+from __future__ import annotations
+
+
+def short_config(cfg: dict) -> str:
+    """A configuration (torchtitan-named values) in words, for tables and messages."""
+    parts = [f"dp {cfg['dp_replicate']}x{cfg['dp_shard']}"]
+    for k in ("tp", "pp", "cp"):
+        if cfg[k] > 1:
+            parts.append(f"{k} {cfg[k]}")
+    if cfg["pp"] > 1:
+        parts.append(cfg["pp_schedule"] + (f"/v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
+    parts.append(f"mbs {cfg['micro_batch_size']}")
+    parts.append(f"AC {cfg['ac']}")
+    if cfg["float8"] != "none":
+        parts.append(f"fp8 {cfg['float8']}")
+    if cfg["compile"]:
+        parts.append("compile")
+    if cfg["async_tp"]:
+        parts.append("async TP")
+    return ", ".join(parts)
+
+
+
+_SCHED = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "i1f1b"}
+
+
+def compact_config(cfg: dict) -> str:
+    """A short form for table cells: `fsdp64 tp8 pp4/1f1b mb1 AC:sel fp8:row +c +atp`."""
+    if cfg["dp_replicate"] > 1:
+        parts = [f"hsdp{cfg['dp_replicate']}x{cfg['dp_shard']}"]
+    else:
+        parts = [f"fsdp{cfg['dp_shard']}"]
+    for k in ("tp", "cp"):
+        if cfg[k] > 1:
+            parts.append(f"{k}{cfg[k]}")
+    if cfg["pp"] > 1:
+        sched = _SCHED.get(cfg["pp_schedule"], cfg["pp_schedule"])
+        parts.append(f"pp{cfg['pp']}/{sched}" + (f"v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
+    parts.append(f"mb{cfg['micro_batch_size']}")
+    parts.append({"none": "AC:no", "selective": "AC:sel", "full": "AC:full"}[cfg["ac"]])
+    if cfg["float8"] != "none":
+        parts.append(f"fp8:{cfg['float8'][:3]}")
+    if cfg["compile"]:
+        parts.append("+c")
+    if cfg["async_tp"]:
+        parts.append("+atp")
+    return " ".join(parts)
