@@ -52,15 +52,8 @@ PYTHON = "/opt/meshplan/.venv/bin/python"
 HOSTILE = "it's a \"plan\" $(touch /tmp/pwned-{tag}) `touch /tmp/pwned-{tag}` ;&|<>*?!{{}}~\\"
 SCRIPTS = sorted(SCRIPT_FORMATS)
 
-# Runs the real CLI entry point; registers `export` only if meshplan/cli.py does not yet.
-CLI = (
-    "import sys\n"
-    "from meshplan import cli\n"
-    "from meshplan.commands import export\n"
-    "if not any(c.name == 'export' for c in cli.app.registered_commands):\n"
-    "    cli.app.command('export')(export.export_cmd)\n"
-    "cli.main(sys.argv[1:])\n"
-)
+# Runs the real CLI entry point.
+CLI = "import sys\nfrom meshplan import cli\ncli.main(sys.argv[1:])\n"
 
 
 def make(model: str, gpus: int, **kw) -> Plan:

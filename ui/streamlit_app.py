@@ -10,7 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
 import streamlit as st
 
 try:
@@ -20,24 +19,34 @@ except ImportError:  # started from a checkout that was not pip-installed
 
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES  # noqa: E402
 from meshplan.estimator.errors import MeshplanError  # noqa: E402
-from meshplan.estimator.stack import load_stack  # noqa: E402
 from meshplan.planner.search import OBJECTIVES, explain_empty  # noqa: E402
-from meshplan.ui.web import cache, figures  # noqa: E402
-from meshplan.ui.web.compute import COMPARE_HARDWARE, EXPORT_FORMATS, Job, price_of, time_to_train  # noqa: E402
+from meshplan.ui.web import cache  # noqa: E402
+from meshplan.ui.web.compute import Job, price_of, time_to_train  # noqa: E402
 from meshplan.ui.web.inputs import (  # noqa: E402
     HW_OVERRIDES,
     custom_hardware,
     global_batch_sequences,
     parse_model_upload,
 )
-from meshplan.ui.web.text import assumptions, hardware_facts, model_facts  # noqa: E402
+from meshplan.ui.web.text import hardware_facts, model_facts  # noqa: E402
+from meshplan.ui.web.views import assumptions as views_assumptions  # noqa: E402
+from meshplan.ui.web.views import compare as views_compare  # noqa: E402
+from meshplan.ui.web.views import export as views_export  # noqa: E402
+from meshplan.ui.web.views import plans as views_plans  # noqa: E402
+from meshplan.ui.web.views import sweep as views_sweep  # noqa: E402
+from meshplan.ui.web.views import time_cost as views_time_cost  # noqa: E402
+from meshplan.ui.web.views import tree as views_tree  # noqa: E402
+from meshplan.ui.web.views.context import Context  # noqa: E402
 
 DEFAULTS = {
     "model_src": "preset", "model": "llama3-70b", "hardware": "h100-sxm", "nodes": 8, "seq_len": 8192,
     "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
     "margin": 0.9, "objective": "throughput", "rows": 50, "hw_custom": False,
 }
-VIEWS = ["Plans & memory", "Sweep", "Decision tree", "Time & cost", "Compare", "Export", "Assumptions"]
+VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision tree": views_tree,
+                "Time & cost": views_time_cost, "Compare": views_compare, "Export": views_export,
+                "Assumptions": views_assumptions}
+VIEWS = list(VIEW_MODULES)
 PIN_CHOICES = {
     "tp": [1, 2, 4, 8, 16, 32, 64], "pp": [1, 2, 4, 8, 16, 32, 64], "cp": [1, 2, 4, 8, 16, 32],
     "dp_replicate": [1, 2, 4, 8, 16, 32, 64], "pp_schedule": list(PP_SCHEDULES), "vpp": [2, 4, 8],
@@ -200,7 +209,7 @@ if st.session_state.get("_job") != key:
 top = min(int(st.session_state["rows"]), len(res.ranked))
 table = cache.ranked(key, max(top, 1), tokens, price) if len(res.ranked) else None
 
-chosen = est = None
+chosen = est = cfg_json = mem = thr = None
 if len(res.ranked) == 0:
     st.error(explain_empty(res), icon=":material/memory:")
 else:
@@ -233,209 +242,9 @@ else:
         st.markdown(f":orange[:material/warning: {w}]")
 
 tabs = st.tabs(VIEWS, key="view", on_change="rerun")
-tab = dict(zip(VIEWS, tabs, strict=True))
-
-# ---- plans & memory ----------------------------------------------------------------------------------
-with tab["Plans & memory"]:
-    if tab["Plans & memory"].open:
-        if table is None:
-            st.info("Nothing fits, so there is no ranked plan: see the Sweep and Decision tree views for why.")
-        else:
-            head = st.columns([3, 1])
-            head[0].markdown(f"**Ranked plans** (best first; top {top:,} of {len(res.ranked):,} that fit). "
-                             "Click a column header to sort.")
-            head[1].number_input("rows shown", min_value=5, max_value=1000, step=25, key="rows")
-            show = table.drop(columns=["index"])
-            pick = st.session_state["chosen"] - 1
-
-            def _highlight(row):
-                style = "background-color: rgba(255, 215, 0, 0.35); font-weight: 600"
-                return [style if row.name == pick else ""] * len(row)
-
-            first = ["rank", "configuration", "peak_gib", "headroom_gib", "tokens_per_sec_per_gpu", "mfu_pct",
-                     "step_time_s", "days", "cost_usd"]
-            st.dataframe(
-                show.style.apply(_highlight, axis=1), hide_index=True, height=min(38 + 35 * len(show), 390),
-                key="ranked_table",
-                column_order=[c for c in first if c in show] + [c for c in show if c not in first],
-                column_config={
-                    "rank": st.column_config.NumberColumn("#", width="small"),
-                    "configuration": st.column_config.TextColumn("configuration", width="large"),
-                    "peak_gib": st.column_config.NumberColumn("peak GiB", format="%.1f"),
-                    "headroom_gib": st.column_config.NumberColumn("headroom GiB", format="%.1f"),
-                    "tokens_per_sec_per_gpu": st.column_config.NumberColumn("tok/s/GPU", format="%.0f"),
-                    "mfu_pct": st.column_config.NumberColumn("MFU %", format="%.1f"),
-                    "step_time_s": st.column_config.NumberColumn("step s", format="%.2f"),
-                    "days": st.column_config.NumberColumn("days", format="%.1f"),
-                    "cost_usd": st.column_config.NumberColumn("cost $", format="%.0f"),
-                    "micro_batch_size": st.column_config.NumberColumn("mbs"),
-                    "pp_schedule": st.column_config.TextColumn("schedule"),
-                },
-            )
-            left, right = st.columns([1, 1])
-            bars = [(f"#{st.session_state['chosen']} peak rank", mem["breakdown_gib"])]
-            bars += [(f"stage {s['stage']}", s["breakdown_gib"]) for s in mem["per_stage"]]
-            left.plotly_chart(
-                figures.memory_bars(bars, hw.usable_hbm_gib, res.limit_gib,
-                                    "Memory per GPU of the chosen plan" + (" and each pipeline stage"
-                                                                          if mem["per_stage"] else "")),
-                key="memory_chart", config={"displaylogo": False},
-            )
-            right.plotly_chart(
-                figures.time_bars([(f"#{st.session_state['chosen']}", thr["breakdown_s"])],
-                                  f"Where a {thr['step_time_s']:.2f} s step goes"),
-                key="time_chart", config={"displaylogo": False},
-            )
-            right.caption(
-                f"Host RAM per node: {mem['host_ram_gib_per_node']:,.0f} GiB of {hw.host_ram_gib_per_node:,.0f}. "
-                f"Worst rank: {mem['worst_rank']}, peak at the {mem['peak_phase']}. "
-                f"Allocated {mem['allocated_gib']:.1f} GiB + fragmentation "
-                f"= {mem['peak_gib']:.1f} GiB reserved."
-            )
-
-# ---- sweep --------------------------------------------------------------------------------------------
-with tab["Sweep"]:
-    if tab["Sweep"].open:
-        pts = cache.points(key)
-        st.plotly_chart(
-            figures.sweep_scatter(pts, res.limit_gib, hw.usable_hbm_gib, chosen,
-                                  "Throughput vs memory of every estimated configuration"),
-            key="sweep_chart", config={"displaylogo": False},
-        )
-        thinned = int(pts["count"].sum() - len(pts))
-        st.caption(
-            f"{len(pts):,} points for {int(pts['count'].sum()):,} estimated configurations"
-            + (f" (configurations closer than a pixel share a point; hover says how many: {thinned:,} merged)"
-               if thinned else "")
-            + ". Grey: does not fit in memory (reason on hover). Configurations that break a rule have no "
-            "estimate and are counted below."
-        )
-        st.dataframe(cache.reasons(key), hide_index=True, key="reasons_table")
-
-# ---- decision tree ------------------------------------------------------------------------------------
-with tab["Decision tree"]:
-    if tab["Decision tree"].open:
-        steps = cache.tree(key)
-        st.caption("torchtitan's order: FSDP first, then compile, Float8, TP inside a node, PP across nodes, CP "
-                   "for long sequences, HSDP, and activation checkpointing last. Each step shows the best plan "
-                   "allowed so far; hover a node for details, the grey crosses are the closest rejected plans.")
-        st.plotly_chart(figures.decision_tree_figure(steps), key="tree_chart", config={"displaylogo": False})
-
-# ---- time & cost --------------------------------------------------------------------------------------
-with tab["Time & cost"]:
-    if tab["Time & cost"].open:
-        if not tokens:
-            st.info("Set a token budget in the sidebar to see days and cost.")
-        options = list(dict.fromkeys([*COMPARE_HARDWARE, base_hw.id, *cache.hardware_ids()]))
-        st.session_state.setdefault("cmp_hw", list(dict.fromkeys([*COMPARE_HARDWARE, base_hw.id])))
-        picked = st.multiselect("Compare hardware (same model, GPU count, batch and margin)", options,
-                                key="cmp_hw", max_selections=6)
-        if picked:
-            rows = cache.hardware_rows(key, tuple(picked), tokens)
-            st.plotly_chart(figures.hardware_figure(rows, f"{model.name} on {job.world} GPUs"),
-                            key="hw_chart", config={"displaylogo": False})
-            st.dataframe(
-                pd.DataFrame([{
-                    "hardware": r["hardware"], "nodes": r["nodes"], "GPUs": r["gpus"],
-                    "best configuration": r["configuration"] or "does not fit", "peak GiB": r["peak_gib"],
-                    "tok/s/GPU": r["tokens_per_sec_per_gpu"], "MFU %": r["mfu"] * 100 if r["mfu"] else None,
-                    "days": r["days"], "GPU-hours": round(r["gpu_hours"]) if r["gpu_hours"] else None,
-                    "cost $": round(r["cost_usd"]) if r["cost_usd"] else None,
-                    "$/GPU-h": r["usd_per_gpu_hour"]} for r in rows]),
-                hide_index=True, key="hw_table",
-                column_config={
-                    "peak GiB": st.column_config.NumberColumn(format="%.1f"),
-                    "tok/s/GPU": st.column_config.NumberColumn(format="%.0f"),
-                    "MFU %": st.column_config.NumberColumn(format="%.1f"),
-                    "days": st.column_config.NumberColumn(format="%.1f"),
-                    "GPU-hours": st.column_config.NumberColumn(format="localized"),
-                    "cost $": st.column_config.NumberColumn(format="localized"),
-                    "$/GPU-h": st.column_config.NumberColumn(format="%.2f"),
-                    "best configuration": st.column_config.TextColumn(width="large"),
-                },
-            )
-            for r in rows:
-                if not r["fits"]:
-                    st.caption(f"{r['hardware']}: {r['why_not']}")
-            if hw is not base_hw:
-                st.caption(f"{base_hw.id} in this comparison uses your custom values.")
-
-# ---- compare ------------------------------------------------------------------------------------------
-with tab["Compare"]:
-    if tab["Compare"].open:
-        if table is None:
-            st.info("Nothing fits: nothing to compare.")
-        else:
-            ranks = list(range(1, top + 1))
-            st.session_state["compare"] = [r for r in st.session_state.get("compare", []) if r in ranks][:3]
-            sel = st.multiselect("Plans to compare (2 or 3 ranks)", ranks, key="compare", max_selections=3,
-                                 format_func=lambda r: f"#{r} {table['configuration'].iloc[r - 1]}")
-            if len(sel) < 2:
-                st.info("Pick two or three plans.")
-            else:
-                ests = {r: cache.config_estimate(key, json.dumps(res.config(int(table["index"].iloc[r - 1])),
-                                                                 sort_keys=True)) for r in sel}
-                rows = {}
-                for r, e in ests.items():
-                    c = e["config"]
-                    t = time_to_train(tokens, e["throughput"]["tokens_per_sec_per_gpu"], job.world, price)
-                    rows[f"#{r}"] = {
-                        "dp_replicate x dp_shard": f"{c['dp_replicate']} x {c['dp_shard']}", "tp": str(c["tp"]),
-                        "pp": str(c["pp"]), "cp": str(c["cp"]), "schedule": c["pp_schedule"] if c["pp"] > 1 else "no PP",
-                        "stages per rank": str(c["vpp"]), "micro-batch": str(c["micro_batch_size"]), "AC": c["ac"],
-                        "Float8": c["float8"], "compile": "on" if c["compile"] else "off",
-                        "async TP": "on" if c["async_tp"] else "off",
-                        "peak GiB": f"{e['memory']['peak_gib']:.1f}",
-                        "worst rank": e["memory"]["worst_rank"],
-                        "tok/s/GPU": f"{e['throughput']['tokens_per_sec_per_gpu']:,.0f}",
-                        "MFU": f"{e['throughput']['mfu'] * 100:.1f} %",
-                        "step s": f"{e['throughput']['step_time_s']:.2f}",
-                        "days": f"{t['days']:.1f}" if t else "no budget",
-                        "cost $": f"{t['cost_usd']:,.0f}" if t and t["cost_usd"] is not None else "no price",
-                    }
-                side = pd.DataFrame(rows)
-                differs = side.nunique(axis=1) > 1
-                st.caption("Rows where the plans differ are highlighted.")
-                st.table(side.style.apply(
-                    lambda r: ["background-color: rgba(255, 215, 0, 0.25)" if differs[r.name] else ""] * len(r),
-                    axis=1))
-                a, b = st.columns(2)
-                a.plotly_chart(figures.memory_bars([(f"#{r}", e["memory"]["breakdown_gib"]) for r, e in ests.items()],
-                                                   hw.usable_hbm_gib, res.limit_gib, "Memory per GPU (worst rank)"),
-                               key="compare_memory", config={"displaylogo": False})
-                b.plotly_chart(figures.time_bars([(f"#{r}", e["throughput"]["breakdown_s"]) for r, e in ests.items()],
-                                                 "Step time"), key="compare_time", config={"displaylogo": False})
-
-# ---- export -------------------------------------------------------------------------------------------
-with tab["Export"]:
-    if tab["Export"].open:
-        if chosen is None:
-            st.info("Nothing fits: there is no plan to export. The sweep CSV says why each configuration failed.")
-        else:
-            st.markdown(f"Exports of the chosen plan **#{st.session_state['chosen']}**: "
-                        f"{table['configuration'].iloc[st.session_state['chosen'] - 1]}")
-            plan_path = st.text_input("Plan path as the nodes see it (baked into the scripts; empty: next to the "
-                                      "script)", key="plan_path", placeholder="e.g. /shared/plans/plan.yaml"
-                                      ).strip() or None
-            ex = cache.exports(key, cfg_json, tokens, plan_path)
-            files = ex["files"]
-            cols = st.columns(3)
-            for k, (fkey, (label, fname, text, mime)) in enumerate(files.items()):
-                cols[k % 3].download_button(label, text, file_name=fname, mime=mime, key=f"dl_{fkey}",
-                                            help=f"downloads {fname}", on_click="ignore",
-                                            icon=":material/download:", width="stretch")
-            for fmt, err in ex["errors"].items():
-                st.warning(f"{EXPORT_FORMATS[fmt][0]}: {err}")
-            preview = st.selectbox("Preview", list(files), key="preview", format_func=lambda f: files[f][1])
-            st.code(files[preview][2], language="toml" if preview == "torchtitan-toml" else
-                    "yaml" if preview == "plan" else "bash", height=420)
-        st.download_button(
-            f"Sweep as CSV ({res.evaluated:,} rows, generated on click)", lambda: cache.sweep_csv(key),
-            file_name=f"{model.name}-{job.world}gpu-{hw.id}-sweep.csv", mime="text/csv", key="dl_csv",
-            on_click="ignore", icon=":material/table:",
-        )
-
-# ---- assumptions --------------------------------------------------------------------------------------
-with tab["Assumptions"]:
-    if tab["Assumptions"].open:
-        st.markdown(assumptions(hw, load_stack(job.stack), job.memory_margin))
+ctx = Context(key=key, res=res, job=job, hw=hw, base_hw=base_hw, model=model, table=table, top=top, tokens=tokens,
+              price=price, chosen=chosen, cfg_json=cfg_json, mem=mem, thr=thr)
+for view, pane in zip(VIEWS, tabs, strict=True):
+    with pane:
+        if pane.open:  # only the open view runs (each is a module of meshplan.ui.web.views)
+            VIEW_MODULES[view].render(ctx)

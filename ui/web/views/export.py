@@ -1,0 +1,37 @@
+"""Export view of the web app. Downloads of the chosen plan: plan file, torchtitan configs, launch scripts, the sweep CSV."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from meshplan.ui.web import cache
+from meshplan.ui.web.compute import EXPORT_FORMATS
+from meshplan.ui.web.views.context import Context
+
+
+def render(ctx: Context) -> None:
+    if ctx.chosen is None:
+        st.info("Nothing fits: there is no plan to export. The sweep CSV says why each configuration failed.")
+    else:
+        st.markdown(f"Exports of the ctx.chosen plan **#{st.session_state['chosen']}**: "
+                    f"{ctx.table['configuration'].iloc[st.session_state['chosen'] - 1]}")
+        plan_path = st.text_input("Plan path as the nodes see it (baked into the scripts; empty: next to the "
+                                  "script)", key="plan_path", placeholder="e.g. /shared/plans/plan.yaml"
+                                  ).strip() or None
+        ex = cache.exports(ctx.key, ctx.cfg_json, ctx.tokens, plan_path)
+        files = ex["files"]
+        cols = st.columns(3)
+        for k, (fkey, (label, fname, text, mime)) in enumerate(files.items()):
+            cols[k % 3].download_button(label, text, file_name=fname, mime=mime, key=f"dl_{fkey}",
+                                        help=f"downloads {fname}", on_click="ignore",
+                                        icon=":material/download:", width="stretch")
+        for fmt, err in ex["errors"].items():
+            st.warning(f"{EXPORT_FORMATS[fmt][0]}: {err}")
+        preview = st.selectbox("Preview", list(files), key="preview", format_func=lambda f: files[f][1])
+        st.code(files[preview][2], language="toml" if preview == "torchtitan-toml" else
+                "yaml" if preview == "plan" else "bash", height=420)
+    st.download_button(
+        f"Sweep as CSV ({ctx.res.evaluated:,} rows, generated on click)", lambda: cache.sweep_csv(ctx.key),
+        file_name=f"{ctx.model.name}-{ctx.job.world}gpu-{ctx.hw.id}-sweep.csv", mime="text/csv", key="dl_csv",
+        on_click="ignore", icon=":material/table:",
+    )
