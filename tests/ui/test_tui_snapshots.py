@@ -1,11 +1,14 @@
 """Snapshots (pytest-textual-snapshot) of the terminal UI's main screens at 80x24 and 120x40.
 
 Regenerate after an intended change with `pytest tests/ui/test_tui_snapshots.py --snapshot-update` and
-look at the SVGs under tests/ui/__snapshots__/test_tui_snapshots/. The numbers come from the estimator,
-so a change to its constants changes these pictures too.
+look at the SVGs under tests/ui/__snapshots__/test_tui_snapshots/. The profiles are frozen copies
+(tests/ui/fixtures/data), so recalibrating the estimator's constants does not change these pictures; a change
+to the estimator's code or the UI's layout does.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from needs import require_module  # noqa: E402
@@ -17,6 +20,20 @@ from textual.widgets import DataTable  # noqa: E402
 from meshplan.ui.tui.app import MeshplanApp  # noqa: E402
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
+FROZEN = Path(__file__).parent / "fixtures" / "data"
+
+
+@pytest.fixture(autouse=True)
+def frozen_profiles(monkeypatch):
+    """Hardware, stack and model profiles from the frozen copies, for every snapshot of this module."""
+    from meshplan.estimator import data_files, stack
+
+    monkeypatch.setattr(data_files, "data_dir", lambda kind: FROZEN / kind)
+    data_files._names.cache_clear()
+    stack._builtin.cache_clear()
+    yield
+    data_files._names.cache_clear()
+    stack._builtin.cache_clear()
 
 
 async def settle(pilot) -> None:
