@@ -142,8 +142,10 @@ def render(result: dict, console: Console | None = None) -> None:
     table.add_column("category", footer="peak")
     fits = "[green]fits[/]" if mem["fits"] else "[red]does not fit[/]"
     table.add_column("GiB", justify="right", footer=f"{mem['peak_gib']:.1f} / {mem['usable_gib']:.1f} usable: {fits}")
+    from meshplan.planner.palette import MEMORY_STYLE, TIME_STYLE
+
     for k, v in mem["breakdown_gib"].items():
-        table.add_row(k.replace("_", " "), f"{v:.2f}")
+        table.add_row(MEMORY_STYLE[k].label if k in MEMORY_STYLE else k, f"{v:.2f}")
     console.print(table)
     console.print(
         f"host RAM per node: {mem['host_ram_gib_per_node']:.0f} GiB with sharded (DCP) checkpoints; "
@@ -154,7 +156,7 @@ def render(result: dict, console: Console | None = None) -> None:
     ttable.add_column("seconds", justify="right", footer=f"{thr['step_time_s']:.3f}")
     for k, v in thr["breakdown_s"].items():
         if v > 0:
-            ttable.add_row(k.replace("_", " "), f"{v:.4f}")
+            ttable.add_row(TIME_STYLE[k].label if k in TIME_STYLE else k, f"{v:.4f}")
     console.print(ttable)
     console.print(
         f"[bold]{thr['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU[/], MFU {thr['mfu'] * 100:.1f}% "
