@@ -85,11 +85,14 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 
 
 class Attention(nn.Module):
-    """GQA attention. Head counts are inferred from the (possibly TP-sharded) projection widths."""
+    """GQA attention. Head counts are inferred from the (possibly TP-sharded) projection widths. With QK-norm
+    (Qwen3, Gemma 3) each query and key head is RMS-normalised before RoPE."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.d_head = spec.d_head
+        self.q_norm = nn.RMSNorm(spec.d_head, eps=1e-6) if spec.qk_norm else None
+        self.k_norm = nn.RMSNorm(spec.d_head, eps=1e-6) if spec.qk_norm else None
         self.wq = nn.Linear(spec.hidden, spec.q_dim, bias=spec.qkv_bias)
         self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=spec.qkv_bias)
@@ -101,6 +104,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(bs, seq, -1, self.d_head)
         k = self.wk(x).view(bs, seq, -1, self.d_head)
         v = self.wv(x).view(bs, seq, -1, self.d_head)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         mask = None
         if self.cp is not None:
@@ -115,11 +120,12 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU (w2(silu(w1 x) * w3 x)) or GELU (w2(gelu(w1 x))) MLP."""
+    """SwiGLU (w2(silu(w1 x) * w3 x)), GeGLU (w2(gelu(w1 x) * w3 x), Gemma) or GELU (w2(gelu(w1 x))) MLP."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.gelu = spec.mlp == "gelu"
+        self.geglu = spec.mlp == "geglu"
         self.w1 = nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
         self.w2 = nn.Linear(spec.ffn_hidden, spec.hidden, bias=False)
         self.w3 = None if self.gelu else nn.Linear(spec.hidden, spec.ffn_hidden, bias=False)
@@ -127,7 +133,8 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is None:
             return self.w2(F.gelu(self.w1(x), approximate="tanh"))
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate = F.gelu(self.w1(x), approximate="tanh") if self.geglu else F.silu(self.w1(x))
+        return self.w2(gate * self.w3(x))
 
 
 # --- activation checkpointing ------------------------------------------------------------------------------
@@ -159,7 +166,8 @@ def selective_context_fn() -> Any:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block. `ac` selects activation checkpointing: none / selective (op SAC) / full."""
+    """Pre-norm transformer block (with `block_norms` 4, Gemma 2/3's sandwich: the attention's and the MLP's
+    outputs are normalised too). `ac` selects activation checkpointing: none / selective (op SAC) / full."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -167,11 +175,16 @@ class Block(nn.Module):
         self.attention = Attention(spec)
         self.ffn_norm = make_norm(spec)
         self.feed_forward = FeedForward(spec)
+        sandwich = spec.block_norms == 4
+        self.post_attention_norm = make_norm(spec) if sandwich else None
+        self.post_ffn_norm = make_norm(spec) if sandwich else None
         self.ac = "none"
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        a = self.attention(self.attention_norm(x), cos, sin)
+        h = x + (a if self.post_attention_norm is None else self.post_attention_norm(a))
+        f = self.feed_forward(self.ffn_norm(h))
+        return h + (f if self.post_ffn_norm is None else self.post_ffn_norm(f))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.ac == "full":

@@ -275,6 +275,12 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool, float8_ten
         }
         if block.feed_forward.w3 is not None:
             plan["feed_forward.w3"] = colwise()
+        if block.post_attention_norm is not None:  # Gemma's sandwich norms: on the sequence-sharded outputs
+            plan["post_attention_norm"] = SequenceParallel(use_local_output=True)
+            plan["post_ffn_norm"] = SequenceParallel(use_local_output=True)
+        if block.attention.q_norm is not None:  # QK-norm: per head, the heads sharded by TP (dim 2)
+            plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         parallelize_module(block, tp_mesh, plan)
     if async_tp:
         from torch.distributed._symmetric_memory import enable_symm_mem_for_group

@@ -30,6 +30,22 @@ GPT_STYLE = {
     "qkv_bias": True,
 }
 
+# Gemma 2/3 and Qwen3 features the core builds: GeGLU, sandwich norms, QK-norm, head_dim != hidden / heads
+# (untied, so TP can split it: tied embeddings take tp 1, a rule of the planner)
+GEMMA_STYLE = {
+    "name": "tiny-gemma",
+    "layers": 2,
+    "hidden": 64,
+    "heads": 4,
+    "kv_heads": 2,
+    "head_dim": 32,
+    "ffn_hidden": 128,
+    "vocab": 256,
+    "mlp": "geglu",
+    "block_norms": 4,
+    "qk_norm": True,
+}
+
 LAYOUTS_2 = {
     "fsdp2": {"dp_shard": 2},
     "tp2": {"tp": 2},
@@ -40,6 +56,8 @@ LAYOUTS_2 = {
     "hsdp_replicate2": {"dp_replicate": 2},
     "gpt_tp2": {"tp": 2, "model": GPT_STYLE},
     "gpt_tied_fsdp2": {"dp_shard": 2, "model": {**GPT_STYLE, "tied_embeddings": True}},
+    "gemma_tp2": {"tp": 2, "model": GEMMA_STYLE},
+    "gemma_fsdp2": {"dp_shard": 2, "model": GEMMA_STYLE},
 }
 FEATURES_2 = {
     "ac_selective_fsdp2": {"dp_shard": 2, "ac": "selective"},
@@ -75,6 +93,7 @@ def single(tmp_path_factory):
             "ac_selective": {"ac": "selective"},
             "gpt": {"model": GPT_STYLE},
             "gpt_tied": {"model": {**GPT_STYLE, "tied_embeddings": True}},
+            "gemma": {"model": GEMMA_STYLE},
         },
     )
     cases.append({"name": "grads", "mode": "grads", "config": config(tmp / "g")})
@@ -110,13 +129,13 @@ def test_reference_trains(single):
     ref = single["ref"]["losses"]
     assert len(ref) == 4 and all(math.isfinite(x) for x in ref)
     assert len(set(ref)) == 4  # the optimizer is changing the model
-    for name in ("ref", "gpt", "gpt_tied"):  # a sane init: about ln(vocab) = 5.5 at the start
+    for name in ("ref", "gpt", "gpt_tied", "gemma"):  # a sane init: about ln(vocab) = 5.5 at the start
         assert 4.5 < single[name]["losses"][0] < 7.5, (name, single[name])
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS_2))
 def test_two_rank_layouts_match_single_process(two_layouts, single, name):
-    ref = {"gpt_tp2": "gpt", "gpt_tied_fsdp2": "gpt_tied"}.get(name, "ref")
+    ref = {"gpt_tp2": "gpt", "gpt_tied_fsdp2": "gpt_tied", "gemma_tp2": "gemma", "gemma_fsdp2": "gemma"}.get(name, "ref")
     _assert_losses(two_layouts[name], single[ref]["losses"])
 
 
