@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.errors import InputError, LaunchError
 from meshplan.planner.export import SUFFIX, render
 from meshplan.planner.plan_file import Plan, default_run_dir, load_plan, plan_fingerprint, save_plan
 
@@ -60,11 +60,11 @@ def check_device(device: str) -> None:
     if device != "cuda":
         return
     if not _torch_available():
-        raise MeshplanError("--device cuda needs torch with CUDA; install torch (the CPU build cannot run CUDA)")
+        raise LaunchError("device cuda needs torch with CUDA; install torch (the CPU build cannot run CUDA)", field="device")
     import torch
 
     if not torch.cuda.is_available():
-        raise MeshplanError("--device cuda requested but no CUDA GPU is visible here (use --device cpu for gloo)")
+        raise LaunchError("device cuda requested but no CUDA GPU is visible here (use device cpu for gloo)", field="device")
 
 
 def validate_torchrun_args(args: list[str]) -> None:
@@ -77,7 +77,7 @@ def validate_torchrun_args(args: list[str]) -> None:
     try:
         parser.parse_args(args)
     except SystemExit:
-        raise MeshplanError(f"torchrun rejects the arguments: {shlex.join(args)}") from None
+        raise LaunchError(f"torchrun rejects the arguments: {shlex.join(args)}") from None
 
 
 def check_run_dir_owner(plan: Plan, run_dir: Path) -> None:
@@ -87,7 +87,7 @@ def check_run_dir_owner(plan: Plan, run_dir: Path) -> None:
         return
     theirs = plan_fingerprint(load_plan(existing))
     if theirs != plan_fingerprint(plan):
-        raise MeshplanError(
+        raise LaunchError(
             f"{run_dir} holds a run of another plan (fingerprint {theirs}, this plan {plan_fingerprint(plan)}); "
             f"choose another --run-dir (default: {default_run_dir(plan)})"
         )
@@ -99,7 +99,7 @@ def prepare_run_dir(plan: Plan, run_dir: Path, steps: int | None) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     if steps is not None:
         if steps < 1:
-            raise MeshplanError(f"--steps must be positive, got {steps}")
+            raise InputError(f"steps must be positive, got {steps}", field="steps")
         training = plan.training.model_copy(update={"steps": steps})
         plan = plan.model_copy(update={"training": training})
     return save_plan(plan, run_dir / "plan.yaml")
@@ -114,7 +114,7 @@ def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, devi
     try:
         cfg = RunConfig.from_dict(run_config_fields(plan, run_dir, steps, device))
     except ValueError as exc:
-        raise MeshplanError(f"the training core refuses this plan: {exc}") from None
+        raise LaunchError(f"the training core refuses this plan: {exc}") from None
     # torchtitan keeps its checkpoints in dump_folder/checkpoint.folder
     checkpoints = run_dir / "checkpoint" if engine == "torchtitan" else cfg.checkpoint_path
     return cfg, {
@@ -149,13 +149,13 @@ def build_launch(
 ) -> Launch:
     """Work out the launch; with `write`, create the run directory, plan copy and script."""
     if backend not in BACKENDS:
-        raise MeshplanError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
+        raise InputError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKENDS)}", field="backend")
     if device not in ("cpu", "cuda"):
-        raise MeshplanError(f"--device must be cpu or cuda, got {device!r}")
+        raise InputError(f"device must be cpu or cuda, got {device!r}", field="device")
     if max_restarts < 0:
-        raise MeshplanError(f"--max-restarts must be >= 0, got {max_restarts}")
+        raise InputError(f"max_restarts must be >= 0, got {max_restarts}", field="max_restarts")
     if engine not in ENGINES:
-        raise MeshplanError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
+        raise InputError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}", field="engine")
     plan = load_plan(plan_file)
     run_dir = Path(run_dir) if run_dir else default_run_dir(plan)
     check_run_dir_owner(plan, run_dir)
@@ -165,7 +165,7 @@ def build_launch(
     if backend == "local":
         nproc = nproc_per_node or plan.cluster.gpus
         if nproc != plan.cluster.gpus:
-            raise MeshplanError(
+            raise LaunchError(
                 f"the plan's world size is {plan.cluster.gpus} processes; --nproc-per-node {nproc} cannot run it on"
                 " one machine (make a plan with fewer GPUs, e.g. from a tiny config.json)"
             )
@@ -220,7 +220,7 @@ def titan_job(plan: Plan, run_dir: Path, steps: int | None, device: str) -> Tita
     from meshplan.planner.export.scripts import TITAN_JOB_DIR, TITAN_MODULE
 
     if device != "cuda":
-        raise MeshplanError("--engine torchtitan trains on CUDA GPUs only; use the core (--engine core) for --device cpu")
+        raise LaunchError("--engine torchtitan trains on CUDA GPUs only; use the core (--engine core) for --device cpu")
     if steps is not None:
         plan = plan.model_copy(update={"training": plan.training.model_copy(update={"steps": steps})})
     path = run_dir / TITAN_JOB_DIR / f"{TITAN_MODULE}.py"
@@ -242,17 +242,17 @@ def preflight(launch: Launch, device: str) -> None:
     if launch.backend == "local":
         check_device(device)
         if not _torch_available():
-            raise MeshplanError("the training core needs torch: pip install 'meshplan[train]' (CPU: torch==2.13.0)")
+            raise LaunchError("the training core needs torch: pip install 'meshplan[train]' (CPU: torch==2.13.0)")
         if launch.job is not None:
             import importlib.util
 
             if importlib.util.find_spec("torchtitan") is None:
-                raise MeshplanError("--engine torchtitan needs torchtitan 0.3 installed here: pip install torchtitan==0.3.0")
+                raise LaunchError("--engine torchtitan needs torchtitan 0.3 installed here: pip install torchtitan==0.3.0")
         else:
             check_core_environment(launch)
     tool = {"slurm": "sbatch", "mpirun": "mpirun"}.get(launch.backend)
     if tool and shutil.which(tool) is None:
-        raise MeshplanError(f"{tool} is not on PATH here; run the script {launch.script} where {tool} is available")
+        raise LaunchError(f"{tool} is not on PATH here; run the script {launch.script} where {tool} is available")
 
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
@@ -274,7 +274,7 @@ def check_core_environment(launch: Launch) -> None:
     try:
         check_environment(launch.run_config)
     except RuntimeError as exc:
-        raise MeshplanError(str(exc)) from None
+        raise LaunchError(str(exc)) from None
 
 
 def run_launch(launch: Launch, device: str) -> int:

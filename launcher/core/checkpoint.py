@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
+from meshplan.estimator import errors
 from meshplan.launcher.core import faults
 
 _OPTIM_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -48,8 +49,9 @@ TRAIN_STATE = "train_state.json"
 _CHUNK = 16 * 2**20  # bytes read at a time when checksumming
 
 
-class CheckpointError(RuntimeError):
-    """No usable checkpoint where one is expected, or one that belongs to another plan."""
+class CheckpointError(errors.CheckpointError):
+    """No usable checkpoint where one is expected, or one that belongs to another plan (meshplan's one error
+    hierarchy: a MeshplanError the CLI prints in one line)."""
 
 
 def _model_state(parts: list[nn.Module]) -> dict[str, Any]:

@@ -46,7 +46,8 @@ from meshplan.launcher.core.parallelize import (
 
 
 class NonFiniteLoss(RuntimeError):
-    """The loss or the gradient norm became inf/NaN: the run stops without checkpointing that state."""
+    """The loss or the gradient norm became inf/NaN: the run stops without checkpointing that state (a training
+    event, not a user's input: deliberately outside MeshplanError)."""
 
 
 # --- process group -----------------------------------------------------------------------------------------
