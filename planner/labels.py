@@ -4,6 +4,9 @@ Pure Python (no numpy), so the terminal UI can import it before its first frame.
 
 from __future__ import annotations
 
+# what the planner ranks by (meshplan.planner.search), here so the terminal UI can check it before numpy loads
+OBJECTIVES = ("throughput", "time", "cost")
+
 
 def short_config(cfg: dict) -> str:
     """A configuration (torchtitan-named values) in words, for tables and messages."""

@@ -19,10 +19,9 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.stack import StackProfile
-from meshplan.planner.labels import short_config
+from meshplan.planner.labels import OBJECTIVES, short_config
 from meshplan.planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
 
-OBJECTIVES = ("throughput", "time", "cost")
 CHUNK = 250_000
 
 

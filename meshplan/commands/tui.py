@@ -6,12 +6,21 @@ Textual is imported only when the command runs, so `meshplan --help` and the oth
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import typer
 
 from meshplan.estimator.errors import MeshplanError
+from meshplan.planner.labels import OBJECTIVES
 
 THEMES = ("dark", "light")
+
+
+def check_terminal() -> None:
+    """A one-line error instead of escape codes written forever when there is no terminal to draw on."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise MeshplanError("meshplan tui needs a terminal (stdin and stdout are not one); "
+                            "use `meshplan plan` in scripts")
 
 
 def form_values(model: str, hardware: str, nodes: int, gpus_per_node: int | None, seq_len: int,
@@ -60,10 +69,13 @@ def tui_cmd(
     """
     if theme not in THEMES:
         raise MeshplanError(f"--theme must be one of {', '.join(THEMES)}, got {theme!r}")
+    if objective not in OBJECTIVES:
+        raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if importlib.util.find_spec("textual") is None:
         raise MeshplanError("the terminal UI needs textual: pip install 'meshplan[ui]'")
     values = form_values(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
                          tokens, memory_margin, objective)
+    check_terminal()
     from meshplan.ui.tui.app import MeshplanApp
 
     app = MeshplanApp(values, theme=theme)

@@ -88,8 +88,10 @@ def test_export_files_and_launch_preview(tmp_path):
     assert plan.parallel.dp_shard == result.res.config(best)["dp_shard"] and plan.estimate is not None
     with pytest.raises(MeshplanError, match="not a directory"):
         logic.export_files(result, best, paths[0])
-    cmd, text = logic.launch_preview(result, best, "torchrun")
-    assert cmd == "meshplan launch llama3-8b-8gpu.yaml --backend torchrun --dry-run"
+    cmd, text = logic.launch_preview(result, best, "torchrun")  # not exported: the preview says so
+    assert cmd == "meshplan launch llama3-8b-8gpu.yaml --backend torchrun --dry-run   # this plan is not exported yet: e writes it"
+    cmd, _ = logic.launch_preview(result, best, "torchrun", str(paths[0]))  # exported: its own file
+    assert cmd == f"meshplan launch {paths[0]} --backend torchrun --dry-run"
     first, command = text.splitlines()[:2]
     assert first.startswith("# resolved run: world 8 on 1 node(s); device cuda (nccl); run dir /")
     assert command.startswith("bash /") and "/runs/llama3-8b-8gpu-" in command and command.endswith("/launch.sh")
@@ -124,6 +126,7 @@ def test_tui_cmd_exit_status_follows_the_app(monkeypatch):
         self._return_code = 1
 
     monkeypatch.setattr("meshplan.ui.tui.app.MeshplanApp.run", crashed_run)
+    monkeypatch.setattr(tui, "check_terminal", lambda: None)  # CliRunner is not a terminal
     result = CliRunner().invoke(_cli(), ["tui", "--model", "llama3-8b"])
     assert result.exit_code == 1, result.output
 
@@ -142,6 +145,7 @@ def test_tui_cmd_fills_the_form(monkeypatch):
         seen.update(values=self.initial, theme=self.initial_theme)
 
     monkeypatch.setattr("meshplan.ui.tui.app.MeshplanApp.run", fake_run)
+    monkeypatch.setattr(tui, "check_terminal", lambda: None)
     result = CliRunner().invoke(_cli(), ["tui", "--model", "llama3-8b", "--nodes", "2", "--global-batch-tokens",
                                          "1048576", "--tokens", "none", "--theme", "light"])
     assert result.exit_code == 0, result.output
@@ -154,5 +158,15 @@ def test_tui_cmd_fills_the_form(monkeypatch):
 def test_tui_cmd_rejects_bad_options():
     result = CliRunner().invoke(_cli(), ["tui", "--theme", "solarized"])
     assert isinstance(result.exception, MeshplanError) and "--theme" in str(result.exception)
+    result = CliRunner().invoke(_cli(), ["tui", "--objective", "fast"])  # was silently `throughput`
+    assert isinstance(result.exception, MeshplanError) and "throughput, time, cost" in str(result.exception)
     with pytest.raises(MeshplanError, match="not both"):
         tui.form_values("m", "h", 1, None, 8192, 512, 4096, None, 0.9, "throughput")
+
+
+def test_tui_without_a_terminal_exits_at_once(cli):
+    """Piped or run from a script, `meshplan tui` used to write escape codes forever; now one line, exit 2."""
+    out = cli("tui", timeout=60)  # run_cli pipes stdin/stdout: no terminal
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("meshplan: error: meshplan tui needs a terminal (stdin and stdout are not one); "
+                                  "use `meshplan plan` in scripts")

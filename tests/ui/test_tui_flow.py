@@ -160,6 +160,20 @@ async def _test_whole_flow(tmp_path):
         await pilot.press("2")
         assert "sbatch" in str(app.screen.query_one("#launch-text", Static).render())
         await pilot.press("escape")
+        # another plan: the preview must not name the file exported for the first one
+        await pilot.press("down")
+        await pilot.press("l")
+        head = str(app.screen.query_one("#launch-cmd", Static).render())
+        assert str(out) not in head and "not exported yet" in head, head
+        await pilot.press("escape")
+
+        # zoom and back: the arrow keys move the selection again
+        table = screen.query_one("#table", DataTable)
+        before = table.cursor_row
+        await pilot.press("z")
+        await pilot.press("z")
+        await pilot.press("down")
+        assert table.cursor_row == before + 1 and app.focused is table
 
         # help, theme, quit
         await pilot.press("question_mark")

@@ -67,7 +67,7 @@ class MainScreen(Screen):
         self.sort_key, self.sort_reverse = "rank", False
         self.marked: list[int] = []
         self.rows: list[int] = []  # sweep indices in table order
-        self.exported_plan: str | None = None
+        self.exported: dict[tuple, str] = {}  # (search inputs, sweep index) -> the plan file written for it
         self.status: tuple = ("searching…", "busy", None)
 
     # ---- layout ------------------------------------------------------------------------------------
@@ -371,6 +371,8 @@ class MainScreen(Screen):
         """Give the current view's main panel the whole screen (z or esc restores)."""
         if self.maximized is not None:
             self.minimize()
+            # back to the view's main widget (the plans table), so the arrow keys move the selection again
+            self.set_focus(self._main_widget(self.query_one("#tabs", TabbedContent).active))
             return
         widget = self.query_one(self.ZOOM[self.query_one("#tabs", TabbedContent).active])
         self.maximize(widget, container=False)
@@ -407,6 +409,7 @@ class MainScreen(Screen):
         if i is None:
             self.notify("no plan to export yet", severity="warning")
             return
+        from meshplan.planner.plan_file import plan_fingerprint
         from meshplan.planner.search import short_config
         from meshplan.ui.tui import logic
 
@@ -415,14 +418,15 @@ class MainScreen(Screen):
 
         def writer(directory: str, partition: str, time: str) -> list[Path]:
             paths = logic.export_files(self.result, i, directory, partition, time)
-            self.exported_plan = str(paths[0])
+            self.exported[(self.result.inputs, i)] = str(paths[0])
             return paths
 
         def done(paths):
             if paths:
                 self.notify(f"exported {len(paths)} files to {paths[0].parent}", timeout=4)
 
-        self.app.push_screen(ExportScreen(summary, os.path.join(".", "plans", plan.name), writer), done)
+        folder = os.path.join(".", "plans", f"{plan.name}-{plan_fingerprint(plan)[:8]}")  # one folder per plan
+        self.app.push_screen(ExportScreen(summary, folder, writer), done)
 
     def action_launch(self) -> None:
         from meshplan.ui.tui.screens import LaunchScreen
@@ -434,7 +438,8 @@ class MainScreen(Screen):
         from meshplan.ui.tui import logic
 
         result = self.result
-        self.app.push_screen(LaunchScreen(lambda b: logic.launch_preview(result, i, b, self.exported_plan)))
+        exported = self.exported.get((result.inputs, i))  # only this plan's own file, if it was exported
+        self.app.push_screen(LaunchScreen(lambda b: logic.launch_preview(result, i, b, exported)))
 
 
 class MeshplanApp(App):

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SEQ_LEN, MAX_TOKENS
+from meshplan.planner.labels import OBJECTIVES
 
 # The form: field -> (label, default). Values are text as typed; `parse_form` turns them into Inputs.
 FIELDS = {
@@ -22,7 +23,6 @@ FIELDS = {
     "margin": ("margin", "0.9"),
 }
 DEFAULTS = {k: v[1] for k, v in FIELDS.items()}
-OBJECTIVES = ("throughput", "time", "cost")
 # The hardware comparison: these profiles plus the one in the form, at the same number of GPUs.
 # Export: format -> file suffix (the same names the web app's downloads use).
 EXPORTS = {

@@ -283,16 +283,17 @@ def launch_preview(result: Result, i: int, backend: str, plan_file: str | None =
 
     plan = build_plan(result, i)
     shown = plan_file or f"{plan.name}.yaml"
+    note = "" if plan_file else "   # this plan is not exported yet: e writes it"
     try:
         from meshplan.launcher.launch import build_launch
     except ImportError:
-        cmd = f"meshplan export {shown} -f {backend}  (launcher not installed: the script it would run)"
+        cmd = f"meshplan export {shown} -f {backend}  (launcher not installed: the script it would run){note}"
         return cmd, render(plan, backend, shown)
     with tempfile.TemporaryDirectory(prefix="meshplan-tui-") as tmp:
         path = save_plan(plan, Path(tmp) / f"{plan.name}.yaml")
         launch = build_launch(path, backend, None, write=False)
     r = launch.resolved
-    cmd = f"meshplan launch {shown} --backend {backend} --dry-run"
+    cmd = f"meshplan launch {shown} --backend {backend} --dry-run{note}"
     head = (f"# resolved run: world {r['world']} on {r['nodes']} node(s); device {r['device']} ({r['process_group']}); "
             f"run dir {r['run_dir']}\n{launch.describe()}")
     return cmd, f"{head}\n# {launch.script} would contain:\n{launch.text}"

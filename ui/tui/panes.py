@@ -16,7 +16,8 @@ from textual.suggester import SuggestFromList
 from textual.widgets import DataTable, Input, Label, Select, Static, Tree
 from textual.worker import get_current_worker
 
-from meshplan.ui.tui.form import DEFAULTS, FIELDS, OBJECTIVES, Inputs, fmt_days, fmt_money, fmt_tokens
+from meshplan.planner.labels import OBJECTIVES
+from meshplan.ui.tui.form import DEFAULTS, FIELDS, Inputs, fmt_days, fmt_money, fmt_tokens
 from meshplan.ui.tui.widgets import CursorTable, Panel, cell, fill, warn_style
 
 
