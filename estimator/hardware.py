@@ -75,6 +75,9 @@ class HardwareProfile(BaseModel):
     def _check(self) -> HardwareProfile:
         if self.peak_tflops_fp8 is not None and self.efficiency.gemm_fp8 is None:
             raise ValueError("efficiency.gemm_fp8 is required when peak_tflops_fp8 is set")
+        if self.hbm_total_gib <= self.runtime_reserve_gib:
+            raise ValueError(f"hbm_total_gib ({self.hbm_total_gib:g}) must exceed the runtime reserve "
+                             f"({self.runtime_reserve_gib:g} GiB) that torch's allocator cannot use")
         return self
 
     @property

@@ -19,6 +19,7 @@ except ImportError:  # started from a checkout that was not pip-installed
 
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES  # noqa: E402
 from meshplan.estimator.errors import MeshplanError  # noqa: E402
+from meshplan.estimator.limits import MAX_TOKENS  # noqa: E402
 from meshplan.planner.search import OBJECTIVES, explain_empty  # noqa: E402
 from meshplan.ui.web import cache  # noqa: E402
 from meshplan.ui.web.compute import Job, price_of, time_to_train  # noqa: E402
@@ -134,7 +135,8 @@ if st.session_state["hw_custom"]:
         default = (base_hw.price.usd_per_gpu_hour if base_hw.price else 0.0) if field == "usd_per_gpu_hour" \
             else float(getattr(base_hw, field))
         st.session_state.setdefault(f"hw_{field}", float(default))
-        overrides[field] = sb.number_input(label, min_value=0.0, key=f"hw_{field}", format="%.2f") or None
+        # a 0 is kept (and rejected with a message), not silently replaced by the stock value
+        overrides[field] = sb.number_input(label, min_value=0.0, key=f"hw_{field}", format="%.2f")
     try:
         hw = custom_hardware(base_hw, overrides)
     except MeshplanError as exc:
@@ -179,6 +181,10 @@ if waiting_for_upload:
     st.stop()
 seq_len = int(st.session_state["seq_len"])
 tokens = float(st.session_state["tokens_b"]) * 1e9 or None
+if tokens is not None and tokens > MAX_TOKENS:  # someone typed 2e12 into a field counted in billions
+    st.title("meshplan")
+    fail(f"Token budget {tokens:.3g} is too large (at most {MAX_TOKENS:.0e}): the field counts billions of tokens, "
+         "so 2 trillion is 2000.")
 try:
     unit = st.session_state["batch_unit"]
     gbs = global_batch_sequences(int(st.session_state["batch_tokens" if unit == "tokens" else "batch_seqs"]),

@@ -158,6 +158,9 @@ def test_bad_inputs_show_errors(web_app):
     at = web_app(model="llama3-405b", hardware="l40s", nodes=1, gpn=8)
     assert not at.exception
     assert "no configuration of llama3-405b fits" in at.error[0].value
+    at = web_app(model="llama3-8b", tokens_b=2e12)  # what `--tokens` takes, typed into a field in billions
+    assert not at.exception  # was a traceback with file paths and a CLI flag
+    assert "counts billions of tokens" in at.error[0].value and "--" not in at.error[0].value
     for view in VIEWS:  # every view copes with an empty ranking
         at.session_state["view"] = view
         at.run()

@@ -87,3 +87,9 @@ def test_custom_hardware_overrides():
     assert c.price.usd_per_gpu_hour == 2.5
     with pytest.raises(MeshplanError):
         custom_hardware(hw, {"peak_tflops_bf16": -1.0})
+    with pytest.raises(MeshplanError, match="runtime reserve"):  # HBM 0.5 GiB used to give a negative limit
+        custom_hardware(hw, {"hbm_total_gib": 0.5})
+    with pytest.raises(MeshplanError, match="greater than 0"):  # a 0 is an error, not the stock value
+        custom_hardware(hw, {"peak_tflops_bf16": 0.0})
+    unpriced = hw.model_copy(update={"price": None})
+    assert custom_hardware(unpriced, {"usd_per_gpu_hour": 0.0}) is unpriced  # shown as 0, still no price

@@ -116,6 +116,8 @@ def custom_hardware(hw: HardwareProfile, overrides: dict) -> HardwareProfile:
             continue
         if key == "usd_per_gpu_hour":
             old = raw["price"]["usd_per_gpu_hour"] if raw.get("price") else None
+            if old is None and value == 0:  # a profile without a price shows 0: still no price
+                continue
             if old is None or abs(old - value) > 1e-9:
                 raw["price"] = {"usd_per_gpu_hour": value, "date": "custom", "offering": "entered on the page"}
                 changed = True
