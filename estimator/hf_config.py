@@ -117,10 +117,10 @@ def from_hf_config(obj: dict, name: str) -> ModelSpec:
     if isinstance(window, int) and window > 0:
         notes.append(f"{name} uses sliding-window attention ({window} tokens) in some or all layers; meshplan times "
                      "full attention, an upper bound beyond that length")
-    if arch.block_norms > 2 or arch.qk_norm:
-        notes.append(f"{name}'s extra norms ({'sandwich norms' if arch.block_norms > 2 else ''}"
-                     f"{', ' if arch.block_norms > 2 and arch.qk_norm else ''}{'QK-norm' if arch.qk_norm else ''}) "
-                     "are counted in parameters but their saved activations are not (a few per cent of a block's)")
+    extra = [label for on, label in ((arch.block_norms > 2, "sandwich norms"), (arch.qk_norm, "QK-norm")) if on]
+    if extra:
+        notes.append(f"{name}'s extra norms ({', '.join(extra)}) are counted in parameters but their saved "
+                     "activations are not (a few per cent of a block's)")
     fields = dict(
         name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=pick("num_key_value_heads", "n_kv_heads",
                                                                              default=heads),

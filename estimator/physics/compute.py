@@ -58,16 +58,19 @@ def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarr
     return out
 
 
-def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, count: float = 1.0):
+def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, count: float = 1.0,
+           recipe: np.ndarray | None = None):
     """(forward + backward seconds of a linear with k_in x n_out weights, already TP-sharded, per microbatch in
-    the configuration's precision, the same in bf16). Efficiency falls for small and skinny GEMMs."""
+    the configuration's precision, the same in bf16). Efficiency falls for small and skinny GEMMs. `recipe`: the
+    Float8 recipes' GEMM factors (`by_recipe(..., "gemm_factor", 1.0)`), computed here when not given."""
     fl = 2.0 * lay.tokens_mb * k_in * n_out
     narrow = np.minimum(k_in, n_out)  # skinny GEMMs (TP-sharded K/V, small heads) run below peak
     size = fl / (fl + stack.gemm_half_gflop * 1e9) * narrow / (narrow + stack.gemm_half_dim)
     t16 = FWD_BWD_GEMM * fl / (peak_flops(hw) * hw.efficiency.gemm_bf16 * stack.gemm_efficiency * size)
     if hw.peak_tflops_fp8 is None:
         return count * t16, count * t16
-    recipe = by_recipe(lay, stack, "gemm_factor", 1.0)
+    if recipe is None:
+        recipe = by_recipe(lay, stack, "gemm_factor", 1.0)
     t8 = FWD_BWD_GEMM * fl / (peak_flops(hw, fp8=True) * hw.efficiency.gemm_fp8 * stack.gemm_efficiency * size * recipe)
     return count * np.where(lay.fp8, t8, t16), count * t16
 
@@ -79,13 +82,14 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     t, gated = lay.tp, model.gated_mlp
     kv_t, q_t, f_t = kv / t, q / t, F / t
     async_eff = np.where(lay.async_tp, stack.async_tp_gemm_factor, 1.0)
-    wq, _ = gemm_s(hw, stack, lay, h, q_t)
-    wk, _ = gemm_s(hw, stack, lay, h, kv_t)
-    wo, _ = gemm_s(hw, stack, lay, q_t, h)
-    w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if gated else 1.0)  # w1 and w3 (gated MLP) or fc1
-    w2, _ = gemm_s(hw, stack, lay, f_t, h)
+    recipe = by_recipe(lay, stack, "gemm_factor", 1.0)  # once for the block's five GEMMs
+    wq, _ = gemm_s(hw, stack, lay, h, q_t, recipe=recipe)
+    wk, _ = gemm_s(hw, stack, lay, h, kv_t, recipe=recipe)
+    wo, _ = gemm_s(hw, stack, lay, q_t, h, recipe=recipe)
+    w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if gated else 1.0, recipe=recipe)  # w1 and w3 (gated) or fc1
+    w2, _ = gemm_s(hw, stack, lay, f_t, h, recipe=recipe)
     block_gemm = (wq + 2 * wk + wo + w1 + w2) / async_eff
-    _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / t)  # the output projection stays bf16 (torchao)
+    _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / t, recipe=recipe)  # the output projection stays bf16 (torchao)
     # causal flash attention: forward 2 matmuls of s x s/2 x d per head
     attn_fwd_flops = 4.0 * lay.micro_batch * lay.seq_len * lay.seq_len * q / (t * lay.cp) * 0.5
     attn_eff = hw.efficiency.attention * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))

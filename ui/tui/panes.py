@@ -90,7 +90,9 @@ class TreePane(Vertical):
 class ComparePane(Panel):
     """Two or three plans side by side (the marked ones, else the top three); best in green."""
 
-    compared: list = []  # (label, cells, best column) of the table on screen
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.compared: list = []  # (label, cells, best column) of the table on screen
 
     def compose(self) -> ComposeResult:
         yield Static("", id="compare-note")
