@@ -35,7 +35,7 @@ def random_configs(n: int, seed: int = 0) -> ConfigArrays:
         dp_replicate=ones, dp_shard=ds, tp=tp, pp=pp, cp=cp, vpp=rng.choice([1, 2], n),
         schedule=rng.choice([0, 1, 2], n), seq_len=ones * 8192, global_batch=gbs, micro_batch=mbs,
         ac=rng.choice([0, 1, 2], n), compile=rng.choice([0, 1], n), float8=rng.choice([0, 1, 2], n),
-        async_tp=(tp > 1) & rng.choice([False, True], n), gpus_per_node=ones * 8,
+        async_tp=(tp > 1) & rng.choice([False, True], n), gpus_per_node=ones * 8, ep=ones,
     )
 
 

@@ -34,6 +34,7 @@ class ConfigArrays:
     float8: np.ndarray
     async_tp: np.ndarray
     gpus_per_node: np.ndarray
+    ep: np.ndarray  # expert parallel degree (1 for dense models)
 
     @classmethod
     def from_configs(cls, configs: Sequence[TrainConfig]) -> ConfigArrays:
@@ -55,6 +56,7 @@ class ConfigArrays:
             cols["float8"].append(FLOAT8_RECIPES.index(c.float8))
             cols["async_tp"].append(c.async_tp)
             cols["gpus_per_node"].append(c.gpus_per_node)
+            cols["ep"].append(c.ep)
         return cls(**{k: np.asarray(v, dtype=np.int64) for k, v in cols.items()})
 
     def take(self, idx: np.ndarray) -> ConfigArrays:

@@ -49,7 +49,7 @@ def estimate_arrays(
     """
     lay = layout_of(c)
     rp = rank_params(model, lay)
-    act = activations(model, stack, lay)
+    act = activations(model, stack, lay, rp)
     mem, worst_stage = worst_stage_memory(model, stack, lay, rp, act, stage)
     reserved = reserved_bytes(hw, stack, mem.allocated_bytes)
     step = step_time(model, hw, stack, lay, rp, act.vocab_rank)

@@ -70,6 +70,7 @@ class TrainConfig(BaseModel):
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = Field(default=1, description="expert parallel degree (MoE): carved from dp_shard x cp x tp, as torchtitan")
     pp_schedule: PPSchedule = "1F1B"
     vpp: int | None = Field(default=None, description="stages per pipeline rank; Interleaved1F1B default 2")
     seq_len: int = 8192
@@ -96,12 +97,12 @@ class TrainConfig(BaseModel):
     def resolve(self, model: ModelSpec, hw: HardwareProfile) -> TrainConfig:
         """Return a copy with inferred fields set; raise MeshplanError naming the first problem."""
         c = self.model_copy()
-        for name in ("dp_replicate", "tp", "pp", "cp", "micro_batch_size", "seq_len"):
+        for name in ("dp_replicate", "tp", "pp", "cp", "ep", "micro_batch_size", "seq_len"):
             if getattr(c, name) < 1:
                 raise InputError(f"{name} must be a positive integer, got {getattr(c, name)}", field=name)
         # absurd sizes are a one-line error here, before they overflow the estimator's int64 arrays
         for name, limit in (("gpus", MAX_GPUS), ("gpus_per_node", MAX_GPUS_PER_NODE), ("dp_replicate", MAX_GPUS),
-                            ("dp_shard", MAX_GPUS), ("tp", MAX_GPUS), ("pp", MAX_GPUS), ("cp", MAX_GPUS),
+                            ("dp_shard", MAX_GPUS), ("tp", MAX_GPUS), ("pp", MAX_GPUS), ("cp", MAX_GPUS), ("ep", MAX_GPUS),
                             ("vpp", MAX_GPUS), ("seq_len", MAX_SEQ_LEN), ("global_batch_size", MAX_GLOBAL_BATCH),
                             ("micro_batch_size", MAX_GLOBAL_BATCH)):
             check_size(getattr(c, name), name, limit)

@@ -58,6 +58,25 @@ def _interleaved_rounds(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | Non
     return (c.schedule == INTERLEAVED) & (c.pp > 1) & divisible & (micro % rounds != 0)
 
 
+def _tp_widths(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    bad = (m.heads % c.tp != 0) | (m.kv_heads % c.tp != 0) | (m.ffn_hidden % c.tp != 0)
+    if m.moe is not None:  # the shared expert is TP-sharded, and the routed experts too when ep is 1
+        bad = bad | (m.moe.shared_ffn_hidden % c.tp != 0) | ((c.ep == 1) & (m.moe.expert_ffn_hidden % c.tp != 0))
+    return bad
+
+
+def _ep_dense(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    return (c.ep > 1) & (m.moe is None)
+
+
+def _ep_experts(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    return (c.ep > 1) & (m.moe is not None) & ((m.moe.experts if m.moe else 1) % np.maximum(c.ep, 1) != 0)
+
+
+def _ep_ranks(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    return (c.ep > 1) & ((c.dp_shard * c.cp * c.tp) % np.maximum(c.ep, 1) != 0)
+
+
 def titan_layers_per_stage(layers, stages):
     """torchtitan's `pipeline_parallel_layers_per_stage` for `stages` stages, and whether it gives exactly that many
     (ints or arrays). torchtitan splits layers + 2 (the embedding and the output count as one layer each) into
@@ -77,8 +96,7 @@ def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None
 
 RULES: tuple[Rule, ...] = (
     Rule(1, "tp_heads", "tp {tp} does not divide the {heads} attention heads, {kv_heads} KV heads and "
-         "MLP width {ffn_hidden}",
-         lambda m, c, hw: (m.heads % c.tp != 0) | (m.kv_heads % c.tp != 0) | (m.ffn_hidden % c.tp != 0)),
+         "MLP width{mlp_widths}", _tp_widths),
     Rule(2, "tp_across_nodes", "tp {tp} spans nodes of {gpus_per_node} GPUs (TP traffic would cross the network)",
          lambda m, c, hw: c.tp > c.gpus_per_node, policy=True),
     Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers",
@@ -110,6 +128,10 @@ RULES: tuple[Rule, ...] = (
          " is not a whole number of rounds for pp {pp}", _interleaved_rounds),
     Rule(17, "torchtitan_stages", "pp {pp} x vpp {vpp} = {stages} stages: torchtitan cannot split the {layers} "
          "layers (+ embedding and output) into that many stages", _torchtitan_stages),
+    Rule(18, "ep_dense", "ep {ep}: expert parallelism needs a mixture-of-experts model; {model} is dense", _ep_dense),
+    Rule(19, "ep_experts", "ep {ep} does not divide the {experts} routed experts", _ep_experts),
+    Rule(20, "ep_ranks", "ep {ep} does not divide dp_shard x cp x tp = {sparse} (torchtitan carves the expert-parallel "
+         "ranks from them)", _ep_ranks),
 )
 MEMORY = 9  # the planner's own rule: the configuration does not fit in memory
 BY_CODE = {r.code: r for r in RULES}
@@ -135,11 +157,19 @@ def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
     pp, vpp = cfg.get("pp", 1), cfg.get("vpp", 1) or 1
     dp = cfg.get("dp_replicate", 1) * cfg.get("dp_shard", 1)
     gb, mb = cfg.get("global_batch_size") or 0, cfg.get("micro_batch_size") or 1
+    moe = model.moe
+    widths = f" {model.ffn_hidden}"
+    if moe is not None:
+        widths = (f"s (dense {model.ffn_hidden}, expert {moe.expert_ffn_hidden}"
+                  + (f", shared {moe.shared_ffn_hidden}" if moe.shared_ffn_hidden else "") + ")")
     out.update(
         heads=model.heads, kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, layers=model.layers,
         vocab=model.vocab, hardware=hw.id if hw is not None else "this hardware", stages=pp * vpp, dp=dp,
-        global_batch=gb, micro_batch=mb, cp_tp=cfg.get("cp", 1) * cfg.get("tp", 1),
+        global_batch=gb, micro_batch=mb, cp_tp=cfg.get("cp", 1) * cfg.get("tp", 1), model=model.name,
+        experts=moe.experts if moe else 0, mlp_widths=widths,
+        sparse=cfg.get("dp_shard", 1) * cfg.get("cp", 1) * cfg.get("tp", 1),
     )
+    out.setdefault("ep", 1)
     out.setdefault("microbatches", gb // max(dp * mb, 1))
     return out
 
@@ -163,7 +193,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         global_batch=col(cfg["global_batch_size"]), micro_batch=col(cfg.get("micro_batch_size", 1)),
         ac=col(AC_MODES.index(cfg.get("ac", "none"))), compile=col(bool(cfg.get("compile", False))),
         float8=col(FLOAT8_RECIPES.index(cfg.get("float8", "none"))), async_tp=col(bool(cfg.get("async_tp", False))),
-        gpus_per_node=col(cfg.get("gpus_per_node") or 1),
+        gpus_per_node=col(cfg.get("gpus_per_node") or 1), ep=col(cfg.get("ep", 1)),
     )
 
 

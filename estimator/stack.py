@@ -24,6 +24,23 @@ class Float8Recipe(BaseModel):
     fp8_all_gather: bool = Field(description="FSDP all-gathers weights in fp8 (1 byte) instead of bf16")
 
 
+class MoEBehaviour(BaseModel):
+    """How a stack runs mixture-of-experts layers (token-choice top-k routing, dropless, expert parallelism by
+    all-to-all dispatch and combine); every field documented in the stack YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grouped_gemm_factor: float = Field(gt=0, le=1, description="grouped-GEMM throughput / dense GEMM of the "
+                                                                "same per-expert shape")
+    all_to_all_efficiency: float = Field(gt=0, le=1, description="all-to-all bandwidth / ring-collective bandwidth")
+    load_imbalance: float = Field(ge=1, description="routed rows on the busiest EP rank / the mean")
+    sync_s_per_layer: float = Field(ge=0, description="device-to-host sync of the split sizes, per MoE layer "
+                                                      "forward (seconds)")
+    permute_passes: float = Field(ge=0, description="bf16 passes over the hidden width per routed row, fwd+bwd")
+    router_passes: float = Field(ge=0, description="fp32 passes over the expert scores per routed token, fwd+bwd")
+    selective_ac_saves_all_to_all: bool = Field(description="op-level SAC keeps the all-to-all outputs")
+
+
 class StackProfile(BaseModel):
     """Behaviour of a training stack that the estimator needs; all fields documented in the YAML."""
 
@@ -81,6 +98,7 @@ class StackProfile(BaseModel):
     gemm_half_dim: float = Field(gt=0, description="narrowest GEMM dimension at which efficiency halves")
     process_host_gib: float = Field(ge=0, description="host RAM per training process, GiB")
     float8: dict[str, Float8Recipe]
+    moe: MoEBehaviour | None = Field(default=None, description="mixture-of-experts behaviour; none: dense only")
     sources: dict[str, str] = Field(default_factory=dict)
 
 

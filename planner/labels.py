@@ -1,5 +1,6 @@
 """A configuration in words, the same in every view: `short_config` for tables and the CLI (`dp 1x64, tp 8,
-pp 4, 1F1B, mbs 1, AC selective`), `compact_config` for an 80-column terminal (`fsdp64 tp8 pp4/1f1b mb1 AC:sel`).
+pp 4, ep 8, 1F1B, mbs 1, AC selective`), `compact_config` for an 80-column terminal (`fsdp64 tp8 ep8 pp4/1f1b mb1
+AC:sel`).
 Pure Python (no numpy), so the terminal UI can import it before its first frame."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ OBJECTIVES = ("throughput", "time", "cost")
 def short_config(cfg: dict) -> str:
     """A configuration (torchtitan-named values) in words, for tables and messages."""
     parts = [f"dp {cfg['dp_replicate']}x{cfg['dp_shard']}"]
-    for k in ("tp", "pp", "cp"):
-        if cfg[k] > 1:
+    for k in ("tp", "pp", "cp", "ep"):
+        if cfg.get(k, 1) > 1:
             parts.append(f"{k} {cfg[k]}")
     if cfg["pp"] > 1:
         parts.append(cfg["pp_schedule"] + (f"/v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
@@ -37,8 +38,8 @@ def compact_config(cfg: dict) -> str:
         parts = [f"hsdp{cfg['dp_replicate']}x{cfg['dp_shard']}"]
     else:
         parts = [f"fsdp{cfg['dp_shard']}"]
-    for k in ("tp", "cp"):
-        if cfg[k] > 1:
+    for k in ("tp", "cp", "ep"):
+        if cfg.get(k, 1) > 1:
             parts.append(f"{k}{cfg[k]}")
     if cfg["pp"] > 1:
         sched = _SCHED.get(cfg["pp_schedule"], cfg["pp_schedule"])

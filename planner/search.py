@@ -67,6 +67,7 @@ class SearchResult:
             "dp_shard": int(c.dp_shard[i]),
             "cp": int(c.cp[i]),
             "tp": int(c.tp[i]),
+            "ep": int(c.ep[i]),
             "pp": int(c.pp[i]),
             "pp_schedule": PP_SCHEDULES[int(c.schedule[i])],
             "vpp": int(c.vpp[i]),

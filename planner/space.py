@@ -1,8 +1,9 @@
 """The search space: every configuration of one model on one cluster, as arrays, with the reason each
 rejected configuration breaks a rule.
 
-Degrees are enumerated so that dp_replicate x dp_shard x cp x tp x pp equals the world size; the other
-knobs (schedule, stages per rank, micro-batch, AC, Float8, compile, async TP) are crossed with them.
+Degrees are enumerated so that dp_replicate x dp_shard x cp x tp x pp equals the world size; a mixture-of-experts
+model adds the expert-parallel degree (a divisor of its experts and of dp_shard x cp x tp, torchtitan's rule). The
+other knobs (schedule, stages per rank, micro-batch, AC, Float8, compile, async TP) are crossed with them.
 Rule violations are kept, not dropped, so a user can see why a configuration is not on the list.
 """
 
@@ -33,6 +34,7 @@ class SearchSpace:
     tp: list[int] | None = None
     pp: list[int] | None = None
     cp: list[int] | None = None
+    ep: list[int] | None = None
     dp_replicate: list[int] | None = None
     pp_schedule: list[str] | None = None
     vpp: list[int] | None = None
@@ -81,7 +83,9 @@ def enumerate_space(
     tps = sp.tp or [t for t in _pow2_upto(min(big, 64)) if t <= world]
     pps = sp.pp or [p for p in _pow2_upto(min(world, 128)) if p <= max(model.layers, 1) * 2]
     cps = sp.cp or [c for c in _pow2_upto(min(world, 32))]
-    structural = []  # (dr, ds, cp, tp, pp)
+    experts = model.moe.experts if model.moe is not None else 1
+    ep_all = sp.ep or _divisors(experts)
+    structural = []  # (dr, ds, cp, tp, pp, ep)
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if world % (tp * pp * cp):
             continue
@@ -90,7 +94,10 @@ def enumerate_space(
         for dr in drs:
             if dp % dr:
                 continue
-            structural.append((dr, dp // dr, cp, tp, pp))
+            ds = dp // dr
+            # EP takes ranks of dp_shard x cp x tp; pinned values that do not divide them stay (the rules say why)
+            eps = [e for e in ep_all if sp.ep or (ds * cp * tp) % e == 0] or [1]
+            structural.extend((dr, ds, cp, tp, pp, e) for e in eps)
     sched_opts = []  # (schedule code, vpp) for pp > 1
     for name in sp.pp_schedule or list(PP_SCHEDULES):
         code = PP_SCHEDULES.index(name)
@@ -106,20 +113,20 @@ def enumerate_space(
     mbs_all = sp.micro_batch_size or [1, 2, 4, 8, 16]
 
     rows = []
-    for dr, ds, cp, tp, pp in structural:
+    for dr, ds, cp, tp, pp, ep in structural:
         local = global_batch // (dr * ds) if global_batch % (dr * ds) == 0 else 0
         mbs_opts = [m for m in mbs_all if local == 0 or m <= local] or [1]
         scheds = sched_opts if pp > 1 else [(PP_SCHEDULES.index("1F1B"), 1)]
         atps = [int(a) for a in (sp.async_tp if sp.async_tp is not None else [False, True])] if tp > 1 else [0]
         for (sc, v), mb in itertools.product(scheds, mbs_opts):
-            rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps))
+            rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps, ep))
     # cross the per-structure rows with AC x float8 x compile (x async TP) in numpy
     base = []
-    for dr, ds, cp, tp, pp, v, sc, mb, atps in rows:
+    for dr, ds, cp, tp, pp, v, sc, mb, atps, ep in rows:
         for a in atps:
-            base.append((dr, ds, cp, tp, pp, v, sc, mb, a))
+            base.append((dr, ds, cp, tp, pp, v, sc, mb, a, ep))
     if not base:
-        base = [(1, world, 1, 1, 1, 1, 1, 1, 0)]
+        base = [(1, world, 1, 1, 1, 1, 1, 1, 0, 1)]
     b = np.asarray(base, dtype=np.int64)
     knobs = np.asarray(list(itertools.product(ac_codes, f8_codes, comp)), dtype=np.int64)
     nb, nk = len(b), len(knobs)
@@ -131,7 +138,7 @@ def enumerate_space(
         dp_replicate=col(0), dp_shard=col(1), cp=col(2), tp=col(3), pp=col(4), vpp=col(5), schedule=col(6),
         micro_batch=col(7), async_tp=col(8), ac=knobs[ki, 0], float8=knobs[ki, 1], compile=knobs[ki, 2],
         seq_len=np.full(n, seq_len, dtype=np.int64), global_batch=np.full(n, global_batch, dtype=np.int64),
-        gpus_per_node=np.full(n, gpus_per_node, dtype=np.int64),
+        gpus_per_node=np.full(n, gpus_per_node, dtype=np.int64), ep=col(9),
     )
     return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.estimator import rules
+from meshplan.estimator.batch import estimate_arrays
 from meshplan.estimator.config import AC_MODES, Float8
 from meshplan.estimator.report import GIB_DECIMALS
 from meshplan.planner.search import SearchResult, short_config
@@ -21,6 +22,8 @@ STEPS = (
     ("fsdp", "FSDP", "shard parameters, gradients and optimizer state over every GPU (FSDP2)"),
     ("compile", "+ torch.compile", "compile each transformer block: fused kernels, fewer launches"),
     ("float8", "+ Float8", "torchao Float8 linear layers: faster GEMMs, fp8 all-gather"),
+    ("ep", "+ EP for the experts", "expert parallel: each GPU holds experts / ep whole experts, tokens travel to them "
+     "by all-to-all"),
     ("tp", "+ TP inside a node", "tensor parallel over NVLink: splits each layer's weights and activations"),
     ("pp", "+ PP across nodes", "pipeline stages across nodes: fewer layers and parameters per GPU"),
     ("cp", "+ CP for long sequences", "context parallel: splits the sequence, ring attention"),
@@ -31,11 +34,14 @@ GAIN = 0.01  # a step is worth taking when it raises throughput by more than 1 %
 
 def _masks(res: SearchResult) -> list[np.ndarray]:
     c = res.configs
-    m = (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1) & (c.compile == 0) & (c.float8 == Float8.NONE)
+    plain = (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1)
+    m = plain & (c.ep == 1) & (c.compile == 0) & (c.float8 == Float8.NONE)
     masks = [m]
-    m = m | ((c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1) & (c.float8 == Float8.NONE))
+    m = m | (plain & (c.ep == 1) & (c.float8 == Float8.NONE))
     masks.append(m)
-    m = m | ((c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1))
+    m = m | (plain & (c.ep == 1))
+    masks.append(m)
+    m = m | plain
     masks.append(m)
     m = m | ((c.tp <= res.gpus_per_node) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1))
     masks.append(m)
@@ -49,6 +55,7 @@ def _masks(res: SearchResult) -> list[np.ndarray]:
 
 def _entry(res: SearchResult, i: int) -> dict:
     return {
+        "index": i,
         "config": res.config(i),
         "summary": short_config(res.config(i)),
         "peak_gib": round(float(res.peak_gib[i]), GIB_DECIMALS),
@@ -68,6 +75,7 @@ def _uses(res: SearchResult, key: str) -> np.ndarray:
         "pp": c.pp > 1,
         "cp": c.cp > 1,
         "hsdp": c.dp_replicate > 1,
+        "ep": c.ep > 1,
     }[key]
 
 
@@ -85,7 +93,7 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
         return int(idx[np.argmin(rank_pos[idx])]) if len(idx) else None
 
     steps = []
-    skip = set() if res.hw.supports_fp8 else {"float8"}
+    skip = (set() if res.hw.supports_fp8 else {"float8"}) | (set() if res.model.moe is not None else {"ep"})
     for (key, label, adds), mask in zip(STEPS, _masks(res), strict=True):
         if key in skip:
             continue
@@ -123,6 +131,19 @@ def _name(step: dict) -> str:
     return step["label"].lstrip("+ ")
 
 
+def ep_detail(res: SearchResult, i: int) -> str:
+    """Where configuration `i`'s expert-parallel group sits and what its all-to-all costs, in words."""
+    cfg = res.config(i)
+    ep, gpn, moe = cfg["ep"], res.gpus_per_node, res.model.moe
+    if ep == 1 or moe is None:
+        return ""
+    where = (f"EP {ep} inside a node keeps the all-to-all on NVLink" if ep <= gpn
+             else f"EP {ep} spans {-(-ep // gpn)} nodes, so the all-to-all crosses the network")
+    r = estimate_arrays(res.model, res.hw, res.stack, res.configs.take(np.array([i])))
+    share = float(r["ep_all_to_all"][0] / r["step_time_s"][0])
+    return f"{where}: {moe.experts // ep} of {moe.experts} experts per GPU, all-to-all {share:.0%} of the step"
+
+
 def _reason(res: SearchResult, steps: list[dict], k: int) -> str:
     """Why to take the next step (or to stop here), with the figures that decide it."""
     step = steps[k]
@@ -139,7 +160,8 @@ def _reason(res: SearchResult, steps: list[dict], k: int) -> str:
         if later is None:
             return head + ": nothing fits"
         if nxt is later:
-            return head + f": {_name(later)} fits at {later['best']['peak_gib']:.1f} GiB"
+            detail = f" ({ep_detail(res, later['best']['index'])})" if later["key"] == "ep" else ""
+            return head + f": {_name(later)} fits at {later['best']['peak_gib']:.1f} GiB{detail}"
         return head + f"; the first step that fits is {_name(later)} ({later['best']['peak_gib']:.1f} GiB)"
     here = step["best"]["tokens_per_sec_per_gpu"]
     fits_at = f"fits at {step['best']['peak_gib']:.1f} GiB, {here:,.0f} tok/s/GPU"
@@ -149,11 +171,12 @@ def _reason(res: SearchResult, steps: list[dict], k: int) -> str:
     if own is None:
         return f"{fits_at}; no configuration with {_name(nxt)} fits"
     gain = own["tokens_per_sec_per_gpu"] / here - 1
+    detail = f" ({ep_detail(res, own['index'])})" if nxt["key"] == "ep" else ""
     if nxt["best"] is not None and nxt["best"]["tokens_per_sec_per_gpu"] > here * (1 + GAIN):
-        return f"{fits_at}; {_name(nxt)} raises throughput {gain:+.1%}"
+        return f"{fits_at}; {_name(nxt)} raises throughput {gain:+.1%}{detail}"
     return (
         f"{fits_at}; {_name(nxt)} gains nothing: its best ({own['summary']}) reaches "
-        f"{own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU ({gain:+.1%}), so it is not taken"
+        f"{own['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU ({gain:+.1%}){detail}, so it is not taken"
     )
 
 
@@ -169,7 +192,7 @@ def _ac_step(res: SearchResult) -> dict:
     step["fits"] = True
     c = res.configs
     same = np.ones(res.evaluated, dtype=bool)
-    for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "vpp", "schedule", "micro_batch", "float8",
+    for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "vpp", "schedule", "micro_batch", "float8",
                  "compile", "async_tp"):
         arr = getattr(c, name)
         same &= arr == arr[w]

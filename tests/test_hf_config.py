@@ -1,10 +1,19 @@
-"""How config.json is read per model_type, and what is refused. The dicts below carry the dimensions of the
-published configs (not verbatim files); the counts they must give are the model cards' published totals."""
+"""How config.json is read per model_type, and what is refused.
+
+The MoE dicts below hold every architecture key of the published config.json files (token ids, RoPE scaling,
+dtypes and quantization keys left out; the distractors a reader could misread, such as Qwen3-MoE's unused dense
+`intermediate_size` or DeepSeek's `ep_size`, kept), transcribed from the copies vendored in ai-dynamo/aiconfigurator
+(aic-core/src/aiconfigurator_core/model_configs/, commit 095f58a5) and cross-checked against independent copies;
+Llama 4's text and vision dimensions are those of the Instruct checkpoints, which share the base models' shapes.
+The counts they must give are the model cards' published totals."""
+
+import json
 
 import pytest
 
 from meshplan.estimator import MeshplanError
 from meshplan.estimator.hf_config import from_hf_config
+from meshplan.estimator.model_spec import load_model
 
 QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
@@ -12,6 +21,95 @@ QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
 GEMMA2_9B = {"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42, "num_attention_heads": 16,
              "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
              "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4096}  # no tie key: Gemma ties by default
+MIXTRAL_8X7B = {"hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "model_type": "mixtral",
+                "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                "num_local_experts": 8, "router_aux_loss_coef": 0.02, "sliding_window": None,
+                "tie_word_embeddings": False, "vocab_size": 32000}
+QWEN3_30B_A3B = {"attention_bias": False, "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu",
+                 "hidden_size": 2048, "intermediate_size": 6144, "mlp_only_layers": [], "model_type": "qwen3_moe",
+                 "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+                 "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "sliding_window": None,
+                 "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936}
+QWEN3_235B_A22B = {**QWEN3_30B_A3B, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+                   "num_attention_heads": 64, "num_hidden_layers": 94}
+DEEPSEEK_V3 = {"attention_bias": False, "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu",
+               "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512, "model_type": "deepseek_v3",
+               "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+               "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8,
+               "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+               "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+               "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc", "v_head_dim": 128,
+               "vocab_size": 129280}
+LLAMA4_VISION = {"hidden_act": "gelu", "hidden_size": 1408, "image_size": 336, "intermediate_size": 5632,
+                 "model_type": "llama4_vision_model", "multi_modal_projector_bias": False, "num_attention_heads": 16,
+                 "num_channels": 3, "num_hidden_layers": 34, "patch_size": 14, "pixel_shuffle_ratio": 0.5,
+                 "projector_input_dim": 4096, "projector_output_dim": 4096, "vision_output_dim": 4096}
+LLAMA4_SCOUT = {"model_type": "llama4", "vision_config": LLAMA4_VISION, "text_config": {
+    "attention_bias": False, "attention_chunk_size": 8192, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+    "interleave_moe_layer_step": 1, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+    "model_type": "llama4_text", "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48,
+    "num_key_value_heads": 8, "num_local_experts": 16, "use_qk_norm": True, "vocab_size": 202048}}
+LLAMA4_MAVERICK = {"model_type": "llama4", "vision_config": LLAMA4_VISION, "text_config": {
+    **LLAMA4_SCOUT["text_config"], "interleave_moe_layer_step": 2, "num_local_experts": 128, "use_qk_norm": False}}
+
+# (config, total published, active published, tolerance on the total): model cards; Llama 4's totals include its
+# vision tower (reported beside the language model: 3 %); DeepSeek counts activated parameters without the input
+# embedding (its card: 37 B; DeepSeek-V2-Lite's 2.4 B likewise)
+PUBLISHED = {
+    "Mixtral-8x7B-v0.1": (MIXTRAL_8X7B, 46.7e9, 12.9e9, 0.01),
+    "Qwen3-30B-A3B": (QWEN3_30B_A3B, 30.5e9, 3.3e9, 0.01),
+    "Qwen3-235B-A22B": (QWEN3_235B_A22B, 235e9, 22e9, 0.01),
+    "DeepSeek-V3": (DEEPSEEK_V3, 671e9, 37e9, 0.01),
+    "Llama-4-Scout-17B-16E": (LLAMA4_SCOUT, 109.68e9, 17e9, 0.03),  # 109,676,279,296 in transformers' printout
+    "Llama-4-Maverick-17B-128E": (LLAMA4_MAVERICK, 400e9, 17e9, 0.03),
+    "gemma-2-9b": (GEMMA2_9B, 9.24e9, 9.24e9, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_configs_give_the_published_totals(name):
+    cfg, total, active, tol = PUBLISHED[name]
+    m = from_hf_config(cfg, name)
+    assert abs((m.params + m.vision_params) / total - 1) < tol
+    counted = m.active_params - (m.embedding_params if name.startswith("DeepSeek") else 0)
+    # the cards state active counts to two significant figures, truncated (Qwen3-30B-A3B's 3.35 B is "3.3B")
+    assert abs(counted / active - 1) < 0.02, counted
+
+
+def test_moe_fields_mean_what_each_family_means():
+    mix = from_hf_config(MIXTRAL_8X7B, "mixtral")
+    assert (mix.moe.experts, mix.moe.top_k, mix.moe.expert_ffn_hidden, mix.moe_layers) == (8, 2, 14336, 32)
+    qwen = from_hf_config(QWEN3_30B_A3B, "qwen3-moe")
+    assert (qwen.moe.experts, qwen.moe.expert_ffn_hidden, qwen.moe.shared_ffn_hidden, qwen.qk_norm) == (128, 768, 0, True)
+    assert qwen.moe_layers == 48  # the dense intermediate_size (6144) is used by no layer
+    ds = from_hf_config(DEEPSEEK_V3, "dsv3")
+    assert (ds.moe.first_dense_layers, ds.moe_layers, ds.dense_layers) == (3, 58, 3)
+    assert (ds.moe.shared_ffn_hidden, ds.moe.score_func, ds.moe.router_bias) == (2048, "sigmoid", True)
+    assert ds.mla.q_lora_rank == 1536 and ds.d_head == 192 and ds.v_head == 128 and ds.kv_heads == 128
+    assert any("multi-token-prediction" in n for n in ds.notes) and any("node-limited" in n for n in ds.notes)
+    mav = from_hf_config(LLAMA4_MAVERICK, "maverick")
+    assert mav.moe_layers == 24 and mav.moe_layer_mask[:4] == (False, True, False, True)  # layers 1, 3, 5, ...
+    assert mav.ffn_hidden == 16384 and mav.moe.shared_ffn_hidden == 8192  # dense layers: intermediate_size_mlp
+
+
+def test_llama4_explicit_moe_layers_and_the_vision_tower():
+    cfg = json.loads(json.dumps(LLAMA4_MAVERICK))
+    cfg["text_config"]["moe_layers"] = [1, 5, 9]
+    m = from_hf_config(cfg, "llama4-custom")
+    assert m.moe_layers == 3 and [i for i, x in enumerate(m.moe_layer_mask) if x] == [1, 5, 9]
+    scout = from_hf_config(LLAMA4_SCOUT, "scout")
+    assert 0.86e9 < scout.vision_params < 0.88e9
+    assert any("llama4_vision_model, 0.87 B parameters" in n and "not planned" in n for n in scout.notes)
+    assert any("chunks of 8192 tokens" in n for n in scout.notes)
+
+
+def test_presets_match_their_configs():
+    for preset, cfg in (("mixtral-8x7b", MIXTRAL_8X7B), ("qwen3-30b-a3b", QWEN3_30B_A3B),
+                        ("qwen3-235b-a22b", QWEN3_235B_A22B), ("deepseek-v3", DEEPSEEK_V3),
+                        ("llama4-scout", LLAMA4_SCOUT), ("llama4-maverick", LLAMA4_MAVERICK)):
+        p, m = load_model(preset), from_hf_config(cfg, preset)
+        assert (p.params, p.active_params, p.vision_params) == (m.params, m.active_params, m.vision_params), preset
+    assert load_model("deepseek-v3-16b").params == 15_706_484_224  # torchtitan's logged count for its 16B flavor
 
 
 def test_qwen3_reads_qk_norm_and_its_own_head_dim():
@@ -27,29 +125,33 @@ def test_gemma2_reads_geglu_sandwich_norms_and_tied_default():
     assert any("sliding-window" in n for n in m.notes)  # the FLOPs it overstates are said, not hidden
 
 
-@pytest.mark.parametrize(("extra", "field"), [
-    ({"num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts"),  # Mixtral
-    ({"num_experts": 128, "moe_intermediate_size": 768}, "num_experts"),  # Qwen3-MoE
-    ({"n_routed_experts": 256, "kv_lora_rank": 512}, "n_routed_experts"),  # DeepSeek-V3
-    ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank"),  # MLA without experts
+@pytest.mark.parametrize(("cfg", "field"), [
+    ({**QWEN3_8B, "model_type": "llama", "num_local_experts": 8, "num_experts_per_tok": 2}, "num_local_experts"),
+    ({**QWEN3_8B, "model_type": "qwen3", "num_experts": 128}, "num_experts"),
+    ({**QWEN3_8B, "model_type": "llama", "kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank"),
+    ({**QWEN3_30B_A3B, "moe_intermediate_size": None}, "moe_intermediate_size"),
+    ({**MIXTRAL_8X7B, "num_local_experts": "eight"}, "num_local_experts"),
+    ({**DEEPSEEK_V3, "qk_rope_head_dim": None}, "qk_rope_head_dim"),
 ])
-def test_what_it_cannot_model_is_refused_naming_the_field(extra, field):
+def test_what_it_cannot_model_is_refused_naming_the_field(cfg, field):
     with pytest.raises(MeshplanError, match=field) as exc:
-        from_hf_config({**QWEN3_8B, "model_type": "llama", **extra}, "m")
+        from_hf_config(cfg, "m")
     assert "\n" not in str(exc.value)
 
 
 def test_an_unknown_model_type_is_refused():
     with pytest.raises(MeshplanError, match="model_type 'falcon'"):
         from_hf_config({**QWEN3_8B, "model_type": "falcon"}, "falcon-7b")
+    with pytest.raises(MeshplanError, match="model_type 'olmoe'"):  # a MoE family it does not read
+        from_hf_config({**QWEN3_8B, "model_type": "olmoe", "num_experts": 64}, "olmoe")
 
 
 def test_a_multimodal_config_plans_its_language_model_and_names_the_tower():
     cfg = {"model_type": "gemma3", "text_config": {**GEMMA2_9B, "model_type": "gemma3_text"},
            "vision_config": {"model_type": "siglip_vision_model"}}
     m = from_hf_config(cfg, "gemma-3")
-    assert m.qk_norm and m.block_norms == 4 and m.layers == 42
-    assert any("siglip_vision_model" in n and "not counted" in n for n in m.notes)
+    assert m.qk_norm and m.block_norms == 4 and m.layers == 42 and m.vision_params == 0
+    assert any("siglip_vision_model" in n and "not planned" in n for n in m.notes)
     moe = {"model_type": "llama4", "text_config": {**QWEN3_8B, "model_type": "llama4_text", "num_local_experts": 16}}
-    with pytest.raises(MeshplanError, match="num_local_experts = 16"):
-        from_hf_config(moe, "Llama-4-Scout")
+    m = from_hf_config(moe, "Llama-4-like")  # a MoE language model inside text_config is read as one
+    assert m.moe.experts == 16 and m.moe.top_k == 1 and m.moe_layers == 36

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics import moe
 from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.stack import StackProfile
 
 
@@ -29,28 +31,56 @@ class Activations:
     vocab_rank: np.ndarray  # vocabulary entries one rank computes the loss over (vocab / tp when loss-parallel)
 
 
-def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes saved per token per block for the configuration's AC mode, the same without AC)."""
-    h, q, kv, F = float(model.hidden), float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
+def attention_saved(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes the attention part of a block saves per token without AC, with op-level selective AC), its input
+    norm included. GQA: q, K/V (expanded to every head with repeat_kv), the output and its log-sum-exp; MLA
+    (DeepSeek): the query and KV latents and their norms (unsharded under TP), the up-projected heads, RoPE'd q/k."""
+    h, q, kv = float(model.hidden), float(model.q_dim), float(model.kv_dim)
     heads, t, has_tp = float(model.heads), lay.tp, lay.has_tp
-    kv_attn = q if stack.repeat_kv else kv  # K/V width fed to attention
     gathered = np.where(has_tp, 2 * h, 2 * h / t)  # SP all-gather output saved by column-parallel linears
+    rs_out = np.where(has_tp, 2 * h / t, 0.0)  # the reduce-scatter output op-SAC keeps under TP
+    if model.mla is not None:
+        a, v = model.mla, float(model.v_dim)
+        ql, kvl, rope = float(a.q_lora_rank), float(a.kv_lora_rank), float(a.qk_rope_head_dim)
+        latents = 4 * ql + 2 * (kvl + rope) + 2 * kvl
+        heads_none = (2 * q + 2 * heads * (a.qk_nope_head_dim + a.v_head_dim) + 2 * q + 2 * q + 2 * v + 2 * v) / t
+        none = 2 * h / t + gathered + latents + heads_none + 4 * heads / t
+        sel = 2 * h / t + 2 * ql + 2 * (kvl + rope) + (2 * v + 4 * heads) / t + rs_out
+        return none, sel
+    kv_attn = q if stack.repeat_kv else kv  # K/V width fed to attention
+    none = 2 * h / t + gathered + (2 * q + 4 * kv_attn + 2 * q + 2 * q) / t + 4 * heads / t
+    # op-SAC: block input, wq and wv outputs, attention output (+lse), and with TP wo's reduce-scatter output
+    sel = 2 * h / t + (2 * q + 2 * kv + 2 * q + 4 * heads) / t + rs_out
+    return none, sel
+
+
+def dense_mlp_saved(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes a dense MLP saves per token without AC, with op-level selective AC), its input norm included."""
+    h, F, t, has_tp = float(model.hidden), float(model.ffn_hidden), lay.tp, lay.has_tp
+    gathered = np.where(has_tp, 2 * h, 2 * h / t)
     if model.gated_mlp:
         mlp_none = 8 * F / t  # w1, w3, the activation, the product
         mlp_sel = 2 * F / t  # w1 output (3rd of 4 saved mms, torchtitan op-SAC)
     else:
         mlp_none = 4 * F / t  # fc1, gelu
         mlp_sel = 2 * F / t
-    attn_none = (2 * q + 4 * kv_attn + 2 * q + 2 * q) / t + 4 * heads / t
-    a_none = 4 * h / t + 2 * gathered + attn_none + mlp_none
-    # op-SAC: block input, wq and wv outputs, attention output (+lse), w1 output, w2 partial output,
-    # and with TP the reduce-scatter outputs.
-    a_sel = (
-        2 * h / t
-        + (2 * q + 2 * kv + 2 * q + 4 * heads) / t
-        + mlp_sel
-        + np.where(has_tp, 2 * h + 4 * h / t, 2 * h)
-    )
+    # op-SAC also keeps w2's (partial) output and, with TP, its reduce-scatter output
+    return 2 * h / t + gathered + mlp_none, mlp_sel + 2 * h + np.where(has_tp, 2 * h / t, 0.0)
+
+
+def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout, moe_share=0.0,
+                          routed: moe.Routing | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes saved per token per block for the configuration's AC mode, the same without AC), averaged over the
+    rank's blocks when a share `moe_share` of them are MoE blocks (`routed`)."""
+    h, t = float(model.hidden), lay.tp
+    attn_none, attn_sel = attention_saved(model, stack, lay)
+    mlp_none, mlp_sel = dense_mlp_saved(model, lay)
+    if routed is not None:
+        moe_none, moe_sel = moe.mlp_saved(model, routed, lay)
+        mlp_none = mlp_none + moe_share * (2 * h / t + moe_none - mlp_none)
+        mlp_sel = mlp_sel + moe_share * (moe_sel - mlp_sel)
+    a_none = attn_none + mlp_none
+    a_sel = attn_sel + mlp_sel
     a_full = 2 * h / t
     act = np.where(lay.full_ac, a_full, np.where(lay.selective_ac, a_sel, a_none))
     act = act * np.where(lay.compiled & ~lay.full_ac, stack.compile_activation_factor, 1.0)
@@ -58,8 +88,8 @@ def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout) ->
 
 
 def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> np.ndarray:
-    """Bytes of one block's backward temporaries: its activation gradients, the bf16 weight gradients of the
-    MLP, and what the checkpoint recomputes (op-SAC: the unsaved MLP tensors; full AC: the whole block)."""
+    """Bytes of one (dense) block's backward temporaries: its activation gradients, the bf16 weight gradients of
+    the MLP, and what the checkpoint recomputes (op-SAC: the unsaved MLP tensors; full AC: the whole block)."""
     h, F, t = float(model.hidden), float(model.ffn_hidden), lay.tp
     if model.gated_mlp:
         grad_tok = 6 * F / t  # gradients of the w2 input, the silu output and w3's output
@@ -84,9 +114,17 @@ def loss_buffers(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np
     return per_el * lay.tokens_mb * vocab_rank, vocab_rank
 
 
-def activations(model: ModelSpec, stack: StackProfile, lay: Layout) -> Activations:
-    """Every activation term of the configurations `lay`."""
-    act, a_none = saved_per_token_layer(model, stack, lay)
+def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankParams) -> Activations:
+    """Every activation term of the configurations `lay` (the rank's blocks `rp`: some may be MoE blocks)."""
+    routed = moe.routing(model, stack, lay)
+    share = rp.moe_layers / rp.layers
+    act, a_none = saved_per_token_layer(model, stack, lay, share, routed)
+    temp = backward_temporaries(model, lay, a_none)
+    if routed is not None:  # the block in backward is a MoE block where the rank has any
+        moe_none, _ = moe.mlp_saved(model, routed, lay)
+        attn_none, _ = attention_saved(model, stack, lay)
+        moe_temp = moe.backward_temp_bytes(model, routed, lay, rp.routed_block, attn_none + moe_none)
+        temp = np.where(rp.moe_layers > 0, np.maximum(temp, moe_temp), temp)
     logits, vocab_rank = loss_buffers(model, stack, lay)
     h, t = float(model.hidden), lay.tp
     # the head's saved inputs on the last stage: the final norm's input (sequence-sharded under TP) and the
@@ -94,6 +132,6 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout) -> Activatio
     head = np.where(lay.has_tp, 2 * h / t + 2 * h, 4 * h)
     return Activations(
         saved_per_token_layer=act, block_bytes=act * lay.tokens_mb,
-        backward_temp_bytes=backward_temporaries(model, lay, a_none), logits_bytes=logits,
+        backward_temp_bytes=temp, logits_bytes=logits,
         head_per_token=head, vocab_rank=vocab_rank,
     )

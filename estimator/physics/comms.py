@@ -96,22 +96,38 @@ class FSDPTimes:
     step_once_s: np.ndarray  # with PP (or no per-microbatch sync): the stage gathered and reduced once per step
 
 
-def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams) -> FSDPTimes:
-    """All-gather (bf16, or fp8 with Float8 all-gather) and reduce-scatter (the stack's reduce dtype) of the rank's
-    parameters, one collective per block and the two root units, ring over nodes then inside them."""
-    n, t, gpn = lay.fsdp_ranks, lay.tp, lay.gpus_per_node
+def _fsdp_group(hw: HardwareProfile, n, ranks_node, nodes):
+    """(per-rank ring bandwidth, latency per collective) of an FSDP group of `n` ranks, `ranks_node` per node."""
     lat_intra, lat_inter = hw.intra_node_latency_us * 1e-6, hw.inter_node_latency_us * 1e-6
-    ranks_node = np.maximum(1.0, np.minimum(n, gpn / t))
-    nodes = np.ceil(n / ranks_node)
-    bw = group_bytes_per_s(hw, ranks_node, n * t > gpn, nodes)
-    fp8_ag = by_recipe(lay, stack, "fp8_all_gather", False)
-    ag_bytes = rp.most * np.where(fp8_ag, 1.0, BF16)
-    rs_bytes = rp.most * stack.reduce_bytes
-    units = rp.layers + 2
+    bw = group_bytes_per_s(hw, ranks_node, nodes > 1, nodes)
     # latency per collective: one hop per node crossed plus the hops inside a node
     hop = np.where(n > 1, (nodes - 1) * lat_inter + (ranks_node - 1) * lat_intra, 0.0)
+    return bw, hop
+
+
+def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams) -> FSDPTimes:
+    """All-gather (bf16, or fp8 with Float8 all-gather) and reduce-scatter (the stack's reduce dtype) of the rank's
+    parameters, one collective per block and the two root units, ring over nodes then inside them. A MoE model's
+    routed experts gather and reduce over their own group (dp_shard x cp x tp / ep ranks, strided by ep in
+    torchtitan's sparse mesh), one collective per MoE block."""
+    n, t, gpn = lay.fsdp_ranks, lay.tp, lay.gpus_per_node
+    ranks_node = np.maximum(1.0, np.minimum(n, gpn / t))
+    nodes = np.ceil(n / ranks_node)
+    bw, hop = _fsdp_group(hw, n, ranks_node, nodes)
+    ne, ep = lay.expert_fsdp_ranks, lay.ep
+    ranks_node_e = np.where(ep > 1, np.maximum(1.0, np.minimum(ne, gpn / ep)), ranks_node)
+    nodes_e = np.ceil(ne / ranks_node_e)
+    bw_e, hop_e = _fsdp_group(hw, ne, ranks_node_e, nodes_e)
+    fp8_ag = by_recipe(lay, stack, "fp8_all_gather", False)
+    dense = rp.most - rp.routed
+    ag_bytes = dense * np.where(fp8_ag, 1.0, BF16)
+    rs_bytes = dense * stack.reduce_bytes
+    units = rp.layers + 2
     ag = ring_s(ag_bytes, n, bw, 0) + units * hop
     rs = ring_s(rs_bytes, n, bw, 0) + units * hop
+    if rp.routed.any():  # the routed experts stay bf16 (Float8 converts nn.Linear layers only)
+        ag = ag + ring_s(rp.routed * BF16, ne, bw_e, 0) + rp.moe_layers * hop_e
+        rs = rs + ring_s(rp.routed * stack.reduce_bytes, ne, bw_e, 0) + rp.moe_layers * hop_e
     single = lay.single_stage
     reshard = single & np.bool_(stack.reshard_after_forward)
     per_mb_sync = single & np.bool_(stack.grad_sync_every_microbatch)
@@ -132,5 +148,5 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: Ra
     dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
     bw = np.where(world > gpn, inter_node_bytes_per_s(hw) * np.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
     bw = np.minimum(bw, intra_node_bytes_per_s(hw))
-    allreduce = np.where(dr > 1, 2 * GRAD_BYTES * rp.most / lay.fsdp_ranks * (dr - 1) / dr / bw, 0.0)
+    allreduce = np.where(dr > 1, 2 * GRAD_BYTES * rp.sharded(rp.most, lay) * (dr - 1) / dr / bw, 0.0)
     return allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)

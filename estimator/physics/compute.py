@@ -12,6 +12,7 @@ import numpy as np
 from meshplan.estimator.config import FLOAT8_RECIPES
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics import moe
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.stack import StackProfile
 
@@ -31,6 +32,7 @@ class ComputeTimes:
     elementwise_s: np.ndarray  # norms, RoPE, activations, residuals, and the loss over the vocabulary
     overhead_s: np.ndarray  # kernel launches and hooks
     attention_s: np.ndarray  # one block's attention (CP overlaps its ring exchange with it)
+    all_to_all_s: np.ndarray  # expert-parallel dispatch and combine of the rank's MoE blocks (not hidden)
 
     @property
     def busy_s(self) -> np.ndarray:
@@ -59,13 +61,19 @@ def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarr
 
 
 def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, count: float = 1.0,
-           recipe: np.ndarray | None = None):
+           recipe: np.ndarray | None = None, tokens=None, groups=None):
     """(forward + backward seconds of a linear with k_in x n_out weights, already TP-sharded, per microbatch in
     the configuration's precision, the same in bf16). Efficiency falls for small and skinny GEMMs. `recipe`: the
-    Float8 recipes' GEMM factors (`by_recipe(..., "gemm_factor", 1.0)`), computed here when not given."""
-    fl = 2.0 * lay.tokens_mb * k_in * n_out
+    Float8 recipes' GEMM factors (`by_recipe(..., "gemm_factor", 1.0)`), computed here when not given.
+    `tokens`: rows other than the microbatch's tokens; `groups`: a grouped GEMM of that many equal groups, whose
+    size (and rows per group, a narrow dimension too) sets the efficiency."""
+    fl = 2.0 * (lay.tokens_mb if tokens is None else tokens) * k_in * n_out
     narrow = np.minimum(k_in, n_out)  # skinny GEMMs (TP-sharded K/V, small heads) run below peak
-    size = fl / (fl + stack.gemm_half_gflop * 1e9) * narrow / (narrow + stack.gemm_half_dim)
+    fl_one = fl
+    if groups is not None:
+        fl_one = fl / groups
+        narrow = np.minimum(narrow, tokens / groups)
+    size = fl_one / (fl_one + stack.gemm_half_gflop * 1e9) * narrow / (narrow + stack.gemm_half_dim)
     t16 = FWD_BWD_GEMM * fl / (peak_flops(hw) * hw.efficiency.gemm_bf16 * stack.gemm_efficiency * size)
     if hw.peak_tflops_fp8 is None:
         return count * t16, count * t16
@@ -75,51 +83,98 @@ def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, c
     return count * np.where(lay.fp8, t8, t16), count * t16
 
 
+def attention_gemms_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout,
+                      recipe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd + bwd seconds of a block's attention projections, the share op-SAC recomputes: every second one).
+    GQA: wq, wk, wv, wo; MLA: the query and KV down-projections (whole on every TP rank, as torchtitan's
+    NoParallel), their column-parallel up-projections and wo."""
+    h, q, t = float(model.hidden), float(model.q_dim), lay.tp
+    if model.mla is None:
+        wq, _ = gemm_s(hw, stack, lay, h, q / t, recipe=recipe)
+        wk, _ = gemm_s(hw, stack, lay, h, float(model.kv_dim) / t, recipe=recipe)
+        wo, _ = gemm_s(hw, stack, lay, q / t, h, recipe=recipe)
+        return wq + 2 * wk + wo, wk + wo
+    a = model.mla
+    shapes = [(h, float(a.q_lora_rank)), (float(a.q_lora_rank), q / t)] if a.q_lora_rank else [(h, q / t)]
+    shapes += [(h, float(a.kv_lora_rank + a.qk_rope_head_dim)),
+               (float(a.kv_lora_rank), model.heads * float(a.qk_nope_head_dim + a.v_head_dim) / t),
+               (float(model.v_dim) / t, h)]
+    times = [gemm_s(hw, stack, lay, k, n, recipe=recipe)[0] for k, n in shapes]
+    return sum(times), sum(times[1::2])
+
+
+def _mlp_cast_elems(width_t):
+    """Elements of the MLP's Float8-converted linears' inputs and output gradients per token, beyond the block's
+    attention share (w1/w3 outputs' gradients, w2's input and its gradient), for an inner width `width_t`."""
+    return 2 * width_t + width_t + 2 * width_t
+
+
 def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers: np.ndarray,
-                  vocab_rank: np.ndarray) -> ComputeTimes:
-    """Compute time per microbatch of a rank running `layers` blocks; timing assumes the stage with the head."""
+                  vocab_rank: np.ndarray, moe_layers: np.ndarray | None = None) -> ComputeTimes:
+    """Compute time per microbatch of a rank running `layers` blocks (`moe_layers` of them MoE blocks); timing
+    assumes the stage with the head."""
     h, q, kv, F = float(model.hidden), float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
     t, gated = lay.tp, model.gated_mlp
     kv_t, q_t, f_t = kv / t, q / t, F / t
     async_eff = np.where(lay.async_tp, stack.async_tp_gemm_factor, 1.0)
-    recipe = by_recipe(lay, stack, "gemm_factor", 1.0)  # once for the block's five GEMMs
-    wq, _ = gemm_s(hw, stack, lay, h, q_t, recipe=recipe)
-    wk, _ = gemm_s(hw, stack, lay, h, kv_t, recipe=recipe)
-    wo, _ = gemm_s(hw, stack, lay, q_t, h, recipe=recipe)
+    recipe = by_recipe(lay, stack, "gemm_factor", 1.0)  # once for the block's GEMMs
+    attn_gemm, attn_sel = attention_gemms_s(model, hw, stack, lay, recipe)
     w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if gated else 1.0, recipe=recipe)  # w1 and w3 (gated) or fc1
     w2, _ = gemm_s(hw, stack, lay, f_t, h, recipe=recipe)
-    block_gemm = (wq + 2 * wk + wo + w1 + w2) / async_eff
+    block_gemm = (attn_gemm + w1 + w2) / async_eff
     _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / t, recipe=recipe)  # the output projection stays bf16 (torchao)
-    # causal flash attention: forward 2 matmuls of s x s/2 x d per head
-    attn_fwd_flops = 4.0 * lay.micro_batch * lay.seq_len * lay.seq_len * q / (t * lay.cp) * 0.5
+    # causal flash attention: forward 2 matmuls (QK^T, then PV) of s x s/2 per head
+    attn_fwd_flops = 2.0 * lay.micro_batch * lay.seq_len * lay.seq_len * (q + float(model.v_dim)) / (t * lay.cp) * 0.5
     attn_eff = hw.efficiency.attention * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
     per_chunk = np.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
     # recompute: full AC re-runs each block's forward; op-SAC re-runs every second mm (wk, wo, w3)
-    sel_recompute = (wk + wo + (w1 / 2 if gated else 0.0)) / FWD_BWD_GEMM / async_eff
+    sel_recompute = (attn_sel + (w1 / 2 if gated else 0.0)) / FWD_BWD_GEMM / async_eff
     fwd_block = (block_gemm + attn) / FWD_BWD_GEMM
     # Float8 scale + cast traffic over every converted linear's input and output gradient
-    lin_elems = (h + h + q_t + h + (2 * f_t if gated else f_t) + f_t) + (q_t + 2 * kv_t + h + 2 * f_t + h)
+    lin_elems = (h + h + q_t + h) + (q_t + 2 * kv_t + h + h) + _mlp_cast_elems(f_t) - (0.0 if gated else f_t)
     hbm = hbm_bytes_per_s(hw)
-    casts = np.where(lay.fp8, layers * lay.tokens_mb * lin_elems * by_recipe(lay, stack, "cast_bytes_per_element", 0.0)
-                     / hbm, 0.0) * np.where(lay.compiled, 1.0, stack.eager_float8_cast_factor)
-    elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / t + F / t) * 2 / hbm \
-        * np.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
+    cast_bytes = by_recipe(lay, stack, "cast_bytes_per_element", 0.0) \
+        * np.where(lay.compiled, 1.0, stack.eager_float8_cast_factor)
+    casts = np.where(lay.fp8, layers * lay.tokens_mb * lin_elems * cast_bytes / hbm, 0.0)
+    elem_factor = np.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
+    elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / t + F / t) * 2 / hbm * elem_factor
     elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
     overhead = layers * stack.launch_overhead_s_per_layer * np.where(lay.compiled, stack.compile_overhead_factor, 1.0)
+    gemm_attention = layers * (block_gemm + attn) + head_gemm * per_chunk
+    recompute = layers * np.where(lay.full_ac, fwd_block, np.where(lay.selective_ac, sel_recompute, 0.0))
+    a2a = np.zeros_like(t)
+    overhead = overhead * np.where(lay.full_ac, FULL_AC_PASSES, 1.0)
+    routed = moe.routing(model, stack, lay)
+    if routed is not None and moe_layers is not None:
+        # a MoE block's MLP part instead of the dense MLP's, on each of the rank's MoE blocks
+        mt = moe.moe_times(model, hw, stack, routed, lay, gemm_s, hbm, recipe)
+        dense_mlp = (w1 + w2) / async_eff
+        dense_rec = np.where(lay.full_ac, dense_mlp / FWD_BWD_GEMM,
+                             np.where(lay.selective_ac, (w1 / 2 if gated else 0.0) / FWD_BWD_GEMM / async_eff, 0.0))
+        s_t = routed.shared_width / t
+        gemm_attention = gemm_attention + moe_layers * (mt.gemm_s - dense_mlp)
+        recompute = recompute + moe_layers * (mt.recompute_s - dense_rec)
+        casts = casts + np.where(lay.fp8, moe_layers * lay.tokens_mb
+                                 * (_mlp_cast_elems(s_t) - _mlp_cast_elems(f_t)) * cast_bytes / hbm, 0.0)
+        elem = elem + moe_layers * (lay.tokens_mb * stack.elementwise_passes * 2 / hbm * elem_factor
+                                    * (routed.expert_rows * routed.width + s_t - F / t) + mt.elementwise_s)
+        overhead = overhead + moe_layers * mt.sync_s
+        a2a = moe_layers * mt.all_to_all_s
     return ComputeTimes(
-        gemm_attention_s=layers * (block_gemm + attn) + head_gemm * per_chunk,
-        recompute_s=layers * np.where(lay.full_ac, fwd_block, np.where(lay.selective_ac, sel_recompute, 0.0)),
+        gemm_attention_s=gemm_attention,
+        recompute_s=recompute,
         float8_casts_s=casts,
         elementwise_s=elem,
-        overhead_s=overhead * np.where(lay.full_ac, FULL_AC_PASSES, 1.0),
+        overhead_s=overhead,
         attention_s=attn,
+        all_to_all_s=a2a,
     )
 
 
-def optimizer_step_s(hw: HardwareProfile, params_rank: np.ndarray, fsdp_ranks: np.ndarray) -> np.ndarray:
-    """AdamW (foreach) over the local shard, memory-bound: parameter, gradient and both moments read and written
-    (32 bytes per parameter), and the gradient-norm pass (4)."""
+def optimizer_step_s(hw: HardwareProfile, sharded_params: np.ndarray) -> np.ndarray:
+    """AdamW (foreach) over the local shard of `sharded_params` parameters, memory-bound: parameter, gradient and
+    both moments read and written (32 bytes per parameter), and the gradient-norm pass (4)."""
     hbm = hbm_bytes_per_s(hw)
-    return 32.0 * params_rank / fsdp_ranks / hbm + 4.0 * params_rank / fsdp_ranks / hbm
+    return 32.0 * sharded_params / hbm + 4.0 * sharded_params / hbm
 

@@ -15,7 +15,7 @@ def host_bytes_per_node(stack: StackProfile, lay: Layout, rp: RankParams) -> np.
     """DCP loads and saves each rank's own shard (parameters, gradients' space, AdamW state: 16 bytes a
     parameter over FSDP), on top of every process's runtime footprint (the stack's `process_host_gib`)."""
     ranks = np.minimum(lay.gpus_per_node, lay.world)
-    return ranks * (stack.process_host_gib * GIB + STATE_BYTES * rp.most / lay.fsdp_ranks)
+    return ranks * (stack.process_host_gib * GIB + STATE_BYTES * rp.sharded(rp.most, lay))
 
 
 def full_load_bytes_per_node(stack: StackProfile, lay: Layout, params: float) -> np.ndarray:

@@ -33,6 +33,8 @@ class Layout:
     world: np.ndarray  # GPUs in the job
     microbatches: np.ndarray  # microbatches per step per DP rank (accumulation or pipeline microbatches)
     fsdp_ranks: np.ndarray  # FSDP shards over dp_shard x cp (torchtitan's dp_shard_cp mesh)
+    ep: np.ndarray  # expert parallel degree (MoE): ranks carved from dp_shard x cp x tp
+    expert_fsdp_ranks: np.ndarray  # FSDP shards of the routed experts: dp_shard x cp x tp / ep with EP, else fsdp_ranks
     tokens_mb: np.ndarray  # tokens of one microbatch held by one rank (sequence split over CP)
     full_ac: np.ndarray
     selective_ac: np.ndarray
@@ -59,12 +61,13 @@ class Layout:
 def layout_of(c: ConfigArrays) -> Layout:
     """The float view of configurations `c` the physics modules compute with."""
     t, p, cp, v = as_float(c.tp), as_float(c.pp), as_float(c.cp), as_float(c.vpp)
-    ds, dr = as_float(c.dp_shard), as_float(c.dp_replicate)
+    ds, dr, ep = as_float(c.dp_shard), as_float(c.dp_replicate), as_float(c.ep)
     s, mbs, gbs = as_float(c.seq_len), as_float(c.micro_batch), as_float(c.global_batch)
     return Layout(
         c=c, tp=t, pp=p, cp=cp, vpp=v, dp_shard=ds, dp_replicate=dr, seq_len=s, micro_batch=mbs, global_batch=gbs,
         gpus_per_node=as_float(c.gpus_per_node), world=ds * dr * t * p * cp,
-        microbatches=gbs / (dr * ds * mbs), fsdp_ranks=ds * cp, tokens_mb=mbs * s / cp,
+        microbatches=gbs / (dr * ds * mbs), fsdp_ranks=ds * cp, tokens_mb=mbs * s / cp, ep=ep,
+        expert_fsdp_ranks=np.where(ep > 1, ds * cp * t / ep, ds * cp),
         full_ac=c.ac == AC.FULL, selective_ac=c.ac == AC.SELECTIVE, compiled=c.compile.astype(bool),
         fp8=c.float8 > Float8.NONE, has_tp=t > 1, single_stage=p == 1,
     )

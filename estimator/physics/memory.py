@@ -116,7 +116,7 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     p, m = lay.pp, lay.microbatches
     first, last = stage == 0, stage == p - 1
     prank = rp.of_stage(first, last)
-    state = model_state(prank, lay.fsdp_ranks)
+    state = model_state(rp.sharded(prank, lay))
     gf = state.grads_bytes
     single, pp_nosync = lay.single_stage, ~lay.single_stage
     # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches
@@ -170,7 +170,7 @@ def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded,
     # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
     # (the schedule's microbatches accumulate unsharded until the last one)
     g_first = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 0.0))
-    g_prev = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 4 * rp.block / lay.fsdp_ranks))
+    g_prev = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 4 * rp.sharded_block(lay)))
     up_last = np.where(rp.layers >= 2, up.backward, up.current)
     up_prev = np.where(rp.layers >= 3, up.backward, up.current)
     in_last = g_first + up_last + acc + acts_blocks + act.backward_temp_bytes

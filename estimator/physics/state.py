@@ -22,10 +22,10 @@ class ModelState:
     optimizer_bytes: np.ndarray
 
 
-def model_state(params: np.ndarray, fsdp_ranks: np.ndarray) -> ModelState:
-    """State of a rank holding `params` parameters before FSDP, sharded over `fsdp_ranks`."""
+def model_state(sharded_params: np.ndarray) -> ModelState:
+    """State of a rank keeping `sharded_params` parameters after FSDP (:meth:`RankParams.sharded`)."""
     return ModelState(
-        params_bytes=PARAM_BYTES * params / fsdp_ranks,
-        grads_bytes=GRAD_BYTES * params / fsdp_ranks,
-        optimizer_bytes=ADAMW_BYTES * params / fsdp_ranks,
+        params_bytes=PARAM_BYTES * sharded_params,
+        grads_bytes=GRAD_BYTES * sharded_params,
+        optimizer_bytes=ADAMW_BYTES * sharded_params,
     )

@@ -29,6 +29,7 @@ TIME_CATEGORIES = (
     "fsdp_exposed",
     "tp_exposed",
     "cp_exposed",
+    "ep_all_to_all",
     "pp_bubble",
     "pp_p2p",
     "dp_allreduce",
@@ -51,7 +52,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
               vocab_rank: np.ndarray) -> StepTime:
     """Step time of every configuration, timed for the stage with the output layer."""
     m, layers = lay.microbatches, rp.layers
-    comp = compute_times(model, hw, stack, lay, layers, vocab_rank)
+    comp = compute_times(model, hw, stack, lay, layers, vocab_rank, rp.moe_layers)
     tp = tp_times(model, hw, stack, lay, layers)
     cp = cp_exposed_s(model, hw, stack, lay, layers, comp.attention_s)
     fsdp = fsdp_times(hw, stack, lay, rp)
@@ -61,7 +62,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     hidden_comm = fsdp.per_microbatch_s + tp.total_s * tp.overlap
     slow = stack.comm_compute_slowdown * np.minimum(1.0, hidden_comm / np.maximum(busy, 1e-12))
     busy_slow = busy * (1 + slow)
-    t_mb = busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed
+    t_mb = busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed + comp.all_to_all_s
     parts = {
         "compute": m * comp.gemm_attention_s,
         "recompute": m * comp.recompute_s,
@@ -71,10 +72,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "fsdp_exposed": m * fsdp_exposed + fsdp.step_edges_s + fsdp.step_once_s,
         "tp_exposed": m * tp.exposed_s,
         "cp_exposed": m * cp,
+        "ep_all_to_all": m * comp.all_to_all_s,
         "pp_bubble": pipeline.bubble_s(lay, t_mb),
         "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden)),
         "dp_allreduce": dp_replicate_s(hw, stack, lay, rp),
-        "optimizer_step": optimizer_step_s(hw, rp.most, lay.fsdp_ranks),
+        "optimizer_step": optimizer_step_s(hw, rp.sharded(rp.most, lay)),
     }
     step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s
             + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s)
@@ -84,5 +86,6 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: np.ndarray) -> np.ndarray:
-    """torchtitan's MFU numerator per token: 6 (N - N_embedding) + 12 L q s (full attention, no recompute)."""
-    return model.flops_per_token(1) + 12.0 * float(model.layers) * float(model.q_dim) * (seq_len - 1)
+    """torchtitan's MFU numerator per token: 6 (N_active - N_embedding) + 6 L (q + v) s (full attention, no
+    recompute): 12 L q s when the query and value widths are equal."""
+    return model.flops_per_token(1) + 6.0 * float(model.layers) * float(model.q_dim + model.v_dim) * (seq_len - 1)

@@ -1,0 +1,172 @@
+"""Mixture-of-experts layers on one rank: how many routed rows its experts compute, what a MoE block saves for
+backward, its GEMM and memory-bound time, and the expert-parallel all-to-all.
+
+torchtitan's MoE (0.3: `models/common/moe.py`, `token_dispatcher.py`): a router (a gate GEMM, softmax or
+sigmoid scores, top-k) sends each token to `top_k` routed experts, dropless, plus the always-on shared expert(s).
+With expert parallelism (ep > 1) each rank routes its sequence-parallel share of the tokens (tokens / tp), copies
+each token top_k times, and one all-to-all dispatches the rows to the ranks owning the experts (experts / ep each,
+ep ranks carved from dp_shard x cp x tp), a grouped GEMM runs them, and a second all-to-all combines them back;
+the backward runs both again. Without EP the routed experts are TP-sharded like a dense MLP on the gathered input.
+
+Units: rows and bytes are per token of the rank's microbatch (`Layout.tokens_mb`), so they multiply like the dense
+per-token terms; times are seconds per MoE layer per microbatch. Constants come from the stack's `moe` section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.estimator.errors import ConfigError
+from meshplan.estimator.hardware import HardwareProfile
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.comms import inter_node_bytes_per_s, intra_node_bytes_per_s
+from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.state import BF16
+from meshplan.estimator.stack import MoEBehaviour, StackProfile
+
+FP32 = 4.0
+INDEX = 8.0  # int64 expert ids
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One MoE layer on a rank, per token of the rank's microbatch (float arrays)."""
+
+    behaviour: MoEBehaviour
+    src_rows: np.ndarray  # routed rows the rank sends and gets back: top_k / tp with EP (SP-sharded tokens), else top_k
+    expert_rows: np.ndarray  # rows the busiest rank's experts compute (the stack's load imbalance with EP)
+    router_tokens: np.ndarray  # share of the microbatch's tokens the rank routes (1 / tp with EP, else 1)
+    width: np.ndarray  # one routed expert's inner width on the rank (F_e with EP, F_e / tp without)
+    local_experts: np.ndarray  # routed experts on the rank
+    shared_width: float  # the shared expert(s)' inner width before TP (0: none)
+    gathered_input: np.ndarray  # the MoE input is all-gathered over TP (experts TP-sharded, or a shared expert)
+
+
+def moe_behaviour(model: ModelSpec, stack: StackProfile) -> MoEBehaviour | None:
+    """The stack's MoE behaviour for a MoE model (None for a dense one); ConfigError when the stack has none."""
+    if model.moe is None:
+        return None
+    if stack.moe is None:
+        raise ConfigError(f"stack profile '{stack.id}' does not describe mixture-of-experts training; "
+                          f"{model.name} is a MoE model (use the torchtitan stack)")
+    return stack.moe
+
+
+def routing(model: ModelSpec, stack: StackProfile, lay: Layout) -> Routing | None:
+    """Routing quantities of every configuration; None for a dense model."""
+    b = moe_behaviour(model, stack)
+    if b is None:
+        return None
+    m, t, ep = model.moe, lay.tp, lay.ep
+    has_ep = ep > 1
+    src = float(m.top_k) / np.where(has_ep, t, 1.0)
+    return Routing(
+        behaviour=b, src_rows=src, expert_rows=src * np.where(has_ep, b.load_imbalance, 1.0),
+        router_tokens=1.0 / np.where(has_ep, t, 1.0),
+        width=float(m.expert_ffn_hidden) / np.where(has_ep, 1.0, t),
+        local_experts=float(m.experts) / np.where(has_ep, ep, 1.0), shared_width=float(m.shared_ffn_hidden),
+        gathered_input=lay.has_tp & (~has_ep | (m.shared_ffn_hidden > 0)),
+    )
+
+
+# --- memory ------------------------------------------------------------------------------------------------
+def mlp_saved(model: ModelSpec, r: Routing, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes a MoE block's MLP part saves per token without AC, with op-level selective AC). Without AC: the
+    MoE input, the router's fp32 logits and scores and its top-k, each routed row's expert input and SwiGLU
+    intermediates (4 x width) and its fp32 output for the score multiply, the shared expert as a dense MLP. With
+    op-SAC: the top-k, the all-to-all outputs (when the stack saves them), the shared expert's kept matmuls;
+    grouped-GEMM outputs are recomputed."""
+    h, t, E, k = float(model.hidden), lay.tp, float(model.moe.experts), float(model.moe.top_k)
+    s_t = r.shared_width / t
+    moe_in = np.where(r.gathered_input, 2 * h, 2 * h / t)
+    router_none = r.router_tokens * (2 * FP32 * E + k * (FP32 + INDEX))
+    routed_none = r.expert_rows * (BF16 * h + 4 * BF16 * r.width) + r.src_rows * FP32 * h
+    none = moe_in + router_none + routed_none + 8 * s_t
+    shared = r.shared_width > 0
+    a2a = (r.expert_rows + r.src_rows) * BF16 * h if r.behaviour.selective_ac_saves_all_to_all else 0.0
+    sel = (r.router_tokens * k * (FP32 + INDEX) + a2a
+           + (2 * s_t + 2 * h if shared else 0.0) + np.where(lay.has_tp, 2 * h / t, 0.0))
+    return none, sel
+
+
+def backward_temp_bytes(model: ModelSpec, r: Routing, lay: Layout, routed_block: np.ndarray,
+                        none_per_token: np.ndarray) -> np.ndarray:
+    """Bytes of a MoE block's MLP temporaries in its backward (one microbatch): the routed rows' gradients (their
+    intermediates, input and fp32 output), the shared expert's, what the checkpoint recomputes (op-SAC: every
+    grouped-GEMM output; full AC: the whole forward), and the bf16 weight gradients of the rank's experts."""
+    h, t = float(model.hidden), lay.tp
+    s_t = r.shared_width / t
+    grad = r.expert_rows * (3 * BF16 * r.width + BF16 * h) + r.src_rows * FP32 * h + 6 * s_t
+    sel = r.expert_rows * 4 * BF16 * r.width + 8 * s_t
+    recompute = np.where(lay.full_ac, none_per_token, np.where(lay.selective_ac, sel, 0.0))
+    shared_w = model.mlp_matrices * h * r.shared_width / t
+    router_w = h * float(model.moe.experts)
+    return (grad + recompute) * lay.tokens_mb + BF16 * (routed_block + shared_w + router_w)
+
+
+# --- time ----------------------------------------------------------------------------------------------------
+def grouped_gemm_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, r: Routing, lay: Layout,
+                   gemm_s) -> np.ndarray:
+    """Forward + backward seconds of the rank's routed experts per microbatch: three grouped GEMMs (w1, w3:
+    hidden -> width; w2 back) over the busiest rank's rows, in bf16 (Float8 converts nn.Linear layers, not the
+    grouped experts), at the dense GEMM's efficiency for the per-expert shape x the stack's grouped factor."""
+    rows = r.expert_rows * lay.tokens_mb
+    h = float(model.hidden)
+    _, up = gemm_s(hw, stack, lay, h, r.width, 2.0, tokens=rows, groups=r.local_experts)
+    _, down = gemm_s(hw, stack, lay, r.width, h, 1.0, tokens=rows, groups=r.local_experts)
+    return (up + down) / r.behaviour.grouped_gemm_factor
+
+
+def all_to_all_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes: np.ndarray) -> np.ndarray:
+    """One all-to-all in which the busiest rank receives `nbytes` from its ep group: (ep - 1) / ep of it crosses
+    links. The ep ranks are consecutive (torchtitan's sparse mesh (pp, dp_replicate, efsdp, ep)): inside a node
+    NVLink carries it; across nodes each rank's NIC carries the share from other nodes while NVLink carries the
+    rest in parallel. Both at the stack's all-to-all efficiency, plus one latency per peer."""
+    ep, gpn = lay.ep, lay.gpus_per_node
+    in_node = np.minimum(ep, gpn)
+    eff = r.behaviour.all_to_all_efficiency
+    nvlink = nbytes * (in_node - 1) / ep / (intra_node_bytes_per_s(hw) * eff)
+    network = nbytes * np.maximum(ep - in_node, 0.0) / ep / (inter_node_bytes_per_s(hw) * eff)
+    latency = np.where(ep > gpn, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6 * np.log2(np.maximum(ep, 2))
+    return np.where(ep > 1, np.maximum(nvlink, network) + latency, 0.0)
+
+
+@dataclass(frozen=True)
+class MoETimes:
+    """Seconds of one MoE layer per microbatch on the rank, beyond its attention (float arrays)."""
+
+    gemm_s: np.ndarray  # routed grouped GEMMs, shared expert and router gate, fwd + bwd
+    recompute_s: np.ndarray  # what activation checkpointing re-runs of them
+    elementwise_s: np.ndarray  # the permutes and scatter-add of the routed rows, the router's scores
+    all_to_all_s: np.ndarray  # dispatch and combine, forward, backward and recompute (not hidden)
+    sync_s: np.ndarray  # the split sizes' device-to-host sync, per forward
+
+
+def moe_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, r: Routing, lay: Layout, gemm_s,
+              hbm_bytes_per_s: float, recipe) -> MoETimes:
+    """Time of one MoE layer's MLP part per microbatch (the attention is timed as for a dense block)."""
+    h, t, E = float(model.hidden), lay.tp, float(model.moe.experts)
+    b = r.behaviour
+    routed = grouped_gemm_s(model, hw, stack, r, lay, gemm_s)
+    s_t = r.shared_width / t
+    if r.shared_width:
+        shared_up, _ = gemm_s(hw, stack, lay, h, s_t, 2.0, recipe=recipe)
+        shared_down, _ = gemm_s(hw, stack, lay, s_t, h, recipe=recipe)
+    else:
+        shared_up = shared_down = np.zeros_like(t)
+    _, gate = gemm_s(hw, stack, lay, h, E, 1.0, tokens=r.router_tokens * lay.tokens_mb)
+    gemm = routed + shared_up + shared_down + gate
+    # op-SAC re-runs the grouped GEMMs (not on its save list), half the shared expert's input GEMMs and the
+    # gate (force-recomputed); full AC the whole forward
+    sel = (routed + shared_up / 2 + gate) / 3.0
+    recompute = np.where(lay.full_ac, gemm / 3.0, np.where(lay.selective_ac, sel, 0.0))
+    rows = r.expert_rows * lay.tokens_mb
+    elem = (rows * b.permute_passes * BF16 * h + r.router_tokens * lay.tokens_mb * b.router_passes * FP32 * E) \
+        / hbm_bytes_per_s
+    a2a_bytes = rows * h * BF16
+    again = np.where(lay.full_ac | (lay.selective_ac & (not b.selective_ac_saves_all_to_all)), 2.0, 0.0)
+    a2a = (4.0 + again) * all_to_all_s(hw, r, lay, a2a_bytes)
+    sync = np.where(lay.ep > 1, b.sync_s_per_layer * np.where(lay.full_ac, 2.0, 1.0), 0.0)
+    return MoETimes(gemm_s=gemm, recompute_s=recompute, elementwise_s=elem, all_to_all_s=a2a, sync_s=sync)
