@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from meshplan.estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule
 from meshplan.estimator.model_spec import ModelSpec, load_model
 
-RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size",
+RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "pp_schedule", "vpp", "micro_batch_size",
                "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp"}
 
 
@@ -32,6 +32,7 @@ class RunConfig(BaseModel):
     cp: int = Field(1, ge=1, description="context parallel degree")
     tp: int = Field(1, ge=1, description="tensor parallel degree (with sequence and loss parallel)")
     pp: int = Field(1, ge=1, description="pipeline parallel degree")
+    ep: int = Field(1, ge=1, description="expert parallel degree (MoE): ranks carved from dp_shard x cp x tp")
     pp_schedule: PPSchedule = "1F1B"
     vpp: int = Field(1, ge=1, description="pipeline stages per rank (>1 needs Interleaved1F1B)")
     micro_batch_size: int = Field(1, ge=1, description="sequences per microbatch per data-parallel rank")
@@ -52,6 +53,11 @@ class RunConfig(BaseModel):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="decay floor as a fraction of lr")
     weight_decay: float = Field(0.1, ge=0, allow_inf_nan=False)
     grad_clip: float = Field(1.0, ge=0, allow_inf_nan=False, description="max global grad norm; 0 disables clipping")
+    moe_bias_update: float = Field(1e-3, ge=0, allow_inf_nan=False,
+                                   description="MoE auxiliary-loss-free balancing step (torchtitan's load_balance_coeff)")
+    moe_aux_loss_coef: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                     description="weight of the Switch load-balancing loss of each MoE layer; 0: none")
+    moe_force_balance: bool = Field(False, description="route tokens round-robin (torchtitan's moe_force_load_balance)")
     seed: int = 0
     checkpoint_interval: int = Field(0, ge=0, description="save every N steps; 0 saves only on stop/signal")
     checkpoint_dir: str | None = Field(None, description="defaults to RUN_DIR/checkpoints")

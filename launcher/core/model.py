@@ -24,6 +24,7 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.launcher.core.moe import AllReduceGrad, MoE
 
 ROPE_THETA = 10000.0
 
@@ -78,6 +79,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
 
 
+def rope_dim(spec: ModelSpec) -> int:
+    """Width RoPE rotates per head: the head (GQA), or MLA's RoPE part."""
+    return spec.mla.qk_rope_head_dim if spec.mla is not None else spec.d_head
+
+
 def make_norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "layernorm":
         return nn.LayerNorm(spec.hidden, eps=1e-5)
@@ -119,6 +125,54 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 
+class MLAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3, torchtitan's deepseek_v3 Attention): queries through a
+    low-rank latent (or one projection), keys and values up-projected from a shared latent, each head's query/key
+    a no-RoPE part and a RoPE part (one RoPE key shared by all heads). Under TP the down-projections and the latent
+    norms are replicated and the up-projections column-parallel (torchtitan's plan); heads are inferred from the
+    local widths."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        a = spec.mla
+        self.nope, self.rope, self.v_head, self.kv_rank = a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim, a.kv_lora_rank
+        self.scale = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
+        if a.q_lora_rank:
+            self.wq_a = nn.Linear(spec.hidden, a.q_lora_rank, bias=False)
+            self.q_norm = nn.RMSNorm(a.q_lora_rank, eps=1e-6)
+            self.wq_b = nn.Linear(a.q_lora_rank, spec.q_dim, bias=False)
+            self.wq = None
+        else:
+            self.wq = nn.Linear(spec.hidden, spec.q_dim, bias=False)
+        self.wkv_a = nn.Linear(spec.hidden, a.kv_lora_rank + a.qk_rope_head_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(a.kv_lora_rank, eps=1e-6)
+        self.wkv_b = nn.Linear(a.kv_lora_rank, spec.heads * (a.qk_nope_head_dim + a.v_head_dim), bias=False)
+        self.wo = nn.Linear(spec.v_dim, spec.hidden, bias=False)
+        self.cp: ContextParallel | None = None
+        self.tp_group: Any = None  # under TP: the shared RoPE key's gradient is summed over the ranks' heads
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bs, seq, _ = x.shape
+        q = self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))
+        q = q.view(bs, seq, -1, self.nope + self.rope)
+        q_nope, q_pe = torch.split(q, [self.nope, self.rope], dim=-1)
+        q = torch.cat([q_nope, apply_rope(q_pe, cos, sin)], dim=-1)
+        kv, k_pe = torch.split(self.wkv_a(x), [self.kv_rank, self.rope], dim=-1)
+        k_pe = apply_rope(k_pe.unsqueeze(2), cos, sin)
+        if self.tp_group is not None:
+            k_pe = AllReduceGrad.apply(k_pe, self.tp_group)
+        kv = self.wkv_b(self.kv_norm(kv)).view(bs, seq, -1, self.nope + self.v_head)
+        k_nope, v = torch.split(kv, [self.nope, self.v_head], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        mask = None
+        if self.cp is not None:
+            k, v = self.cp.gather(k), self.cp.gather(v)
+            mask = self.cp.mask.to(x.device)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
+        return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+
+
 class FeedForward(nn.Module):
     """SwiGLU (w2(silu(w1 x) * w3 x)), GeGLU (w2(gelu(w1 x) * w3 x), Gemma) or GELU (w2(gelu(w1 x))) MLP."""
 
@@ -147,8 +201,17 @@ _SAC_SAVE = {
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
     torch.ops.aten.max.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    torch.ops._c10d_functional.all_to_all_single.default,  # MoE dispatch / combine (torchtitan 0.3 saves them)
 }
 _MM = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+# A MoE block's routed experts are their own FSDP unit inside the checkpointed block (as torchtitan 0.2 wraps them):
+# FSDP's hooks open profiler ranges there a different number of times in the forward and in the recompute
+# (prefetched or not), which SAC would take for a changed computation. They carry no tensors: SAC ignores them.
+torch.utils.checkpoint.SAC_IGNORED_OPS |= {
+    torch.ops.profiler._record_function_enter_new.default,
+    torch.ops.profiler._record_function_exit.default,
+    torch.ops.profiler._record_function_exit._RecordFunction,
+}
 
 
 def selective_context_fn() -> Any:
@@ -167,14 +230,16 @@ def selective_context_fn() -> Any:
 
 class Block(nn.Module):
     """Pre-norm transformer block (with `block_norms` 4, Gemma 2/3's sandwich: the attention's and the MLP's
-    outputs are normalised too). `ac` selects activation checkpointing: none / selective (op SAC) / full."""
+    outputs are normalised too); block `layer_id` of a mixture-of-experts spec has the MoE MLP where the spec says
+    so. `ac` selects activation checkpointing: none / selective (op SAC) / full."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer_id: int = 0) -> None:
         super().__init__()
         self.attention_norm = make_norm(spec)
-        self.attention = Attention(spec)
+        self.attention = MLAttention(spec) if spec.mla is not None else Attention(spec)
         self.ffn_norm = make_norm(spec)
-        self.feed_forward = FeedForward(spec)
+        self.moe = spec.moe is not None and spec.moe_layer_mask[layer_id]
+        self.feed_forward: nn.Module = MoE(spec) if self.moe else FeedForward(spec)
         sandwich = spec.block_norms == 4
         self.post_attention_norm = make_norm(spec) if sandwich else None
         self.post_ffn_norm = make_norm(spec) if sandwich else None
@@ -204,15 +269,15 @@ class Transformer(nn.Module):
         self.spec = spec
         self.seq_len = seq_len
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.layers)})
         self.norm: nn.Module | None = make_norm(spec)
         # Tied embeddings reuse tok_embeddings.weight in forward rather than sharing a Parameter object
         # between two modules: meta-device to_empty and FSDP2 would silently untie a shared Parameter.
         self.tied = spec.tied_embeddings
         self.output: nn.Linear | None = None if self.tied else nn.Linear(spec.hidden, spec.vocab, bias=False)
         self.positions = torch.arange(seq_len, device="cpu")
-        self.register_buffer("rope_cos", torch.empty(seq_len, spec.d_head // 2), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(seq_len, spec.d_head // 2), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(seq_len, rope_dim(spec) // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(seq_len, rope_dim(spec) // 2), persistent=False)
 
     def keep_stage(self, layer_ids: list[int], first: bool, last: bool) -> Transformer:
         """Drop what a pipeline stage does not own (in place) and return self."""
@@ -229,8 +294,8 @@ class Transformer(nn.Module):
     def set_context_parallel(self, cp: ContextParallel) -> None:
         """Shard the sequence across the cp group: local positions for RoPE, K/V all-gather in attention."""
         self.positions = cp.positions
-        self.rope_cos = torch.empty(len(cp.positions), self.spec.d_head // 2, device=self.rope_cos.device)
-        self.rope_sin = torch.empty(len(cp.positions), self.spec.d_head // 2, device=self.rope_sin.device)
+        self.rope_cos = torch.empty(len(cp.positions), rope_dim(self.spec) // 2, device=self.rope_cos.device)
+        self.rope_sin = torch.empty(len(cp.positions), rope_dim(self.spec) // 2, device=self.rope_sin.device)
         for block in self.layers.values():
             block.attention.cp = cp
 
@@ -253,8 +318,14 @@ class Transformer(nn.Module):
 
     # --- materialisation -------------------------------------------------------------------------------
     def init_rope(self, device: torch.device) -> None:
-        """(Re)build the RoPE cos/sin buffers for this part's positions."""
-        self.rope_cos, self.rope_sin = rope_tables(self.positions, self.spec.d_head, device)
+        """(Re)build the RoPE cos/sin buffers for this part's positions, and zero the MoE layers' routing bias and
+        token counts (`to_empty` leaves buffers uninitialised; a checkpoint then restores the bias)."""
+        self.rope_cos, self.rope_sin = rope_tables(self.positions, rope_dim(self.spec), device)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, MoE):
+                    module.expert_bias.zero_()
+                    module.tokens_per_expert.zero_()
 
     def init_weights(self, seed: int, device: torch.device) -> None:
         """Fill each (possibly sharded) parameter with its sharding-independent seeded value, generating only
@@ -293,7 +364,7 @@ def init_std(name: str, spec: ModelSpec) -> float:
         return 0.02 if spec.tied_embeddings else 1.0  # tied (GPT-2 style): it is also the output projection
     if name.startswith("output"):
         return spec.hidden**-0.5
-    if name.endswith(("wo.weight", "w2.weight")):
+    if name.endswith(("wo.weight", "w2.weight", "experts.w2")):
         return 0.02 / math.sqrt(2 * spec.layers)
     return 0.02
 
@@ -312,6 +383,14 @@ def init_region(
     if name.endswith(".bias"):
         return torch.zeros(local_shape, device=device)
     base = (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**62)
+    if len(shape) == 3:  # stacked experts: one generator per expert (a rank holds some experts, or slices of each)
+        gen = torch.Generator(device=device)
+        pieces = []
+        rest = tuple(slice(o, o + n) for o, n in zip(offset[1:], local_shape[1:], strict=True))
+        for e in range(offset[0], offset[0] + local_shape[0]):
+            gen.manual_seed((base * 7919 + e) % (2**63))
+            pieces.append(torch.randn(shape[1:], generator=gen, device=device)[rest])
+        return torch.stack(pieces) * init_std(name, spec)
     r0, r1 = offset[0], offset[0] + local_shape[0]
     rest = tuple(slice(o, o + n) for o, n in zip(offset[1:], local_shape[1:], strict=True))
     pieces = []

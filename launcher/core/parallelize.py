@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.model import ContextParallel, Transformer, build_meta_model
+from meshplan.launcher.core.moe import moe_modules
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -81,6 +82,10 @@ class Parallel:
     mesh: DeviceMesh
     fsdp_view: DeviceMesh
     device: torch.device
+    # (pp, dp_replicate, efsdp, ep): the expert-parallel ranks carved from dp_shard x cp x tp (torchtitan 0.3's
+    # sparse mesh), None without EP; and (pp, stage) for what every rank of a pipeline stage reduces together
+    sparse_view: DeviceMesh | None = None
+    stage_view: DeviceMesh | None = None
     # FSDP2 mixed precision (bf16 params, fp32 reduce); None: on CUDA only. The memory trace sets it on CPU
     # so that its fake tensors have the dtypes of the GPU run.
     mixed_precision: bool | None = None
@@ -105,6 +110,19 @@ class Parallel:
         return self.coord("cp")
 
     @property
+    def ep_mesh(self) -> DeviceMesh | None:
+        return self.sparse_view["ep"] if self.sparse_view is not None else None
+
+    @property
+    def expert_fsdp_mesh(self) -> DeviceMesh | None:
+        """FSDP mesh of the routed experts under EP: efsdp (with dp_replicate for HSDP); None without EP."""
+        if self.sparse_view is None:
+            return None
+        if self.cfg.dp_replicate > 1:
+            return self.sparse_view["dp_replicate", "efsdp"]
+        return self.sparse_view["efsdp"]
+
+    @property
     def fsdp_mesh(self) -> DeviceMesh | None:
         """FSDP shards over dp_shard*cp (cp ranks share the weights); HSDP adds dp_replicate."""
         cfg = self.cfg
@@ -126,7 +144,12 @@ def build_parallel(cfg: RunConfig, device: torch.device) -> Parallel:
         (cfg.pp, cfg.dp_replicate, cfg.dp_shard * cfg.cp, cfg.tp),
         ("pp", "dp_replicate", "dp_shard_cp", "tp"),
     )
-    return Parallel(cfg, mesh, fsdp_view, device)
+    sparse = None
+    if cfg.ep > 1:
+        efsdp = cfg.dp_shard * cfg.cp * cfg.tp // cfg.ep
+        sparse = world._unflatten(0, (cfg.pp, cfg.dp_replicate, efsdp, cfg.ep), ("pp", "dp_replicate", "efsdp", "ep"))
+    stage = world._unflatten(0, (cfg.pp, cfg.world_size // cfg.pp), ("pp", "stage"))
+    return Parallel(cfg, mesh, fsdp_view, device, sparse_view=sparse, stage_view=stage)
 
 
 # --- stages ------------------------------------------------------------------------------------------------
@@ -175,8 +198,13 @@ def parallelize_part(
     """Float8 -> TP -> CP -> AC -> compile -> FSDP -> materialise, on one model part."""
     if cfg.float8 != "none":
         convert_float8(model, cfg.float8)
+    for moe in moe_modules([model]):
+        moe.force_balance, moe.aux_loss_coef = cfg.moe_force_balance, cfg.moe_aux_loss_coef
     if cfg.tp > 1:
-        apply_tp(model, par.mesh["tp"], async_tp=cfg.async_tp, float8_tensorwise=cfg.float8 == "tensorwise")
+        apply_tp(model, par.mesh["tp"], async_tp=cfg.async_tp, float8_tensorwise=cfg.float8 == "tensorwise",
+                 ep=cfg.ep)
+    if par.ep_mesh is not None:
+        apply_ep(model, par.ep_mesh, cfg.tp)
     if cfg.cp > 1:
         model.set_context_parallel(
             ContextParallel(par.mesh["cp"].get_group(), cfg.seq_len, par.cp_rank, cfg.cp)
@@ -184,10 +212,17 @@ def parallelize_part(
     for block in model.layers.values():
         block.ac = cfg.ac
         if cfg.compile:
-            block.compile(fullgraph=True)
+            if block.moe:  # routing makes data-dependent shapes: graph breaks around the dispatch
+                torch._dynamo.config.capture_scalar_outputs = True
+                block.compile()
+            else:
+                block.compile(fullgraph=True)
     mesh = par.fsdp_mesh
+    mixed = par.device.type == "cuda" if par.mixed_precision is None else par.mixed_precision
+    emesh = par.expert_fsdp_mesh
+    if emesh is not None:  # the routed experts first: their own FSDP unit on the expert mesh
+        apply_expert_fsdp(model, emesh, cuda=mixed, reshard_after_forward=cfg.pp == 1)
     if mesh is not None:
-        mixed = par.device.type == "cuda" if par.mixed_precision is None else par.mixed_precision
         apply_fsdp(model, mesh, cuda=mixed, reshard_after_forward=cfg.pp == 1)
     if materialize is not None:
         materialize(model)
@@ -201,8 +236,9 @@ def parallelize_part(
 
 
 def float8_filter(module: nn.Module, fqn: str) -> bool:
-    """Convert block Linears whose dims divide by 16; never the output projection."""
-    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "output" or fqn == "output":
+    """Convert block Linears whose dims divide by 16; never the output projection or a MoE router (torchtitan
+    keeps `router.gate` in high precision); the routed experts are not Linears and stay bf16."""
+    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] in ("output", "router") or fqn == "output":
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
@@ -232,9 +268,11 @@ def tp_styles(float8_tensorwise: bool) -> tuple[type, type, type]:
     return ColwiseParallel, RowwiseParallel, PrepareModuleInput
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool, float8_tensorwise: bool = False) -> None:
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool, float8_tensorwise: bool = False,
+             ep: int = 1) -> None:
     """Megatron-style TP with sequence parallel (norms, residual stream sharded on seq) and loss parallel.
-    The embeddings and output projection stay in high precision, so they take the plain styles."""
+    The embeddings and output projection stay in high precision, so they take the plain styles. MLA and MoE
+    blocks take torchtitan's plans (`mla_tp_plan`, `moe_tp_plan`)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -262,23 +300,27 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool, float8_ten
             "attention": prepare_input(
                 input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
             ),
-            "attention.wq": colwise(),
-            "attention.wk": colwise(),
-            "attention.wv": colwise(),
             "attention.wo": rowwise(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": prepare_input(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w1": colwise(),
-            "feed_forward.w2": rowwise(output_layouts=Shard(1)),
         }
-        if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = colwise()
+        if block.attention.__class__.__name__ == "MLAttention":
+            plan.update(mla_tp_plan(block.attention, tp_mesh, colwise))
+        else:
+            plan.update({"attention.wq": colwise(), "attention.wk": colwise(), "attention.wv": colwise()})
+        if block.moe:
+            plan.update(moe_tp_plan(block.feed_forward, tp_mesh, ep, colwise, rowwise))
+        else:
+            plan.update({
+                "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": colwise(),
+                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+            })
+            if block.feed_forward.w3 is not None:
+                plan["feed_forward.w3"] = colwise()
         if block.post_attention_norm is not None:  # Gemma's sandwich norms: on the sequence-sharded outputs
             plan["post_attention_norm"] = SequenceParallel(use_local_output=True)
             plan["post_ffn_norm"] = SequenceParallel(use_local_output=True)
-        if block.attention.q_norm is not None:  # QK-norm: per head, the heads sharded by TP (dim 2)
+        if getattr(block.attention, "k_norm", None) is not None:  # QK-norm: per head, heads sharded by TP (dim 2)
             plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
             plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         parallelize_module(block, tp_mesh, plan)
@@ -287,6 +329,98 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, async_tp: bool, float8_ten
 
         torch._inductor.config._micro_pipeline_tp = True
         enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+
+
+def mla_tp_plan(attn: nn.Module, tp_mesh: DeviceMesh, colwise: type) -> dict[str, Any]:
+    """torchtitan's deepseek_v3 plan: the up-projections column-parallel (local heads), the down-projections into
+    the latents and their norms whole on every rank (their gradients arrive reduced through the column-parallel
+    inputs; the RoPE key, shared by all heads, has its gradient all-reduced in `MLAttention`)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    attn.tp_group = tp_mesh.get_group()
+    plan: dict[str, Any] = {
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                        desired_input_layouts=(Replicate(), None, None), use_local_output=True),
+        "attention.wkv_b": colwise(),
+    }
+    plan["attention.wq" if attn.wq is not None else "attention.wq_b"] = colwise()
+    return plan
+
+
+def moe_tp_plan(moe: nn.Module, tp_mesh: DeviceMesh, ep: int, colwise: type, rowwise: type) -> dict[str, Any]:
+    """A MoE block under TP, as torchtitan 0.3 shards it. Without EP the routed experts are TP-sharded like a dense
+    MLP (w1/w3 on their inner width, w2 on its input) on the gathered input, whose output partial sums are
+    reduce-scattered back to the sequence shards. With EP (carved from the TP ranks too) each rank routes its own
+    sequence shard to whole experts; only the shared expert gathers its input, and the router runs on the shard."""
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        SequenceParallel,
+    )
+
+    def gather_reduce() -> PrepareModuleInputOutput:
+        return PrepareModuleInputOutput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                        use_local_input=True, output_layouts=(Partial(),),
+                                        desired_output_layouts=(Shard(1),), use_local_output=True)
+
+    plan: dict[str, Any] = {}
+    if moe.shared_experts is not None:
+        plan.update({"feed_forward.shared_experts.w1": colwise(), "feed_forward.shared_experts.w3": colwise(),
+                     "feed_forward.shared_experts.w2": rowwise(output_layouts=Partial())})
+    if ep > 1:
+        plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                                  use_local_output=True)
+        plan["feed_forward.router"] = SequenceParallel(sequence_dim=0, use_local_output=True)
+        if moe.shared_experts is not None:
+            plan["feed_forward.shared_experts"] = gather_reduce()
+        return plan
+    plan["feed_forward"] = gather_reduce()
+
+    def shard_experts(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        for pname, p in list(module.named_parameters(recurse=False)):
+            dim = 2 if pname == "w2" else 1  # w1/w3 [E, F, h]: F; w2 [E, h, F]: F
+            module.register_parameter(pname, nn.Parameter(distribute_tensor(p, mesh, [Shard(dim)], src_data_rank=None)))
+
+    distribute_module(moe.experts, tp_mesh, shard_experts)
+    moe.tp_group = tp_mesh.get_group()  # the experts' partial input gradients are summed over TP
+    return plan
+
+
+def apply_ep(model: Transformer, ep_mesh: DeviceMesh, tp: int) -> None:
+    """Expert parallelism: every MoE block's routed experts sharded on the expert dimension over the ep ranks
+    (torchtitan's ExpertParallel partition), and the block told its ep group for the all-to-all.
+
+    An expert's gradient already sums the tokens of its whole ep group (the all-to-all's backward), and FSDP then
+    averages it over the expert FSDP ranks (dp_shard x cp x tp / ep); the data-parallel mean it must equal divides
+    by dp_shard x cp instead, so the experts' gradients are scaled by tp / ep (torchtitan divides the loss by the
+    global token count and turns FSDP's division off, to the same effect)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    for block in model.layers.values():
+        if not block.moe:
+            continue
+        moe = block.feed_forward
+        for pname, p in list(moe.experts.named_parameters(recurse=False)):
+            moe.experts.register_parameter(
+                pname, nn.Parameter(distribute_tensor(p, ep_mesh, [Shard(0)], src_data_rank=None)))
+        moe.ep_group, moe.ep_size, moe.ep_rank = ep_mesh.get_group(), ep_mesh.size(), ep_mesh.get_local_rank()
+        moe.experts.grad_scale = tp / ep_mesh.size()
+
+
+def apply_expert_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_after_forward: bool) -> None:
+    """FSDP2 of each MoE block's routed experts over the expert FSDP mesh (torchtitan 0.2's separate unit), on
+    their inner dimension (dim 1), so it composes with the ep sharding of dim 0."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda
+          else MixedPrecisionPolicy())
+    for block in model.layers.values():
+        if block.moe:
+            fully_shard(block.feed_forward.experts, mesh=mesh, mp_policy=mp,
+                        reshard_after_forward=reshard_after_forward, shard_placement_fn=lambda p: Shard(1))
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_after_forward: bool) -> None:

@@ -35,6 +35,7 @@ from meshplan.launcher.core.checkpoint import Checkpointer, CheckpointError
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.data import ShardedLoader, TokenSource
 from meshplan.launcher.core.model import cross_entropy
+from meshplan.launcher.core.moe import update_expert_bias
 from meshplan.launcher.core.parallelize import (
     Materialize,
     Parallel,
@@ -177,7 +178,7 @@ class Trainer:
                 betas=tuple(cfg.betas),
                 weight_decay=cfg.weight_decay,
                 eps=cfg.eps,
-                foreach=device.type == "cuda" and cfg.tp == 1,
+                foreach=device.type == "cuda" and cfg.tp == 1 and cfg.ep == 1,  # params on one mesh only
             )
             for part in self.parts
         ]
@@ -266,6 +267,7 @@ class Trainer:
         local = self.forward_backward(inputs, labels)
         pp_group = self.par.mesh["pp"].get_group() if self.cfg.pp > 1 else None
         grad_norm = clip_grad_norm(self.params, self.cfg.grad_clip, pp_group)
+        update_expert_bias(self.parts, self.cfg.moe_bias_update, self.par.stage_view["stage"].get_group())
         lr = self.schedulers[0].get_last_lr()[0]
         for opt, sched in zip(self.optimizers, self.schedulers, strict=True):
             opt.step()
