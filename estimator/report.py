@@ -15,7 +15,8 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.stack import StackProfile, load_stack
 
-FLOP_CONVENTION = "6*(N - N_embedding) + 12*L*h*s per token (torchtitan; full attention, no recompute)"
+FLOP_CONVENTION = ("6*(N_active - N_embedding) + 12*L*h*s per token (torchtitan; a MoE model's top-k experts; "
+                   "MLA: 6*L*(q+v)*s; full attention, no recompute)")
 
 
 GIB_DECIMALS = 3  # GiB figures are rounded once, to this many decimals, wherever they are reported
@@ -80,13 +81,7 @@ def estimate(
             "Dec-2024 405B TP+PP runs do not show it, so it is not in the peak)"
         )
     return {
-        "model": {
-            "name": model.name,
-            "params": int(model.params),
-            "layers": model.layers,
-            "hidden": model.hidden,
-            "flops_per_token": float(model.flops_per_token(cfg.seq_len)),
-        },
+        "model": model_summary(model, cfg.seq_len),
         "hardware": {"id": hw.id, "name": hw.name, "peak_tflops_bf16": hw.peak_tflops_bf16},
         "stack": stack.id,
         "config": config_dict(cfg),
@@ -114,6 +109,28 @@ def estimate(
         },
         "warnings": warnings,
     }
+
+
+def model_summary(model: ModelSpec, seq_len: int) -> dict:
+    """The model as `--json` reports it: total and active parameters (a MoE model's experts and layers), FLOPs."""
+    out = {
+        "name": model.name,
+        "params": int(model.params),
+        "active_params": int(model.active_params),
+        "layers": model.layers,
+        "hidden": model.hidden,
+        "flops_per_token": float(model.flops_per_token(seq_len)),
+    }
+    if model.moe is not None:
+        m = model.moe
+        out["moe"] = {"experts": m.experts, "top_k": m.top_k, "expert_ffn_hidden": m.expert_ffn_hidden,
+                      "shared_ffn_hidden": m.shared_ffn_hidden, "moe_layers": model.moe_layers,
+                      "routed_params": int(model.routed_params)}
+    if model.mla is not None:
+        out["attention"] = "multi-head latent attention"
+    if model.vision_params:
+        out["vision_params"] = int(model.vision_params)
+    return out
 
 
 MAX_STAGES_LISTED = 64
@@ -154,6 +171,7 @@ def config_dict(cfg: TrainConfig) -> dict:
         "cp": cfg.cp,
         "tp": cfg.tp,
         "pp": cfg.pp,
+        "ep": cfg.ep,
         "pp_schedule": cfg.pp_schedule,
         "vpp": cfg.vpp,
         "seq_len": cfg.seq_len,

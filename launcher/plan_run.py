@@ -23,6 +23,7 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "cp": p.cp,
         "tp": p.tp,
         "pp": p.pp,
+        "ep": p.ep,
         "pp_schedule": p.pp_schedule,
         "vpp": p.vpp,
         "micro_batch_size": p.micro_batch_size,

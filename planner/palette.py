@@ -37,6 +37,7 @@ TIME_STYLE: dict[str, CategoryStyle] = {
     "fsdp_exposed": CategoryStyle("fsdp", "FSDP comm (exposed)", "#59a14f"),
     "tp_exposed": CategoryStyle("tp", "TP comm (exposed)", "#8cd17d"),
     "cp_exposed": CategoryStyle("cp", "CP comm (exposed)", "#b07aa1"),
+    "ep_all_to_all": CategoryStyle("a2a", "EP all-to-all", "#d37295"),
     "pp_bubble": CategoryStyle("bubble", "pipeline bubble", "#e15759"),
     "pp_p2p": CategoryStyle("p2p", "pipeline P2P", "#ff9d9a"),
     "dp_allreduce": CategoryStyle("dp", "DP all-reduce", "#76b7b2"),

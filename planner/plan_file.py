@@ -49,6 +49,7 @@ class Parallel(BaseModel):
     cp: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1, description="expert parallel degree (MoE); carved from dp_shard x cp x tp")
     pp_schedule: PPSchedule = "1F1B"
     vpp: int = Field(default=1, ge=1)
     micro_batch_size: int = Field(default=1, ge=1)
@@ -141,7 +142,7 @@ class Plan(BaseModel):
         p = self.parallel
         cfg = TrainConfig(
             gpus=self.cluster.gpus, gpus_per_node=self.cluster.gpus_per_node, dp_replicate=p.dp_replicate,
-            dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, cp=p.cp, pp_schedule=p.pp_schedule, vpp=p.vpp,
+            dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, pp_schedule=p.pp_schedule, vpp=p.vpp,
             seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
         )
@@ -180,7 +181,7 @@ def make_plan(
         stack=stack,
         cluster=Cluster(nodes=nodes, gpus_per_node=gpn),
         parallel=Parallel(
-            dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp, pp=cfg.pp,
+            dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep,
             pp_schedule=cfg.pp_schedule, vpp=cfg.vpp or 1, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
             float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp,
         ),
@@ -196,14 +197,30 @@ def plan_fingerprint(plan: Plan) -> str:
     """A short hash (16 hex digits) of what makes a run's checkpoints this plan's: the model, the parallel
     layout (degrees, schedule, micro-batch, AC, Float8, compile), the sequence length, the global batch and the
     seed. Two plans with the same fingerprint can resume each other's run directories; any other cannot."""
+    # fields added after a plan's schema was first published count only when set, so the runs of a plan written
+    # before them keep their fingerprint (and resume)
+    model = _model_dump(plan.model)
+    parallel = plan.parallel.model_dump(mode="json")
+    if parallel.get("ep") == 1:
+        parallel.pop("ep")
     key = {
-        "model": plan.model.model_dump(mode="json"),
-        "parallel": plan.parallel.model_dump(mode="json"),
+        "model": model,
+        "parallel": parallel,
         "seq_len": plan.training.seq_len,
         "global_batch_size": plan.training.global_batch_size,
         "seed": plan.training.seed,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _model_dump(model: ModelSpec) -> dict:
+    """The model spec as JSON values, without the architecture fields a dense model leaves unset (MoE, MLA, a
+    vision tower): a dense plan reads as it did before they existed."""
+    out = model.model_dump(mode="json")
+    for field, unset in (("moe", None), ("mla", None), ("vision_params", 0)):
+        if out.get(field) == unset:
+            out.pop(field, None)
+    return out
 
 
 def default_run_dir(plan: Plan) -> Path:
@@ -247,7 +264,8 @@ def plan_yaml(plan: Plan) -> str:
         f"{plan.cluster.gpus_per_node} {plan.hardware.id}\n"
         "# Launch: meshplan launch PLAN.yaml --backend torchrun|slurm|mpirun; export: meshplan export PLAN.yaml\n"
     )
-    return header + yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False, width=110)
+    return header + yaml.safe_dump({**plan.model_dump(mode="json"), "model": _model_dump(plan.model)}, sort_keys=False,
+                                   width=110)
 
 
 def check_output_path(path: str | Path, flag: str | None = None) -> Path:

@@ -24,6 +24,10 @@ SEARCHES = [  # (model, nodes, hardware, seq_len)
     ("llama3-70b", 4, "b200", 8192),
     ("llama3-8b", 1, "b200", 4096),
     ("llama3-405b", 16, "h200-sxm", 4096),
+    # mixture of experts: expert parallelism in the search (the core's MoE block, torchtitan's flavors)
+    ("deepseek-v3-16b", 2, "h100-sxm", 4096),
+    ("qwen3-235b-a22b", 16, "h100-sxm", 4096),
+    ("deepseek-v3", 64, "h100-sxm", 4096),
 ]
 
 
@@ -46,9 +50,18 @@ def test_top_plans_pass_the_core_and_export(search):
         except ValueError as exc:
             refused.append(f"#{rank}: {exc}")
             continue
-        assert cfg.world_size == plan.cluster.gpus
-        render(plan, "torchtitan-toml", "p.yaml")  # the exporter takes it (real parsers: test_torchtitan_real)
+        assert cfg.world_size == plan.cluster.gpus and cfg.ep == plan.parallel.ep
+        # the exporter takes it (real parsers: test_torchtitan_real); 0.2.2 has no Qwen3 pipeline: 0.3.0's command line
+        qwen3_pp = plan.model.name.startswith("qwen3") and plan.parallel.pp > 1
+        render(plan, "torchtitan-cli" if qwen3_pp else "torchtitan-toml", "p.yaml")
     assert not refused, "\n".join(refused)
+
+
+def test_large_moe_models_rank_expert_parallel_plans():
+    """DeepSeek-V3 on 64 nodes fits only with EP (its experts are 98 % of the parameters), and the planner's top
+    plans use it."""
+    plans = top_plans("deepseek-v3", 64, "h100-sxm", 4096)
+    assert all(p.parallel.ep > 1 for p in plans[:10])
 
 
 def test_float8_tp_plans_are_ranked_and_accepted():

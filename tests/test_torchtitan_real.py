@@ -76,13 +76,24 @@ def cases(float8_tensorwise: bool) -> dict[str, Plan]:
                             seq_len=4096, ac="full"),
         "8b-mxfp8-b200": plan("llama3-8b", 8, hw="b200", global_batch_size=16, seq_len=4096, float8="mxfp8",
                               compile=True),
+        # mixture of experts: torchtitan's own flavors, expert parallelism carved from dp_shard x cp x tp
+        "dsv3-16b-ep8-float8": plan("deepseek-v3-16b", 8, global_batch_size=32, micro_batch_size=2, seq_len=4096,
+                                    ep=8, float8=f8, compile=True),
+        "qwen3-30b-ep8-full-ac": plan("qwen3-30b-a3b", 16, decay="linear", global_batch_size=32, seq_len=4096,
+                                      ep=8, ac="full"),
     }
 
 
-CASES_022 = cases(float8_tensorwise=True)
-CASES_030 = cases(float8_tensorwise=False)
+MOE_022 = {  # 0.2.2 only: Llama 4 left torchtitan before 0.3.0
+    "llama4-scout-tp8-ep2": plan("llama4-scout", 32, tp=8, ep=2, global_batch_size=32, seq_len=4096, ac="full"),
+}
+MOE_030 = {  # 0.3.0 only: Qwen3 235B-A22B (no config function: 30B-A3B's with the flavor swapped), with PP
+    "qwen3-235b-pp4-ep8": plan("qwen3-235b-a22b", 128, pp=4, ep=8, global_batch_size=256, seq_len=4096, ac="full"),
+}
+CASES_022 = cases(float8_tensorwise=True) | MOE_022
+CASES_030 = cases(float8_tensorwise=False) | MOE_030
 # What 0.3.0's command line can express: the config function's built-in Float8 must be the plan's.
-CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b"]
+CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b", "qwen3-30b-ep8-full-ac"]
 CLI_REFUSED = ["70b-fsdp-tp-float8-compile-asynctp", "405b-pp-interleaved-vpp4", "8b-mxfp8-b200"]
 
 
@@ -140,8 +151,13 @@ def expected(p: Plan, output_name: str) -> dict:
         "lr lowest at the last step": True, "lr never below min lr ratio": True,  # after warmup
         "checkpoint": True, "checkpoint interval": t.checkpoint_interval, "seed": t.seed,
         "layers": p.model.layers, "hidden": p.model.hidden, "heads": p.model.heads, "kv_heads": p.model.kv_heads,
-        "vocab": p.model.vocab, "ffn_hidden": p.model.ffn_hidden, "params": p.model.params,
+        "vocab": p.model.vocab, "ffn_hidden": p.model.ffn_hidden if p.model.dense_layers else None,
+        "params": p.model.params,
     }
+    m = p.model.moe
+    if m is not None:  # torchtitan keeps the routing bias (DeepSeek-V3's e_score_correction_bias) as a buffer
+        out["params"] -= p.model.moe_layers * m.experts if m.router_bias else 0
+        out |= {"ep": par.ep, "experts": m.experts, "top_k": m.top_k, "moe layers": p.model.moe_layers}
     if par.pp > 1:
         out |= {"pp_schedule": par.pp_schedule, "stages per PP rank": par.vpp}
     return out
@@ -241,8 +257,15 @@ def actual_030(r: dict) -> dict:
 
 def _model(r: dict) -> dict:
     m = r["model"]
-    return {"layers": m["layers"], "hidden": m["dim"], "heads": m["heads"], "kv_heads": m["kv_heads"],
-            "vocab": m["vocab"], "ffn_hidden": m["ffn_hidden"], "params": m["params"]}
+    out = {"layers": m["layers"], "hidden": m["dim"], "heads": m["heads"], "kv_heads": m["kv_heads"],
+           "vocab": m["vocab"], "ffn_hidden": m["ffn_hidden"], "params": m["params"]}
+    moe = m.get("moe")
+    if moe:
+        out |= {"ep": r["dims"]["ep"], "experts": moe["experts"], "top_k": moe["top_k"],
+                "moe layers": moe["moe_layers"]}
+        if "etp" in r["dims"]:
+            assert r["dims"]["etp"] == 1  # experts whole on each EP rank, as 0.3.0 (and the estimate) has them
+    return out
 
 
 def tolerances(p: Plan) -> dict[str, float]:
@@ -334,7 +357,10 @@ def test_0_3_0_builds_the_python_export_as_planned(results_030_py, case):
     assert "error" not in r, r.get("error")
     compare("0.3.0 (torchtitan-py)", case, expected(CASES_030[case], "lm_head"), actual_030(r),
             tolerances(CASES_030[case]))
-    assert r["model"]["name"] == "llama3"
+    want = {"llama3": "llama3", "deepseek": "deepseek_v3", "qwen3": "qwen3"}
+    assert r["model"]["name"] == next(v for k, v in want.items() if CASES_030[case].model.name.startswith(k))
+    if CASES_030[case].parallel.ep > 1:  # the standard all-to-all syncs with the host: no CUDA graphs
+        assert r["config"]["training"]["disable_cuda_graphs"] is True
 
 
 @pytest.mark.parametrize("case", ["8b-fsdp-accum", "405b-pp-interleaved"])
@@ -470,6 +496,23 @@ def test_0_3_0_rejects_the_old_flags_and_pp_without_disable_cuda_graphs():
 
 
 # --------------------------------------------------------------------------------------------- refusals, names
+def test_moe_plans_torchtitan_cannot_build_are_refused():
+    """A MoE model of no torchtitan flavor, Llama 4 on 0.3.0, Qwen3 with PP on 0.2.2, and 235B-A22B on 0.3.0's
+    command line (which cannot change the flavor) are each refused in one line; nothing silently becomes dense."""
+    spec = load_model("qwen3-30b-a3b").model_copy(update={"name": "my-moe", "layers": 24})
+    mine = make_plan(spec, "my-moe.yaml", load_hardware("h100-sxm"),
+                     TrainConfig(gpus=8, dp_shard=-1, ep=8, seq_len=4096, global_batch_size=8))
+    for fmt in ("torchtitan-toml", "torchtitan-py"):
+        with pytest.raises(MeshplanError, match="none has the shapes of my-moe|not one of the models"):
+            render(mine, fmt, "plan.yaml")
+    with pytest.raises(MeshplanError, match="0.3.0 has no llama4.*torchtitan-toml"):
+        render(MOE_022["llama4-scout-tp8-ep2"], "torchtitan-py", "plan.yaml")
+    with pytest.raises(MeshplanError, match="0.2.2 has no pipeline parallelism for qwen3"):
+        render(MOE_030["qwen3-235b-pp4-ep8"], "torchtitan-toml", "plan.yaml")
+    script = render(MOE_030["qwen3-235b-pp4-ep8"], "torchtitan-cli", "plan.yaml")
+    assert "# STOPS unless TT_CONFIG is set" in script and "235B-A22B" in script
+
+
 def test_tensorwise_and_custom_models_are_refused_for_0_3_0():
     tw = CASES_022["70b-fsdp-tp-float8-compile-asynctp"]
     with pytest.raises(MeshplanError, match="no tensorwise Float8 recipe.*torchtitan-toml"):
@@ -477,9 +520,9 @@ def test_tensorwise_and_custom_models_are_refused_for_0_3_0():
     spec = load_model("llama3-8b").model_copy(update={"name": "my-model", "layers": 16})
     custom = make_plan(spec, "my-model.yaml", load_hardware("h100-sxm"),
                        TrainConfig(gpus=8, dp_shard=-1, seq_len=4096, global_batch_size=8))
-    with pytest.raises(MeshplanError, match="not one of torchtitan's llama3 presets"):
+    with pytest.raises(MeshplanError, match="not one of the models torchtitan 0.3.0 ships"):
         render(custom, "torchtitan-py", "plan.yaml")
-    with pytest.raises(MeshplanError, match="not one of torchtitan's llama3 presets"):
+    with pytest.raises(MeshplanError, match="not one of the models torchtitan 0.3.0 ships"):
         torchtitan_train_argv(custom, "/x/meshplan_job.py")
     assert "TT_CONFIG" in render(custom, "torchtitan-cli", "plan.yaml")  # the user's own config function
     a100 = plan("llama3-405b", 512, hw="a100-sxm-80g", tp=8, pp=8, global_batch_size=512, seq_len=4096, ac="full")

@@ -105,6 +105,37 @@ def params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def moe_facts(model) -> dict | None:
+    """The routed experts the release built: experts per MoE layer, top-k and how many MoE layers (None: dense)."""
+    import torch.nn as nn
+
+    layers = list(model.layers.values()) if isinstance(model.layers, nn.ModuleDict) else list(model.layers)
+    moes = [getattr(layer, "moe", None) for layer in layers]
+    moes = [m for m in moes if m is not None]
+    if not moes:
+        return None
+    m = moes[0]
+    experts = getattr(m, "experts", None) or getattr(m, "routed_experts", None)
+    w1 = next(p for name, p in experts.named_parameters() if name.startswith("w1") or "w1" in name)
+    router = m.router
+    top_k = getattr(router, "top_k", None)
+    return {"experts": int(w1.shape[0]), "top_k": top_k, "moe_layers": len(moes),
+            "buffers": sum(b.numel() for n, b in m.named_buffers() if "expert_bias" in n) * len(moes)}
+
+
+def dense_ffn_hidden(model):
+    """The dense MLP's inner width of the first block that has one (None when every block is MoE)."""
+    import torch.nn as nn
+
+    layers = list(model.layers.values()) if isinstance(model.layers, nn.ModuleDict) else list(model.layers)
+    for layer in layers:
+        ffn = getattr(layer, "feed_forward", None)
+        if ffn is not None and hasattr(ffn, "w1"):
+            w1 = ffn.w1
+            return w1.out_features if hasattr(w1, "out_features") else int(w1.weight.shape[0])
+    return None
+
+
 def probe_022(req: dict) -> dict:
     import torch
     import torch.nn as nn
@@ -137,10 +168,11 @@ def probe_022(req: dict) -> dict:
     return {
         "config": dataclasses.asdict(cfg),
         "dims": {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
-                 "pp": dims.pp, "world_size": dims.world_size},
-        "model": {"layers": args.n_layers, "dim": args.dim, "heads": args.n_heads, "kv_heads": args.n_kv_heads,
-                  "vocab": args.vocab_size, "ffn_hidden": model.layers["0"].feed_forward.w1.out_features,
-                  "params": n_params, "max_seq_len": args.max_seq_len},
+                 "pp": dims.pp, "world_size": dims.world_size, "ep": dims.ep, "etp": dims.etp},
+        "model": {"layers": args.n_layers, "dim": args.dim, "heads": args.n_heads,
+                  "kv_heads": getattr(args, "n_kv_heads", None) or args.n_heads, "vocab": args.vocab_size,
+                  "ffn_hidden": dense_ffn_hidden(model), "params": n_params, "max_seq_len": args.max_seq_len,
+                  "moe": moe_facts(model)},
         "converters": [type(c).__name__ for c in converters.converters],
         "pipeline": {"per_rank": stages_per_rank_022(cfg, dims.pp)} if dims.pp > 1 else None,
         "linears": linears(model),
@@ -175,23 +207,25 @@ def probe_030(req: dict) -> dict:
         model = model_cfg.build()
     model.verify_module_protocol()
     layer0 = model.layers[0] if isinstance(model.layers, nn.ModuleList) else model.layers["0"]
-    ffn = layer0.feed_forward
+    ffn = getattr(layer0, "feed_forward", None)
     opt = cfg.optimizer.build(model_parts=[nn.Linear(2, 2)])
     group = dict(opt.optimizers[0].param_groups[0])  # before the LR scheduler scales "lr" by its first factor
     sched = cfg.lr_scheduler.build(optimizers=opt, training_steps=cfg.training.steps)
     ac = cfg.activation_checkpoint
     out = {k: v for k, v in cfg.to_dict().items() if k != "model_spec"}
     attn = layer0.attention
+    del ffn
     return {
         "config": out,
         "ac": None if ac is None else type(ac).__qualname__,
         "dims": {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
-                 "pp": dims.pp, "world_size": dims.world_size},
+                 "pp": dims.pp, "world_size": dims.world_size, "ep": dims.ep},
         "pipeline": stages,
         "model": {"name": cfg.model_spec.name, "flavor": cfg.model_spec.flavor, "layers": len(model.layers),
                   "dim": model_cfg.dim, "heads": getattr(attn, "n_heads", None),
-                  "kv_heads": getattr(attn, "n_kv_heads", None), "vocab": model_cfg.vocab_size,
-                  "ffn_hidden": ffn.w1.out_features if hasattr(ffn, "w1") else None, "params": params(model)},
+                  "kv_heads": getattr(attn, "n_kv_heads", None) or getattr(attn, "n_heads", None),
+                  "vocab": model_cfg.vocab_size, "ffn_hidden": dense_ffn_hidden(model), "params": params(model),
+                  "moe": moe_facts(model)},
         "linears": linears(model),
         "optimizer": {"class": type(opt.optimizers[0]).__name__, "lr": group["lr"], "betas": list(group["betas"]),
                       "eps": group["eps"], "weight_decay": group["weight_decay"]},

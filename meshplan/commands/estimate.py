@@ -48,6 +48,8 @@ def estimate_cmd(
     tp: int = typer.Option(1, "--tp", min=1, help="tensor parallel degree (with sequence parallel)"),
     pp: int = typer.Option(1, "--pp", min=1, help="pipeline parallel degree"),
     cp: int = typer.Option(1, "--cp", min=1, help="context parallel degree"),
+    ep: int = typer.Option(1, "--ep", min=1, help="expert parallel degree (MoE models): experts / ep per GPU, ranks "
+                                                 "carved from dp_shard x cp x tp"),
     pp_schedule: Schedule = typer.Option(Schedule.one_f_one_b, "--pp-schedule", help="pipeline schedule"),
     vpp: int = typer.Option(None, "--vpp", min=1, help="stages per pipeline rank [default: 2 for Interleaved1F1B]"),
     seq_len: int = typer.Option(8192, "--seq-len", min=1, help="tokens per sequence"),
@@ -90,7 +92,7 @@ def estimate_cmd(
     hw = load_hardware(hardware)
     cfg = TrainConfig(
         gpus=gpus, gpus_per_node=gpus_per_node, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
-        cp=cp, pp_schedule=pp_schedule.value, vpp=vpp, seq_len=seq_len, global_batch_size=global_batch_size or 0,
+        cp=cp, ep=ep, pp_schedule=pp_schedule.value, vpp=vpp, seq_len=seq_len, global_batch_size=global_batch_size or 0,
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
     )
     result = estimate(spec, hw, cfg, load_stack(stack))
@@ -125,13 +127,18 @@ def render(result: dict, console: Console | None = None) -> None:
     """Readable report: configuration, memory by category, time by category, warnings."""
     console = console or Console()
     c, mem, thr = result["config"], result["memory"], result["throughput"]
+    m = result["model"]
+    moe = m.get("moe")
+    size = (f"{m['params'] / 1e9:.2f} B params, {m['active_params'] / 1e9:.2f} B active, {moe['experts']} experts "
+            f"top-{moe['top_k']}" if moe else f"{m['params'] / 1e9:.2f} B params")
     console.print(
-        f"[bold]{result['model']['name']}[/] ({result['model']['params'] / 1e9:.2f} B params) on "
+        f"[bold]{m['name']}[/] ({size}) on "
         f"[bold]{c['gpus']} x {result['hardware']['id']}[/] ({c['gpus_per_node']} per node), stack {result['stack']}"
     )
     console.print(
         f"dp_replicate {c['dp_replicate']} x dp_shard {c['dp_shard']} x cp {c['cp']} x tp {c['tp']} x pp {c['pp']}"
         + (f" ({c['pp_schedule']}, vpp {c['vpp']})" if c["pp"] > 1 else "")
+        + (f", ep {c['ep']}" if c.get("ep", 1) > 1 else "")
         + f" | seq {c['seq_len']}, global batch {c['global_batch_size']}, micro-batch {c['micro_batch_size']}"
         f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {'on' if c['compile'] else 'off'}, "
         f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "")

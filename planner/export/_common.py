@@ -5,17 +5,44 @@ from __future__ import annotations
 import re
 import shlex
 import textwrap
+from dataclasses import dataclass
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export.env import EnvVar
 from meshplan.planner.plan_file import Plan
 
-# llama3 presets that torchtitan ships under the same shapes: preset name -> (0.2 flavor, 0.3 config function)
-LLAMA3_PRESETS = {
-    "llama3-8b": ("8B", "llama3_8b", "./assets/hf/Llama-3.1-8B"),
-    "llama3-70b": ("70B", "llama3_70b", "./assets/hf/Llama-3.1-70B"),
-    "llama3-405b": ("405B", "llama3_405b", "./assets/hf/Llama-3.1-405B"),
+
+@dataclass(frozen=True)
+class TitanModel:
+    """A model torchtitan ships with the same shapes as a meshplan preset: its 0.2.2 `[model] name` and flavor
+    (also 0.3.0's `model_registry` flavor), and the 0.3.0 module and config function a job starts from (None when
+    0.3.0 has no such model)."""
+
+    name: str
+    flavor: str
+    config: str | None  # 0.3.0 config function in torchtitan.models.<name>.config_registry
+    assets: str
+    pipelining_022: bool = True  # 0.2.2's TrainSpec has a pipelining_fn (Qwen3's has none)
+
+    @property
+    def module(self) -> str | None:
+        return self.name if self.config else None
+
+
+TITAN_MODELS = {
+    "llama3-8b": TitanModel("llama3", "8B", "llama3_8b", "./assets/hf/Llama-3.1-8B"),
+    "llama3-70b": TitanModel("llama3", "70B", "llama3_70b", "./assets/hf/Llama-3.1-70B"),
+    "llama3-405b": TitanModel("llama3", "405B", "llama3_405b", "./assets/hf/Llama-3.1-405B"),
+    "deepseek-v3-16b": TitanModel("deepseek_v3", "16B", "deepseek_v3_16b", "./assets/hf/deepseek-moe-16b-base"),
+    "deepseek-v3": TitanModel("deepseek_v3", "671B", "deepseek_v3_671b", "./assets/hf/DeepSeek-V3.1-Base"),
+    "qwen3-30b-a3b": TitanModel("qwen3", "30B-A3B", "qwen3_30b_a3b", "./assets/hf/Qwen3-30B-A3B", False),
+    # 0.3.0 has no config function for 235B-A22B: the job starts from 30B-A3B's and swaps in the flavor
+    "qwen3-235b-a22b": TitanModel("qwen3", "235B-A22B", "qwen3_30b_a3b", "./assets/hf/Qwen3-235B-A22B", False),
+    # Llama 4 left torchtitan before 0.3.0 (deprecated in commit d92336fee, #3573): 0.2.2 only
+    "llama4-scout": TitanModel("llama4", "17bx16e", None, "./assets/hf/Llama-4-Scout-17B-16E"),
+    "llama4-maverick": TitanModel("llama4", "17bx128e", None, "./assets/hf/Llama-4-Maverick-17B-128E"),
 }
+LLAMA3_PRESETS = {k: v for k, v in TITAN_MODELS.items() if v.name == "llama3"}
 
 
 def q(value: object) -> str:
@@ -45,16 +72,17 @@ def safe_token(text: str) -> str:
 
 
 def preset_of(plan: Plan) -> str | None:
-    """The torchtitan llama3 preset this plan's model IS (same shapes as meshplan's preset), else None."""
+    """The meshplan preset with a torchtitan model (TITAN_MODELS) this plan's model IS (the same shapes), else
+    None."""
     from meshplan.estimator.model_spec import load_model
 
     for name in (plan.model_source, plan.model.name):
-        if name in LLAMA3_PRESETS:
+        if name in TITAN_MODELS:
             try:
                 ref = load_model(name)
             except MeshplanError:
                 return None
-            ignore = {"name", "description"}
+            ignore = {"name", "description", "notes"}
             if ref.model_dump(exclude=ignore) == plan.model.model_dump(exclude=ignore):
                 return name
     return None
@@ -80,11 +108,15 @@ def describe(plan: Plan) -> list[str]:
     m = plan.model
     pp = f" ({p.pp_schedule}, {p.vpp} stages per rank)" if p.pp > 1 else ""
     feats = [f"AC {p.ac}", f"compile {'on' if p.compile else 'off'}", f"float8 {p.float8}"]
+    if p.ep > 1:
+        feats.insert(0, f"expert parallel {p.ep}")
     if p.async_tp:
         feats.append("async TP")
     lines = [
         f"plan: {plan.name}",
-        f"model: {m.name} ({m.params / 1e9:.2f} B params, {m.layers} layers) from {plan.model_source}",
+        f"model: {m.name} ({m.params / 1e9:.2f} B params"
+        + (f", {m.active_params / 1e9:.2f} B active, {m.moe.experts} experts top-{m.moe.top_k}" if m.moe else "")
+        + f", {m.layers} layers) from {plan.model_source}",
         f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {plan.hardware.id} = {c.gpus} GPUs",
         f"parallel: dp_replicate {p.dp_replicate} x dp_shard {p.dp_shard} x cp {p.cp} x tp {p.tp} x pp {p.pp}"
         f"{pp}; {', '.join(feats)}",

@@ -19,7 +19,7 @@ import math
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.rules import titan_layers_per_stage
 from meshplan.planner.export._common import (
-    LLAMA3_PRESETS,
+    TITAN_MODELS,
     check_batch,
     comment,
     describe,
@@ -105,9 +105,30 @@ def _batch_note(plan: Plan) -> str:
     return f"{p.micro_batch_size} sequence(s) per forward per DP rank x dp {dp} x {m} = global batch {gbs} ({note})"
 
 
+def titan_moe_problem(plan: Plan, release: str) -> str | None:
+    """Why torchtitan `release` cannot run this mixture-of-experts plan as planned (None when it can, or when the
+    model is dense): torchtitan builds MoE models only from its own flavors."""
+    if plan.model.moe is None and plan.model.mla is None:
+        return None
+    preset = preset_of(plan)
+    if preset is None:
+        known = ", ".join(f"{k} ({v.name} {v.flavor})" for k, v in TITAN_MODELS.items() if v.name != "llama3")
+        return (f"torchtitan {release} builds mixture-of-experts and MLA models from its own flavors only, and none "
+                f"has the shapes of {plan.model.name}; plan one of {known}")
+    return None
+
+
 def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: object) -> str:
     p, t, o = plan.parallel, plan.training, plan.training.optimizer
+    problem = titan_moe_problem(plan, "0.2.2")
+    if problem:
+        raise MeshplanError(f"torchtitan-toml: {problem}")
     preset = preset_of(plan)
+    titan = TITAN_MODELS[preset] if preset else None
+    if titan is not None and p.pp > 1 and not titan.pipelining_022:
+        raise MeshplanError(f"torchtitan-toml: torchtitan 0.2.2 has no pipeline parallelism for {titan.name} (its "
+                            "TrainSpec has no pipelining_fn); plan with pp 1, or export -f torchtitan-py for 0.3.0")
+    moe = plan.model.moe is not None
     local_bs, pp_mbs = local_batch(plan)
     c = plan.cluster
 
@@ -134,10 +155,10 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ("description", one_line(f"meshplan plan {plan.name}: {plan.model.name} on {c.nodes} x {c.gpus_per_node} "
                                  f"{plan.hardware.id}"), ""),
     ]))
-    model: list[tuple[str, object, str]] = [("name", "llama3", "")]
-    if preset:
-        flavor, _cfg, assets = LLAMA3_PRESETS[preset]
-        model += [("flavor", flavor, ""), ("hf_assets_path", assets, "tokenizer files (scripts/download_hf_assets.py)")]
+    model: list[tuple[str, object, str]] = [("name", titan.name if titan else "llama3", "")]
+    if titan:
+        model += [("flavor", titan.flavor, ""),
+                  ("hf_assets_path", titan.assets, "tokenizer files (scripts/download_hf_assets.py)")]
     else:
         model += [("flavor", "custom", "not a torchtitan flavor: register one with the shapes below"),
                   ("hf_assets_path", "./assets/hf/Llama-3.1-8B", "a llama3 tokenizer; change for other vocabularies")]
@@ -171,6 +192,10 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ("pipeline_parallel_schedule", p.pp_schedule, ""),
         ("context_parallel_degree", p.cp, ""),
     ]
+    if moe:  # torchtitan 0.2.2 carves EP from dp_shard x cp (x tp with expert_tensor_parallel_degree 1, as planned)
+        par += [("expert_parallel_degree", p.ep, f"{plan.model.moe.experts // p.ep} of {plan.model.moe.experts} "
+                 "routed experts per GPU"),
+                ("expert_tensor_parallel_degree", 1, "experts whole on each EP rank (torchtitan 0.3's only mode)")]
     if pp_mbs is not None:
         par.append(("pipeline_parallel_microbatch_size", pp_mbs, ""))
         lps = layers_per_stage(plan)
@@ -188,21 +213,23 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
     sections.append(("activation_checkpoint", ac))
     sections.append(("compile", [("enable", p.compile, "per-block torch.compile"),
                                  ("components", ["model", "loss"], "")]))
+    high_precision = ["output", "router.gate"] if moe else ["output"]
+    high_note = "keep the output projection" + (" and the MoE routers" if moe else "") + " in bf16"
     if p.float8 == "tensorwise":
         sections.append(("quantize.linear.float8", [
             ("enable_fsdp_float8_all_gather", True, ""),
             ("precompute_float8_dynamic_scale_for_fsdp", True, ""),
-            ("filter_fqns", ["output"], "keep the output projection in bf16"),
+            ("filter_fqns", high_precision, high_note),
         ]))
     elif p.float8 == "rowwise":
         sections.append(("quantize.linear.float8", [
             ("recipe_name", "rowwise", ""),
-            ("filter_fqns", ["output"], "keep the output projection in bf16"),
+            ("filter_fqns", high_precision, high_note),
         ]))
     elif p.float8 == "mxfp8":
         sections.append(("quantize.linear.mx", [
             ("recipe_name", "mxfp8_cublas", ""),
-            ("filter_fqns", ["output"], "keep the output projection in bf16"),
+            ("filter_fqns", high_precision, high_note),
         ]))
     sections.append(("debug", [("seed", t.seed, "")]))
 

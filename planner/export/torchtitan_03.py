@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.planner.export._common import LLAMA3_PRESETS, dp_degree, preset_of
+from meshplan.planner.export._common import TITAN_MODELS, dp_degree, preset_of
 from meshplan.planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule
 from meshplan.planner.plan_file import Plan
 
@@ -31,7 +31,12 @@ CONFIG_FLOAT8: dict[str, tuple[str, dict] | None] = {
     "llama3_8b": None,
     "llama3_70b": None,
     "llama3_405b": ("Float8LinearConverter", {"recipe_name": "rowwise", "filter_fqns": ["lm_head"]}),
+    "deepseek_v3_16b": None,
+    "deepseek_v3_671b": None,
+    "qwen3_30b_a3b": None,
 }
+# the flavor each config function builds (a plan of another flavor of the same module needs the Python export)
+CONFIG_FLAVOR = {v.config: v.flavor for k, v in TITAN_MODELS.items() if v.config and k != "qwen3-235b-a22b"}
 AC_KINDS = {"selective": "selective", "full": "full", "none": "none"}
 PY_FORMAT_HINT = "export with --format torchtitan-py (a Python config function for torchtitan 0.3.0)"
 
@@ -55,12 +60,18 @@ class Job03:
 
 
 def preset_or_error(plan: Plan, what: str) -> str:
-    """The torchtitan llama3 preset of the plan's model, or a one-line MeshplanError."""
+    """The meshplan preset of the plan's model that torchtitan 0.3.0 ships, or a one-line MeshplanError."""
     preset = preset_of(plan)
+    shipped = [k for k, v in TITAN_MODELS.items() if v.config]
     if preset is None:
         raise MeshplanError(
-            f"{what}: the plan's model ({plan.model.name}) is not one of torchtitan's llama3 presets "
-            f"({', '.join(LLAMA3_PRESETS)}); torchtitan {RELEASE} builds models from its own registry only"
+            f"{what}: the plan's model ({plan.model.name}) is not one of the models torchtitan {RELEASE} ships "
+            f"({', '.join(shipped)}); torchtitan {RELEASE} builds models from its own registry only"
+        )
+    if TITAN_MODELS[preset].config is None:
+        raise MeshplanError(
+            f"{what}: torchtitan {RELEASE} has no {TITAN_MODELS[preset].name} (it was removed before the release); "
+            "export -f torchtitan-toml for torchtitan 0.2.2"
         )
     return preset
 
@@ -72,7 +83,9 @@ def converter(plan: Plan, what: str) -> tuple[str, dict] | None:
     if p.float8 == "none":
         return None
     if p.float8 == "rowwise":
-        return "Float8LinearConverter", {"recipe_name": "rowwise", "filter_fqns": ["lm_head"],
+        # MoE: the routers stay in high precision too (torchtitan's deepseek_v3_671b_float8 filters router.gate)
+        keep = ["lm_head", "router.gate"] if plan.model.moe is not None else ["lm_head"]
+        return "Float8LinearConverter", {"recipe_name": "rowwise", "filter_fqns": keep,
                                          "model_compile_enabled": compiled}
     if p.float8 == "mxfp8":
         # fqns: the Linear layers to convert; "layers" matches every block's and leaves lm_head in bf16
@@ -92,10 +105,12 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
     model: include the model's Float8 converter (and refuse a recipe 0.3.0 lacks); False for the command line,
     which cannot set the model (see `cli_float8_problem`).
     """
+    module = MODULE
     if custom_model and preset_of(plan) is None:
         flavor, config_fn = "", ""
     else:
-        flavor, config_fn, _assets = LLAMA3_PRESETS[preset_or_error(plan, what)]
+        titan = TITAN_MODELS[preset_or_error(plan, what)]
+        flavor, config_fn, module = titan.flavor, titan.config, titan.module
     p, t, o = plan.parallel, plan.training, plan.training.optimizer
     conv = converter(plan, what) if model else None
     local_bs, pp_mbs = local_batch(plan)
@@ -112,9 +127,13 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
         lps = layers_per_stage(plan)
         if lps is not None:
             parallelism["pipeline_parallel_layers_per_stage"] = lps
+    if plan.model.moe is not None:
+        parallelism["expert_parallel_degree"] = p.ep
+        if p.ep > 1:  # 0.3.0: the standard all-to-all dispatcher syncs with the host, which CUDA graphs refuse
+            training["disable_cuda_graphs"] = True
     assert dp_degree(plan) * p.cp * p.tp * p.pp == plan.cluster.gpus
     return Job03(
-        module=MODULE, config=config_fn, flavor=flavor, training=training, parallelism=parallelism,
+        module=module, config=config_fn, flavor=flavor, training=training, parallelism=parallelism,
         optimizer_kwargs={"lr": float(o.lr), "betas": (float(o.betas[0]), float(o.betas[1])), "eps": float(o.eps),
                           "weight_decay": float(o.weight_decay)},
         lr_scheduler={"total_steps": None, "decay_ratio": None, **lr_schedule(plan)},  # explicit: no leftovers

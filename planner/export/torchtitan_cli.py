@@ -19,7 +19,7 @@ from __future__ import annotations
 from meshplan.planner.export._common import comment, env_lines, q
 from meshplan.planner.export.env import EnvDefaults
 from meshplan.planner.export.scripts import continued, header, rendezvous_block, torchrun_args
-from meshplan.planner.export.torchtitan_03 import RELEASE, Job03, cli_float8_problem, job
+from meshplan.planner.export.torchtitan_03 import CONFIG_FLAVOR, RELEASE, Job03, cli_float8_problem, job
 from meshplan.planner.plan_file import Plan
 
 CLI_VERSION = f"torchtitan {RELEASE}"
@@ -81,6 +81,9 @@ def _overrides(j: Job03) -> list[str]:
 def render_cli(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int = 0, **_: object) -> str:
     j = _job(plan)
     problem = cli_float8_problem(plan, j)
+    if j.config and CONFIG_FLAVOR.get(j.config) != j.flavor:
+        problem = (f"the plan's model is the {j.flavor} flavor but {j.config}() builds {CONFIG_FLAVOR.get(j.config)}, "
+                   f"and torchtitan {RELEASE}'s command line cannot change the model; export -f torchtitan-py")
     n = plan.cluster.nodes
     usage = [
         f"torchtitan {RELEASE} command line: config function {j.config or '$TT_CONFIG'} (module {j.module}) with",

@@ -1,9 +1,11 @@
 """`torchtitan-py`: the plan as a torchtitan 0.3.0 config function, and the torchrun arguments that run it.
 
 The export is a Python module whose `meshplan_config()` takes torchtitan's own config function for the model
-(`llama3_8b` / `llama3_70b` / `llama3_405b`), rebuilds the model with the plan's Float8 converter through
-torchtitan's `model_registry`, and sets every plan value with `dataclasses.replace`, so each 0.3.0 config
-dataclass runs its own `__post_init__` checks on the final values. Launch it with
+(`llama3_8b` / `llama3_70b` / `llama3_405b`, `deepseek_v3_16b` / `deepseek_v3_671b`, `qwen3_30b_a3b`: the models
+torchtitan 0.3.0 ships, see `_common.TITAN_MODELS`), rebuilds the model (its flavor) with the plan's Float8 converter
+through torchtitan's `model_registry`, and sets every plan value, expert parallelism included, with
+`dataclasses.replace`, so each 0.3.0 config dataclass runs its own `__post_init__` checks on the final values.
+Launch it with
 
     PYTHONPATH=<the module's folder> torchrun <rendezvous options> <torchtitan_train_argv(plan, module_path)>
 
@@ -23,9 +25,9 @@ import sys
 from pathlib import Path
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.planner.export._common import comment, describe
+from meshplan.planner.export._common import TITAN_MODELS, comment, describe, preset_of
 from meshplan.planner.export.env import EnvDefaults
-from meshplan.planner.export.torchtitan_03 import CONFIG_FLOAT8, RELEASE, Job03, job
+from meshplan.planner.export.torchtitan_03 import CONFIG_FLAVOR, CONFIG_FLOAT8, RELEASE, Job03, job
 from meshplan.planner.plan_file import Plan
 
 PY_VERSION = f"torchtitan {RELEASE}"
@@ -154,10 +156,12 @@ def render_py(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: o
         ac_class = _AC[j.ac].split(".")[0]
         imports.append(f"from torchtitan.distributed.activation_checkpoint import {ac_class}")
     imports += [
-        "from torchtitan.models.llama3 import model_registry",
-        f"from torchtitan.models.llama3.config_registry import {j.config}",
+        f"from torchtitan.models.{j.module} import model_registry",
+        f"from torchtitan.models.{j.module}.config_registry import {j.config}",
         "from torchtitan.trainer import Trainer",
     ]
+    titan = TITAN_MODELS[preset_of(plan)]
+    other_flavor = CONFIG_FLAVOR.get(j.config) != j.flavor  # e.g. Qwen3 235B-A22B from 30B-A3B's function
     body = [
         "",
         f"TORCHTITAN_RELEASE = {lit(RELEASE)}",
@@ -170,6 +174,7 @@ def render_py(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: o
         "    return dataclasses.replace(",
         "        config,",
         "        model_spec=model_spec,",
+        *([f"        hf_assets_path={lit(titan.assets)},"] if other_flavor else []),
         *_replace("training", j.training),
         *_replace("parallelism", j.parallelism),
         "        optimizer=dataclasses.replace(",
