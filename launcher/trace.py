@@ -149,6 +149,13 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
             f"pipeline: the {cfg.pp_schedule} schedule's per-stage order is replayed on each traced stage "
             "(torch.distributed.pipelining cannot exchange metadata over a fake process group)"
         )
+    if cfg.model.moe is not None:
+        changes["moe_force_balance"] = True
+        notes.append(
+            "mixture of experts: tokens are routed round-robin (torchtitan's debug.moe_force_load_balance), since "
+            "fake tensors carry no routing decisions: every expert gets the same rows, the balanced case the "
+            "analytical model's load_imbalance scales up from"
+        )
     notes.append("AdamW with foreach=False; gradient clipping skipped (scalar temporaries only)")
     data = {**cfg.dump(), **changes}
     return RunConfig.from_dict(data), notes

@@ -15,13 +15,16 @@ COMPARED = ("params", "grads", "optimizer", "unsharded_params", "activations", "
 
 
 def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int) -> dict[str, float]:
-    """The estimator's tensor-level terms (bytes) for pipeline stage `pp_rank` of the traced config."""
+    """The estimator's tensor-level terms (bytes) for pipeline stage `pp_rank` of the traced config (a MoE config
+    routed round-robin, as the trace routes it, is estimated without the stack's load imbalance)."""
     from meshplan.estimator.batch import ConfigArrays, estimate_arrays
     from meshplan.estimator.config import TrainConfig
 
+    if cfg.moe_force_balance and stack.moe is not None:
+        stack = stack.model_copy(update={"moe": stack.moe.model_copy(update={"load_imbalance": 1.0})})
     tc = TrainConfig(
         gpus=cfg.world_size, gpus_per_node=min(hw.gpus_per_node, cfg.world_size), dp_replicate=cfg.dp_replicate,
-        dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, pp_schedule=cfg.pp_schedule, vpp=cfg.vpp,
+        dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, ep=cfg.ep, pp_schedule=cfg.pp_schedule, vpp=cfg.vpp,
         seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.micro_batch_size,
         ac=cfg.ac, compile=False, float8="none", async_tp=False,
     ).resolve(cfg.model, hw)

@@ -106,7 +106,10 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, prank, root, las
         backward=np.where(resharded, stack.prefetch_blocks * BF16 * rp.block + BF16 * root, whole),
         loss=np.where(resharded, BF16 * np.where(last, rp.output, 0.0), whole),
         end=np.where(resharded, BF16 * root, whole),
-        reduce_scatter_input=np.where(resharded | ~pp_nosync, stack.reduce_bytes * rp.block, 0.0),
+        # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
+        # backward: the block's own reduce-scatter input, held until the next one, is the rest
+        reduce_scatter_input=np.where(resharded | ~pp_nosync,
+                                      stack.reduce_bytes * (rp.block - np.where(lay.ep > 1, rp.routed_block, 0.0)), 0.0),
     )
 
 

@@ -85,7 +85,8 @@ def mlp_saved(model: ModelSpec, r: Routing, lay: Layout) -> tuple[np.ndarray, np
     routed_none = r.expert_rows * (BF16 * h + 4 * BF16 * r.width) + r.src_rows * FP32 * h
     none = moe_in + router_none + routed_none + 8 * s_t
     shared = r.shared_width > 0
-    a2a = (r.expert_rows + r.src_rows) * BF16 * h if r.behaviour.selective_ac_saves_all_to_all else 0.0
+    a2a = np.where(lay.ep > 1, (r.expert_rows + r.src_rows) * BF16 * h, 0.0) \
+        if r.behaviour.selective_ac_saves_all_to_all else 0.0
     sel = (r.router_tokens * k * (FP32 + INDEX) + a2a
            + (2 * s_t + 2 * h if shared else 0.0) + np.where(lay.has_tp, 2 * h / t, 0.0))
     return none, sel

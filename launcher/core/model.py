@@ -15,6 +15,7 @@ import math
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -202,6 +203,7 @@ _SAC_SAVE = {
     torch.ops.aten.max.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     torch.ops._c10d_functional.all_to_all_single.default,  # MoE dispatch / combine (torchtitan 0.3 saves them)
+    torch.ops.aten.topk.default,  # MoE expert assignments (torchtitan 0.3: keeps them stable in the recompute)
 }
 _MM = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
 # A MoE block's routed experts are their own FSDP unit inside the checkpointed block (as torchtitan 0.2 wraps them):
@@ -214,13 +216,18 @@ torch.utils.checkpoint.SAC_IGNORED_OPS |= {
 }
 
 
-def selective_context_fn() -> Any:
-    """torchtitan's op-level SAC policy: save matmul outputs except every second one, and attention."""
+def selective_context_fn(recompute_shapes: frozenset = frozenset()) -> Any:
+    """torchtitan's op-level SAC policy: save matmul outputs except every second one, and attention. Matmuls whose
+    right operand has one of `recompute_shapes` are always recomputed and not counted (torchtitan's
+    force_recompute_mm_shapes_by_fqns, which names the MoE router's gate)."""
     counts: dict[str, int] = defaultdict(int)
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         key = "recompute" if ctx.is_recompute else "forward"
         if func in _MM:
+            rhs = args[-2] if func is torch.ops.aten.addmm.default else args[1]
+            if tuple(rhs.shape) in recompute_shapes:
+                return CheckpointPolicy.PREFER_RECOMPUTE
             counts[key] += 1
         save = func in _SAC_SAVE and not (func in _MM and counts[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
@@ -240,6 +247,8 @@ class Block(nn.Module):
         self.ffn_norm = make_norm(spec)
         self.moe = spec.moe is not None and spec.moe_layer_mask[layer_id]
         self.feed_forward: nn.Module = MoE(spec) if self.moe else FeedForward(spec)
+        # the router's gate (in, out) as its matmul sees it: op-SAC recomputes it, as torchtitan does
+        self.recompute_shapes = frozenset({(spec.hidden, spec.moe.experts)}) if self.moe else frozenset()
         sandwich = spec.block_norms == 4
         self.post_attention_norm = make_norm(spec) if sandwich else None
         self.post_ffn_norm = make_norm(spec) if sandwich else None
@@ -256,7 +265,8 @@ class Block(nn.Module):
             return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
         if self.ac == "selective":
             return checkpoint(
-                self._forward, x, cos, sin, use_reentrant=False, context_fn=selective_context_fn
+                self._forward, x, cos, sin, use_reentrant=False,
+                context_fn=partial(selective_context_fn, self.recompute_shapes)
             )
         return self._forward(x, cos, sin)
 

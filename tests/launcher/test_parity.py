@@ -46,6 +46,36 @@ GEMMA_STYLE = {
     "qk_norm": True,
 }
 
+# mixture of experts (Qwen3 / DeepSeek style): 4 routed experts top-2 with a shared expert, the first block dense;
+# and the same with DeepSeek's multi-head latent attention
+MOE_STYLE = {
+    "name": "tiny-moe",
+    "layers": 3,
+    "hidden": 64,
+    "heads": 4,
+    "kv_heads": 2,
+    "ffn_hidden": 128,
+    "vocab": 256,
+    "moe": {"experts": 4, "top_k": 2, "expert_ffn_hidden": 32, "shared_ffn_hidden": 32, "first_dense_layers": 1},
+}
+MLA_STYLE = {**MOE_STYLE, "name": "tiny-mla", "kv_heads": 4, "mla": {
+    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}}
+MOE_2 = {  # EP 2 carved from dp_shard 2, or from tp 2; experts TP-sharded without EP; with AC, CP and PP
+    "fsdp2": {"dp_shard": 2},
+    "ep2": {"dp_shard": 2, "ep": 2},
+    "tp2": {"tp": 2},
+    "tp2_ep2": {"tp": 2, "ep": 2},
+    "ep2_selective": {"dp_shard": 2, "ep": 2, "ac": "selective"},
+    "ep2_full": {"dp_shard": 2, "ep": 2, "ac": "full"},
+    "cp2_ep2": {"cp": 2, "ep": 2},
+    "pp2": {"pp": 2, "pp_schedule": "1F1B"},
+    "mla_tp2": {"tp": 2, "model": MLA_STYLE},
+    "aux_ep2": {"dp_shard": 2, "ep": 2, "moe_aux_loss_coef": 0.01},
+}
+MOE_4 = {"ep2_fsdp4": {"dp_shard": 4, "ep": 2}, "fsdp2_tp2_ep4": {"dp_shard": 2, "tp": 2, "ep": 4},
+         "hsdp2x2_ep2": {"dp_replicate": 2, "dp_shard": 2, "ep": 2}}
+MOE_GRADS_2 = ("ep2", "tp2", "tp2_ep2", "mla_tp2")
+
 LAYOUTS_2 = {
     "fsdp2": {"dp_shard": 2},
     "tp2": {"tp": 2},
@@ -97,6 +127,11 @@ def single(tmp_path_factory):
         },
     )
     cases.append({"name": "grads", "mode": "grads", "config": config(tmp / "g")})
+    for name, model in (("moe", MOE_STYLE), ("mla", MLA_STYLE)):
+        cases.append({"name": name, "mode": "losses", "config": config(tmp / name, model=model)})
+        cases.append({"name": f"{name}_grads", "mode": "grads", "config": config(tmp / f"{name}g", model=model)})
+    cases.append({"name": "moe_aux", "mode": "losses",
+                  "config": config(tmp / "moe_aux", model=MOE_STYLE, moe_aux_loss_coef=0.01)})
     return run_cases(1, cases, tmp)
 
 
@@ -114,6 +149,32 @@ def two_features(tmp_path_factory):
         {"name": "compile_tp2_grads", "mode": "grads", "config": config(tmp / "cg", tp=2, compile=True)}
     )
     return run_cases(2, cases, tmp)
+
+
+def _moe_config(tmp, name: str, overrides: dict) -> dict:
+    return config(tmp / name, **{"model": MOE_STYLE, **overrides})
+
+
+@pytest.fixture(scope="module")
+def moe_two(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("moe2")
+    cases = [{"name": n, "mode": "losses", "config": _moe_config(tmp, n, o)} for n, o in MOE_2.items()]
+    cases += [{"name": f"{n}_grads", "mode": "grads", "config": _moe_config(tmp, f"{n}g", MOE_2[n])}
+              for n in MOE_GRADS_2]
+    return run_cases(2, cases, tmp, timeout=300)
+
+
+def _assert_grads(got: dict, want: dict, rtol: float = 1e-5) -> None:
+    """Every parameter's full gradient after one forward/backward equals the single process's (relative L2)."""
+    assert "error" not in got, got.get("error")
+    assert got["loss"] == pytest.approx(want["loss"], rel=RTOL)
+    assert set(got["grads"]) == set(want["grads"])
+    for name, ref in want["grads"].items():
+        g = got["grads"][name]
+        assert g is not None, f"{name} has no gradient"
+        norm_ref = math.sqrt(sum(x * x for x in ref))
+        diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(g, ref, strict=True)))
+        assert diff <= rtol * norm_ref + 1e-9, f"{name}: |g - g_ref| = {diff:.3g}, |g_ref| = {norm_ref:.3g}"
 
 
 def _assert_losses(result: dict, ref: list[float], rtol: float = RTOL, atol: float = 0.0) -> None:
@@ -174,6 +235,36 @@ def test_compile_tp_gradients_match_eager(two_features, single):
         assert diff <= 1e-4 * norm_ref + 1e-7, f"{name}: |g - g_ref| = {diff:.3g}, |g_ref| = {norm_ref:.3g}"
     emb = got["grads"]["tok_embeddings.weight"]
     assert max(abs(x) for x in emb) > 0
+
+
+@pytest.mark.parametrize("name", list(MOE_2))
+def test_moe_two_rank_layouts_match_single_process(moe_two, single, name):
+    """A tiny MoE trains the same with expert parallelism (EP 2 from dp_shard or from TP), with TP-sharded experts,
+    under AC, CP and PP as in one process; MLA with TP too; the load-balancing loss changes nothing else."""
+    ref = {"mla_tp2": "mla", "aux_ep2": "moe_aux"}.get(name, "moe")
+    _assert_losses(moe_two[name], single[ref]["losses"])
+
+
+@pytest.mark.parametrize("name", MOE_GRADS_2)
+def test_moe_gradients_match_single_process(moe_two, single, name):
+    """Loss parity barely sees a gradient scale (AdamW normalises it away): the gradients themselves must match,
+    the experts' (summed over the ep group by the all-to-all, then FSDP-averaged) and the router's included."""
+    _assert_grads(moe_two[f"{name}_grads"], single["mla_grads" if name.startswith("mla") else "moe_grads"])
+
+
+def test_moe_reference_learns_and_balances(single):
+    ref, aux = single["moe"]["losses"], single["moe_aux"]["losses"]
+    assert len(set(ref)) == 4 and 4.5 < ref[0] < 7.5
+    assert aux != ref  # the load-balancing loss reaches the router
+
+
+def test_moe_four_rank_layouts_match_single_process(tmp_path, single):
+    cases = [{"name": n, "mode": "losses", "config": _moe_config(tmp_path, n, o)} for n, o in MOE_4.items()]
+    cases.append({"name": "ep2_fsdp4_grads", "mode": "grads", "config": _moe_config(tmp_path, "g4", MOE_4["ep2_fsdp4"])})
+    results = run_cases(4, cases, tmp_path, timeout=300)
+    for name in MOE_4:
+        _assert_losses(results[name], single["moe"]["losses"])
+    _assert_grads(results["ep2_fsdp4_grads"], single["moe_grads"])
 
 
 def test_four_rank_layouts_match_single_process(tmp_path, single):

@@ -24,12 +24,15 @@ HW = load_hardware("h100-sxm")
 STACK = load_stack("torchtitan")
 # Llama-shaped (GQA, SwiGLU), 2 layers; dims divide every degree used below, so FSDP pads nothing
 SPEC = ModelSpec(name="trace-2l", layers=2, hidden=512, heads=8, kv_heads=4, ffn_hidden=1536, vocab=2048)
+# the same shape with MoE MLPs: 8 routed experts, top-2, a shared expert (both layers MoE)
+MOE_SPEC = ModelSpec.model_validate({**SPEC.model_dump(), "name": "trace-moe-2l", "moe": {
+    "experts": 8, "top_k": 2, "expert_ffn_hidden": 512, "shared_ffn_hidden": 512}})
 
 
-def cfg(dp_shard: int, tp: int = 1, pp: int = 1, ac: str = "selective", **kw) -> RunConfig:
+def cfg(dp_shard: int, tp: int = 1, pp: int = 1, ac: str = "selective", model: ModelSpec = SPEC, **kw) -> RunConfig:
     micro = 2 * pp if pp > 1 else 1
     return RunConfig.from_dict({
-        "model": SPEC.model_dump(), "dp_shard": dp_shard, "tp": tp, "pp": pp, "ac": ac, "seq_len": 1024,
+        "model": model.model_dump(), "dp_shard": dp_shard, "tp": tp, "pp": pp, "ac": ac, "seq_len": 1024,
         "micro_batch_size": 1, "global_batch_size": dp_shard * micro, **kw,
     })
 
@@ -43,6 +46,14 @@ CASES = {
     "tp-sp-full": cfg(2, tp=2, ac="full"),
     "pp-1f1b-none": cfg(2, pp=2, ac="none"),
     "pp-1f1b-selective": cfg(2, pp=2, ac="selective"),
+    # mixture of experts (routed round-robin in the trace): FSDP only, EP 4 (no expert FSDP), EP 2 (experts
+    # FSDP-sharded over the other 2 ranks), EP with TP (ep carved from dp_shard x tp), every AC mode
+    "moe-fsdp-none": cfg(4, ac="none", model=MOE_SPEC),
+    "moe-fsdp-selective": cfg(4, ac="selective", model=MOE_SPEC),
+    "moe-ep4-selective": cfg(4, ac="selective", model=MOE_SPEC, ep=4),
+    "moe-ep4-full": cfg(4, ac="full", model=MOE_SPEC, ep=4),
+    "moe-ep2-none": cfg(4, ac="none", model=MOE_SPEC, ep=2),
+    "moe-tp2-ep2-selective": cfg(2, tp=2, ac="selective", model=MOE_SPEC, ep=2),
 }
 _CACHE: dict[str, object] = {}
 
@@ -96,6 +107,15 @@ def test_ac_ordering_and_tp_sharding():
     assert traced("tp-sp-none").ranks[0].saved_activations < act["fsdp-none"]
     pp = traced("pp-1f1b-selective").ranks
     assert pp[0].saved_activations > pp[1].saved_activations  # 1F1B: stage 0 holds 2 microbatches
+
+
+def test_moe_trace_routes_round_robin_and_ep_shards_the_experts():
+    """The MoE trace says how it routed, and expert parallelism divides the experts' state as the model does."""
+    result = traced("moe-ep4-selective")
+    assert any("round-robin" in n for n in result.notes)
+    fsdp, ep4 = traced("moe-fsdp-selective").ranks[0], result.ranks[0]
+    assert fsdp.state["params"] == ep4.state["params"]  # FSDP alone or EP: every rank keeps 1/4 of all state
+    assert ep4.category_max["unsharded_params"] < fsdp.category_max["unsharded_params"]  # 2 experts, not 8
 
 
 def test_tp_pp_first_stage_holds_a_full_vocabulary_embedding_gradient():
