@@ -42,8 +42,11 @@ CONFIG_COLUMNS = (
     "tp", "pp", "pp_schedule", "vpp", "cp", "global_batch_size", "micro_batch_size", "precision",
     "float8_recipe", "compile", "ac", "async_tp",
 )
-# read besides the configuration when present: which release of the framework ran the job (a dated source)
+# read besides the configuration when present: which release of the framework ran the job (a dated source), and
+# a mixture-of-experts model's experts and expert-parallel degree (a MoE row without them is recognised by its model
+# name and dimensions when a preset has both, else predicted as the dense model its columns describe)
 RELEASE_COLUMNS = ("source",)
+MOE_COLUMNS = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden", "first_dense_layers")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -133,6 +136,43 @@ def row_stack(row: dict) -> str:
     return stack_for_run(framework, source_month(row.get("source") or ""))
 
 
+def _squash(name: str) -> str:
+    """A model name reduced to lowercase letters and digits, an organisation prefix dropped
+    (`Qwen/Qwen3-30B-A3B` -> `qwen330ba3b`)."""
+    return "".join(ch for ch in name.rsplit("/", 1)[-1].lower() if ch.isalnum())
+
+
+@lru_cache(maxsize=1)
+def _moe_presets() -> dict[str, ModelSpec]:
+    """The mixture-of-experts / MLA presets by their squashed names and descriptions."""
+    from meshplan.estimator.model_spec import load_model, preset_names
+
+    out = {}
+    for name in preset_names():
+        spec = load_model(name)
+        if spec.moe is not None or spec.mla is not None:
+            for key in (name, spec.description, spec.description.split(" (")[0]):
+                if key:
+                    out[_squash(key)] = spec
+    return out
+
+
+def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
+    """The row's model with its experts: from MoE columns when the row has them, else the preset whose name and
+    dimensions the row's are, else the dense model."""
+    experts = _int(row, "experts", 1) if (row.get("experts") or "").strip() else 1
+    if experts > 1:
+        moe = {"experts": experts, "top_k": _int(row, "top_k", 1),
+               "expert_ffn_hidden": _int(row, "expert_ffn_hidden", dense.ffn_hidden),
+               "shared_ffn_hidden": _int(row, "shared_ffn_hidden", 0),
+               "first_dense_layers": _int(row, "first_dense_layers", 0)}
+        return ModelSpec.model_validate({**dense.model_dump(), "moe": moe})
+    preset = _moe_presets().get(_squash(dense.name))
+    if preset is not None and (preset.layers, preset.hidden) == (dense.layers, dense.hidden):
+        return preset.model_copy(update={"name": dense.name})
+    return dense
+
+
 def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, str, TrainConfig]:
     """Model, hardware id, stack id (`row_stack` unless given) and config of one row, from its configuration
     columns only."""
@@ -145,6 +185,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             vocab=_int(row, "vocab"), tied_embeddings=bool(_bool(row.get("tied_embeddings"))),
             mlp=mlp, norm="layernorm" if mlp == "gelu" else "rmsnorm",
         )
+        model = _row_moe(row, model)
     except ValidationError as exc:
         raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['msg']}") from None
     stack_id = stack_id or row_stack(row)
@@ -159,7 +200,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
         cfg = TrainConfig(
             gpus=_int(row, "gpus"), gpus_per_node=_int(row, "gpus_per_node", 8),
             dp_replicate=_int(row, "dp_replicate", 1), dp_shard=_int(row, "dp_shard", -1),
-            tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1),
+            tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1), ep=_int(row, "ep", 1),
             pp_schedule=schedule, vpp=int(float(vpp)) if vpp else None,
             seq_len=_int(row, "seq_len"), global_batch_size=_int(row, "global_batch_size"),
             micro_batch_size=_int(row, "micro_batch_size", 1),
@@ -214,7 +255,8 @@ def validate_rows(rows: list[dict]) -> list[RowResult]:
             measured_mem_gib=_float(row.get("measured_mem_gib")),
         )
         try:
-            tps, mem = predict_row({k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS}, base["stack"])
+            cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS}
+            tps, mem = predict_row(cells, base["stack"])
             results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, **base))
         except MeshplanError as exc:
             results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))

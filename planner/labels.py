@@ -9,6 +9,22 @@ from __future__ import annotations
 OBJECTIVES = ("throughput", "time", "cost")
 
 
+def count_label(n: float) -> str:
+    """A parameter count in words: `8.03 B`, `210.4 M`, `53.2 K` (tiny test models read too)."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M"
+    return f"{n / 1e3:.1f} K"
+
+
+def model_size(params: float, active: float | None = None, experts: int | None = None, top_k: int | None = None) -> str:
+    """`8.03 B params`, or for a mixture of experts `30.53 B params, 3.35 B active, 128 experts top-8`."""
+    if experts is None:
+        return f"{count_label(params)} params"
+    return f"{count_label(params)} params, {count_label(active)} active, {experts} experts top-{top_k}"
+
+
 def short_config(cfg: dict) -> str:
     """A configuration (torchtitan-named values) in words, for tables and messages."""
     parts = [f"dp {cfg['dp_replicate']}x{cfg['dp_shard']}"]

@@ -210,6 +210,9 @@ def _ac_step(res: SearchResult) -> dict:
         elif res.reason[i] == 0:
             parts.append(f"{mode}: {res.tps[i] / res.tps[w] - 1:+.1%} throughput at {res.peak_gib[i]:.1f} GiB")
     step["reason"] = "; ".join(parts)
+    detail = ep_detail(res, w)
+    if detail:  # the chosen plan's expert parallelism in words, whichever step brought it
+        step["reason"] += f". Chosen plan: {detail}"
     return step
 
 

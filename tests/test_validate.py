@@ -84,7 +84,7 @@ def test_validate_cli_json(cli, ground_truth):
     assert set(data["summary"]["by_framework"]) == {"torchtitan", "llm-foundry"}
     stacks = {r["id"]: r["stack"] for r in data["rows"]}
     assert stacks["r0000"] == "torchtitan-2024"  # benchmarks/llama3_h100_202412_torchtitan.md
-    assert stacks["r0041"] == "torchtitan"  # benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md
+    assert stacks["r0041"] == "torchtitan-2025-08"  # benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md
 
 
 def test_validate_cli_table(cli, ground_truth):
@@ -119,11 +119,12 @@ def test_validate_reports_bad_row_instead_of_skipping(ground_truth, tmp_path):
     ("source", "month", "stack"),
     [
         ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1", "2024-12", "torchtitan-2024"),
-        ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md", "2025-06", "torchtitan"),
+        ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md", "2025-06", "torchtitan-2025-08"),
         ("a blog post of 2024-11", "2024-11", "torchtitan-2024"),
         ("TorchTitan paper, arXiv:2410.06511 Table 2", "2024-10", "torchtitan-2024"),
         ("https://arxiv.org/abs/2410.06511", "2024-10", "torchtitan-2024"),
-        ("PyTorch blog, March 2025", "2025-03", "torchtitan"),
+        ("PyTorch blog, March 2025", "2025-03", "torchtitan-2025-08"),
+        ("pytorch/torchtitan PR #2107, 2025-11", "2025-11", "torchtitan"),
         ("pytorch/ao docs/source/workflows/training.md @36027d8", None, "torchtitan"),
         ("", None, "torchtitan"),
     ],
@@ -171,7 +172,7 @@ def test_a_framework_without_a_profile_is_predicted_with_torchtitans(ground_trut
     other = [{**r, "framework": "megatron-lm"} for r in rows]
     got, ref = validate_rows(other), validate_rows(rows)
     assert [r.error for r in got] == [None, None]
-    assert [r.stack for r in got] == [r.stack for r in ref] == ["torchtitan-2024", "torchtitan"]
+    assert [r.stack for r in got] == [r.stack for r in ref] == ["torchtitan-2024", "torchtitan-2025-08"]
     assert [r.predicted_mem_gib for r in got] == [r.predicted_mem_gib for r in ref]
     assert summarize(got)["by_framework"]["megatron-lm"]["rows"] == 2
 

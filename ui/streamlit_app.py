@@ -50,12 +50,14 @@ VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision t
 VIEWS = list(VIEW_MODULES)
 PIN_CHOICES = {
     "tp": [1, 2, 4, 8, 16, 32, 64], "pp": [1, 2, 4, 8, 16, 32, 64], "cp": [1, 2, 4, 8, 16, 32],
+    "ep": [1, 2, 4, 8, 16, 32, 64, 128, 256],
     "dp_replicate": [1, 2, 4, 8, 16, 32, 64], "pp_schedule": list(PP_SCHEDULES), "vpp": [2, 4, 8],
     "micro_batch_size": [1, 2, 4, 8, 16], "ac": list(AC_MODES), "float8": list(FLOAT8_RECIPES),
     "compile": [True, False], "async_tp": [True, False],
 }
 PIN_LABELS = {
-    "tp": "TP degree", "pp": "PP degree", "cp": "CP degree", "dp_replicate": "HSDP replicas (dp_replicate)",
+    "tp": "TP degree", "pp": "PP degree", "cp": "CP degree", "ep": "EP degree (MoE models)",
+    "dp_replicate": "HSDP replicas (dp_replicate)",
     "pp_schedule": "PP schedule", "vpp": "stages per rank (Interleaved1F1B)", "micro_batch_size": "micro-batch",
     "ac": "activation checkpointing", "float8": "Float8 recipe", "compile": "torch.compile",
     "async_tp": "async TP",

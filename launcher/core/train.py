@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import resource
@@ -44,6 +45,9 @@ from meshplan.launcher.core.parallelize import (
     build_parallel,
     check_environment,
 )
+
+# the gradient norm of experts sharded over (efsdp, ep) reduces over both mesh dims; torch says so on every rank
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
 class NonFiniteLoss(RuntimeError):

@@ -16,6 +16,7 @@ from meshplan.estimator.limits import token_budget
 from meshplan.estimator.model_spec import load_model
 from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
+from meshplan.planner.labels import model_size
 from meshplan.planner.plan_file import load_plan, make_plan, save_plan
 
 
@@ -129,8 +130,7 @@ def render(result: dict, console: Console | None = None) -> None:
     c, mem, thr = result["config"], result["memory"], result["throughput"]
     m = result["model"]
     moe = m.get("moe")
-    size = (f"{m['params'] / 1e9:.2f} B params, {m['active_params'] / 1e9:.2f} B active, {moe['experts']} experts "
-            f"top-{moe['top_k']}" if moe else f"{m['params'] / 1e9:.2f} B params")
+    size = model_size(m["params"], m["active_params"], *((moe["experts"], moe["top_k"]) if moe else ()))
     console.print(
         f"[bold]{m['name']}[/] ({size}) on "
         f"[bold]{c['gpus']} x {result['hardware']['id']}[/] ({c['gpus_per_node']} per node), stack {result['stack']}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export.env import EnvVar
+from meshplan.planner.labels import model_size
 from meshplan.planner.plan_file import Plan
 
 
@@ -114,9 +115,8 @@ def describe(plan: Plan) -> list[str]:
         feats.append("async TP")
     lines = [
         f"plan: {plan.name}",
-        f"model: {m.name} ({m.params / 1e9:.2f} B params"
-        + (f", {m.active_params / 1e9:.2f} B active, {m.moe.experts} experts top-{m.moe.top_k}" if m.moe else "")
-        + f", {m.layers} layers) from {plan.model_source}",
+        f"model: {m.name} ({model_size(m.params, m.active_params, *((m.moe.experts, m.moe.top_k) if m.moe else ()))}"
+        f", {m.layers} layers) from {plan.model_source}",
         f"cluster: {c.nodes} node(s) x {c.gpus_per_node} {plan.hardware.id} = {c.gpus} GPUs",
         f"parallel: dp_replicate {p.dp_replicate} x dp_shard {p.dp_shard} x cp {p.cp} x tp {p.tp} x pp {p.pp}"
         f"{pp}; {', '.join(feats)}",

@@ -71,7 +71,9 @@ MOE_2 = {  # EP 2 carved from dp_shard 2, or from tp 2; experts TP-sharded witho
     "pp2": {"pp": 2, "pp_schedule": "1F1B"},
     "mla_tp2": {"tp": 2, "model": MLA_STYLE},
     "aux_ep2": {"dp_shard": 2, "ep": 2, "moe_aux_loss_coef": 0.01},
+    "compile_ep2": {"dp_shard": 2, "ep": 2, "compile": True},  # routing breaks the graph around the dispatch
 }
+MOE_FLOAT8_2 = {"float8_rowwise_ep2": {"dp_shard": 2, "ep": 2, "float8": "rowwise"}}  # routers stay high precision
 MOE_4 = {"ep2_fsdp4": {"dp_shard": 4, "ep": 2}, "fsdp2_tp2_ep4": {"dp_shard": 2, "tp": 2, "ep": 4},
          "hsdp2x2_ep2": {"dp_replicate": 2, "dp_shard": 2, "ep": 2}}
 MOE_GRADS_2 = ("ep2", "tp2", "tp2_ep2", "mla_tp2")
@@ -158,7 +160,7 @@ def _moe_config(tmp, name: str, overrides: dict) -> dict:
 @pytest.fixture(scope="module")
 def moe_two(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("moe2")
-    cases = [{"name": n, "mode": "losses", "config": _moe_config(tmp, n, o)} for n, o in MOE_2.items()]
+    cases = [{"name": n, "mode": "losses", "config": _moe_config(tmp, n, o)} for n, o in (MOE_2 | MOE_FLOAT8_2).items()]
     cases += [{"name": f"{n}_grads", "mode": "grads", "config": _moe_config(tmp, f"{n}g", MOE_2[n])}
               for n in MOE_GRADS_2]
     return run_cases(2, cases, tmp, timeout=300)
@@ -250,6 +252,11 @@ def test_moe_gradients_match_single_process(moe_two, single, name):
     """Loss parity barely sees a gradient scale (AdamW normalises it away): the gradients themselves must match,
     the experts' (summed over the ep group by the all-to-all, then FSDP-averaged) and the router's included."""
     _assert_grads(moe_two[f"{name}_grads"], single["mla_grads" if name.startswith("mla") else "moe_grads"])
+
+
+def test_moe_float8_close_to_fp32(moe_two, single):
+    _assert_losses(moe_two["float8_rowwise_ep2"], single["moe"]["losses"], rtol=0, atol=1e-2)
+    assert moe_two["float8_rowwise_ep2"]["losses"] != single["moe"]["losses"]  # Float8 really ran
 
 
 def test_moe_reference_learns_and_balances(single):

@@ -50,7 +50,9 @@ class Result:
 
     def describe(self) -> str:
         r = self.res
-        return (f"{r.model.name} · {self.nodes}x{r.gpus_per_node} {r.hw.id} · seq {r.seq_len} · gbs "
+        moe = r.model.moe
+        kind = f" · MoE {moe.experts}e top-{moe.top_k}" if moe else ""
+        return (f"{r.model.name}{kind} · {self.nodes}x{r.gpus_per_node} {r.hw.id} · seq {r.seq_len} · gbs "
                 f"{r.global_batch} · {len(r.ranked):,}/{r.evaluated:,} fit")
 
 
@@ -202,9 +204,9 @@ def compare_rows(result: Result, indices: list[int]) -> list[tuple[str, list[str
             cost = [t["cost_usd"] for t in trains]
             rows.append(("cost", [fmt_money(c) for c in cost], best(cost, True)))
     for key, label in (("dp_replicate", "dp_replicate"), ("dp_shard", "dp_shard"), ("tp", "tp"), ("pp", "pp"),
-                       ("pp_schedule", "PP schedule"), ("cp", "cp"), ("micro_batch_size", "micro-batch"),
+                       ("pp_schedule", "PP schedule"), ("cp", "cp"), ("ep", "ep"), ("micro_batch_size", "micro-batch"),
                        ("ac", "AC"), ("float8", "Float8"), ("compile", "compile"), ("async_tp", "async TP")):
-        if key == "pp_schedule" and all(c["pp"] == 1 for c in cfgs):
+        if (key == "pp_schedule" and all(c["pp"] == 1 for c in cfgs)) or (key == "ep" and all(c["ep"] == 1 for c in cfgs)):
             continue
         values = [str(c[key]) for c in cfgs]
         rows.append((label, values, -1 if len(set(values)) > 1 else None))

@@ -109,7 +109,7 @@ def config_columns(res: SearchResult, idx: np.ndarray) -> pd.DataFrame:
     idx = np.asarray(idx, dtype=np.int64)
     return pd.DataFrame({
         "dp_replicate": c.dp_replicate[idx], "dp_shard": c.dp_shard[idx], "tp": c.tp[idx], "pp": c.pp[idx],
-        "cp": c.cp[idx], "pp_schedule": np.asarray(PP_SCHEDULES, dtype=object)[c.schedule[idx]],
+        "cp": c.cp[idx], "ep": c.ep[idx], "pp_schedule": np.asarray(PP_SCHEDULES, dtype=object)[c.schedule[idx]],
         "vpp": c.vpp[idx], "micro_batch_size": c.micro_batch[idx],
         "ac": np.asarray(AC_MODES, dtype=object)[c.ac[idx]],
         "float8": np.asarray(FLOAT8_RECIPES, dtype=object)[c.float8[idx]],
@@ -122,7 +122,7 @@ def summaries(cols: pd.DataFrame) -> pd.Series:
     if cols.empty:
         return pd.Series([], dtype=object)
     s = "dp " + cols.dp_replicate.astype(str) + "x" + cols.dp_shard.astype(str)
-    for k in ("tp", "pp", "cp"):
+    for k in ("tp", "pp", "cp", "ep"):
         s = s + np.where(cols[k] > 1, f", {k} " + cols[k].astype(str), "")
     sched = cols.pp_schedule + np.where(cols.vpp > 1, "/v" + cols.vpp.astype(str), "")
     s = s + np.where(cols.pp > 1, ", " + sched, "")

@@ -90,7 +90,7 @@ def global_batch_sequences(value: int, unit: str, seq_len: int) -> int:
 def search_space(pins: dict) -> SearchSpace:
     """A SearchSpace from the page's advanced pins: each key maps to a list of allowed values (empty: any)."""
     allowed = {
-        "tp", "pp", "cp", "dp_replicate", "pp_schedule", "vpp", "micro_batch_size", "ac", "float8", "compile",
+        "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule", "vpp", "micro_batch_size", "ac", "float8", "compile",
         "async_tp",
     }
     kwargs: dict = {}

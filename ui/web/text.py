@@ -6,15 +6,27 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import FLOP_CONVENTION
 from meshplan.estimator.stack import StackProfile
+from meshplan.planner.labels import count_label
 from meshplan.planner.search import RANK_BAND
 
 
 def model_facts(m: ModelSpec) -> str:
     kind = "SwiGLU/RMSNorm" if m.mlp == "swiglu" else "GELU/LayerNorm"
-    attn = f"GQA {m.heads}/{m.kv_heads} heads" if m.kv_heads < m.heads else f"MHA {m.heads} heads"
+    if m.mla is not None:
+        attn = f"multi-head latent attention, {m.heads} heads (KV latent {m.mla.kv_lora_rank})"
+    else:
+        attn = f"GQA {m.heads}/{m.kv_heads} heads" if m.kv_heads < m.heads else f"MHA {m.heads} heads"
     tied = ", tied embeddings" if m.tied_embeddings else ""
-    return (f"**{m.params / 1e9:.2f} B parameters**: {m.layers} layers, hidden {m.hidden:,}, MLP {m.ffn_hidden:,}, "
-            f"{attn}, vocab {m.vocab:,}; {kind}{tied}")
+    if m.moe is None:
+        return (f"**{count_label(m.params)} parameters**: {m.layers} layers, hidden {m.hidden:,}, "
+                f"MLP {m.ffn_hidden:,}, {attn}, vocab {m.vocab:,}; {kind}{tied}")
+    e = m.moe
+    shared = f" + a shared expert of {e.shared_ffn_hidden:,}" if e.shared_ffn_hidden else ""
+    dense = f"; {m.dense_layers} dense layers (MLP {m.ffn_hidden:,})" if m.dense_layers else ""
+    return (f"**{count_label(m.params)} parameters, {count_label(m.active_params)} active per token**: "
+            f"{m.layers} layers, hidden {m.hidden:,}, {attn}, vocab {m.vocab:,}; mixture of experts in "
+            f"{m.moe_layers} layers: {e.experts} routed experts (MLP {e.expert_ffn_hidden:,}), top-{e.top_k}"
+            f"{shared}{dense}; {kind}{tied}")
 
 
 def hardware_facts(hw: HardwareProfile) -> list[str]:

@@ -31,7 +31,7 @@ def render(ctx: Context) -> None:
                 t = time_to_train(ctx.tokens, e["throughput"]["tokens_per_sec_per_gpu"], ctx.job.world, ctx.price)
                 rows[f"#{r}"] = {
                     "dp_replicate x dp_shard": f"{c['dp_replicate']} x {c['dp_shard']}", "tp": str(c["tp"]),
-                    "pp": str(c["pp"]), "cp": str(c["cp"]), "schedule": c["pp_schedule"] if c["pp"] > 1 else "no PP",
+                    "pp": str(c["pp"]), "cp": str(c["cp"]), "ep": str(c.get("ep", 1)), "schedule": c["pp_schedule"] if c["pp"] > 1 else "no PP",
                     "stages per rank": str(c["vpp"]), "micro-batch": str(c["micro_batch_size"]), "AC": c["ac"],
                     "Float8": c["float8"], "compile": "on" if c["compile"] else "off",
                     "async TP": "on" if c["async_tp"] else "off",

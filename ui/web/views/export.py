@@ -13,7 +13,7 @@ def render(ctx: Context) -> None:
     if ctx.chosen is None:
         st.info("Nothing fits: there is no plan to export. The sweep CSV says why each configuration failed.")
     else:
-        st.markdown(f"Exports of the ctx.chosen plan **#{st.session_state['chosen']}**: "
+        st.markdown(f"Exports of the chosen plan **#{st.session_state['chosen']}**: "
                     f"{ctx.table['configuration'].iloc[st.session_state['chosen'] - 1]}")
         plan_path = st.text_input("Plan path as the nodes see it (baked into the scripts; empty: next to the "
                                   "script)", key="plan_path", placeholder="e.g. /shared/plans/plan.yaml"

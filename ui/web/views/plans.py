@@ -13,7 +13,7 @@ def render(ctx: Context) -> None:
         st.info("Nothing fits, so there is no ranked plan: see the Sweep and Decision tree views for why.")
     else:
         head = st.columns([3, 1])
-        head[0].markdown(f"**Ranked plans** (best first; ctx.top {ctx.top:,} of {len(ctx.res.ranked):,} that fit). "
+        head[0].markdown(f"**Ranked plans** (best first; top {ctx.top:,} of {len(ctx.res.ranked):,} that fit). "
                          "Click a column header to sort.")
         head[1].number_input("rows shown", min_value=5, max_value=1000, step=25, key="rows")
         show = ctx.table.drop(columns=["index"])
@@ -48,8 +48,8 @@ def render(ctx: Context) -> None:
         bars += [(f"stage {s['stage']}", s["breakdown_gib"]) for s in ctx.mem["per_stage"]]
         left.plotly_chart(
             figures.memory_bars(bars, ctx.hw.usable_hbm_gib, ctx.res.limit_gib,
-                                "Memory per GPU of the ctx.chosen plan" + (" and each pipeline stage"
-                                                                      if ctx.mem["per_stage"] else "")),
+                                "Memory per GPU of the chosen plan" + (" and each pipeline stage"
+                                                                  if ctx.mem["per_stage"] else "")),
             key="memory_chart", config={"displaylogo": False},
         )
         right.plotly_chart(

@@ -10,7 +10,8 @@ from meshplan.ui.web.views.context import Context
 
 def render(ctx: Context) -> None:
     steps = cache.tree(ctx.key)
-    st.caption("torchtitan's order: FSDP first, then compile, Float8, TP inside a node, PP across nodes, CP "
-               "for long sequences, HSDP, and activation checkpointing last. Each step shows the best plan "
+    st.caption("torchtitan's order: FSDP first, then compile, Float8, EP for a mixture-of-experts model's "
+               "experts, TP inside a node, PP across nodes, CP for long sequences, HSDP, and activation "
+               "checkpointing last. Each step shows the best plan "
                "allowed so far; hover a node for details, the grey crosses are the closest rejected plans.")
     st.plotly_chart(figures.decision_tree_figure(steps), key="tree_chart", config={"displaylogo": False})

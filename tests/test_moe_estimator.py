@@ -1,0 +1,168 @@
+"""Mixture-of-experts and expert parallelism in the estimator and the planner: hand-worked numbers (the arithmetic
+is in the comments), torchtitan's published counts, the rules, the decision tree, the CLI and `validate`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from meshplan.estimator import MeshplanError, TrainConfig, estimate, load_hardware, load_model, load_stack
+from meshplan.estimator.arrays import ConfigArrays
+from meshplan.estimator.batch import estimate_arrays
+from meshplan.estimator.physics import moe, shapes
+from meshplan.estimator.physics.layout import layout_of
+from meshplan.estimator.validate import read_rows, row_inputs, validate_rows
+from meshplan.planner.search import plan_search
+from meshplan.planner.tree import decision_tree
+
+H100 = load_hardware("h100-sxm")
+TT = load_stack("torchtitan")
+DS16 = load_model("deepseek-v3-16b")
+
+
+def lay(model, **kw):
+    return layout_of(ConfigArrays.from_configs([TrainConfig(**kw).resolve(model, H100)]))
+
+
+def test_torchtitan_counts_and_flops_of_its_16b_flavor():
+    # torchtitan logs "dense 858M / sparse 14.85B / active 2.66B" and 15,706,484,224 parameters for its 16B flavor
+    assert DS16.params == 15_706_484_224
+    assert DS16.routed_params == 26 * 64 * 3 * 2048 * 1408  # 26 MoE layers of 64 experts (w1, w2, w3)
+    assert abs(DS16.active_params / 2.661e9 - 1) < 1e-3
+    # torchtitan's FLOPs per token at seq 4096: 6 (N_active - N_emb) + 6 L heads (qk 192 + v 128) s = 18.11 GFLOP
+    expect = 6 * (DS16.active_params - 102400 * 2048) + 6 * 27 * 16 * (192 + 128) * 4096
+    assert DS16.flops_per_token(4096) == expect and abs(expect / 18.11e9 - 1) < 1e-3
+
+
+def test_moe_layers_in_a_window():
+    ds = load_model("deepseek-v3")  # the first 3 of 61 layers dense
+    assert (ds.moe_layers_in(4), ds.moe_layers_in(61), ds.moe_layers_in(0)) == (4, 58, 0)
+    mav = load_model("llama4-maverick")  # every second layer MoE
+    assert (mav.moe_layers_in(1), mav.moe_layers_in(3), mav.moe_layers_in(4)) == (1, 2, 2)
+    assert load_model("llama3-8b").moe_layers_in(32) == 0
+
+
+def test_expert_parallel_shards_the_experts_not_the_rest():
+    # 16B on 8 GPUs: one MoE layer's experts = 64 x 3 x 2048 x 1408 = 553,648,128; EP 8 keeps 8 of them whole on a
+    # rank (69,206,016 per layer, x 26 layers), FSDP shards the rest 8 ways; without EP FSDP shards everything
+    ep8 = lay(DS16, gpus=8, ep=8, seq_len=4096)
+    rp = shapes.rank_params(DS16, ep8)
+    assert rp.routed_block[0] == 69_206_016 and rp.routed[0] == 26 * 69_206_016
+    assert ep8.expert_fsdp_ranks[0] == 1  # dp_shard x cp x tp / ep = 8 / 8
+    assert rp.sharded(rp.most, ep8)[0] == pytest.approx((DS16.params - DS16.routed_params) / 8
+                                                         + DS16.routed_params / 8)
+    fsdp = lay(DS16, gpus=8, seq_len=4096)
+    rp1 = shapes.rank_params(DS16, fsdp)
+    assert rp1.routed_block[0] == 553_648_128 and rp1.sharded(rp1.most, fsdp)[0] == pytest.approx(DS16.params / 8)
+
+
+def test_all_to_all_time_by_hand():
+    # EP 8 inside an H100 node: 7/8 of 1 GB over NVLink at 450e9 x 0.82 (ring) x 0.75 (all-to-all) = 276.75 GB/s,
+    # plus 3 latency steps of 5 us: 0.875 / 276.75 + 15e-6 = 3.1768 ms
+    layout = lay(DS16, gpus=8, ep=8, seq_len=4096)
+    r = moe.routing(DS16, TT, layout)
+    assert moe.all_to_all_s(H100, r, layout, np.array([1e9]))[0] == pytest.approx(0.875 / 276.75 + 15e-6, rel=1e-9)
+    # EP 32 over 4 nodes: 24/32 of it leaves the node through each GPU's NIC at 400/8 x 0.73 x 0.75 = 27.375 GB/s
+    wide = lay(DS16, gpus=32, ep=32, seq_len=4096)
+    rw = moe.routing(DS16, TT, wide)
+    t = moe.all_to_all_s(H100, rw, wide, np.array([1e9]))[0]
+    assert t == pytest.approx(0.75 / 27.375 + 12e-6 * 5, rel=1e-9)
+    # a rank sends top_k rows per token of its sequence shard; the busiest receives the stack's imbalance more
+    tp_ep = lay(DS16, gpus=8, tp=2, ep=8, seq_len=4096)
+    rt = moe.routing(DS16, TT, tp_ep)
+    assert rt.src_rows[0] == 6 / 2 and rt.expert_rows[0] == pytest.approx(6 / 2 * TT.moe.load_imbalance)
+
+
+def test_ep_trades_fsdp_gathers_for_all_to_all():
+    base = dict(gpus=8, seq_len=4096, global_batch_size=64, micro_batch_size=8, ac="full")
+    fsdp, ep8 = estimate(DS16, H100, TrainConfig(**base)), estimate(DS16, H100, TrainConfig(**base, ep=8))
+    assert fsdp["throughput"]["breakdown_s"]["ep_all_to_all"] == 0 < ep8["throughput"]["breakdown_s"]["ep_all_to_all"]
+    both = ConfigArrays.from_configs([TrainConfig(**base).resolve(DS16, H100), TrainConfig(**base, ep=8).resolve(DS16, H100)])
+    gathered = estimate_arrays(DS16, H100, TT, both)["unsharded_params_max"]
+    # a block's all-gathered bf16 experts: all 64 without EP (553,648,128 x 2 x 2 prefetched), 8 with EP 8
+    assert gathered[0] - gathered[1] == pytest.approx(2 * 2 * (553_648_128 - 69_206_016), rel=1e-9)
+    assert ep8["config"]["ep"] == 8 and ep8["model"]["moe"]["experts"] == 64
+    assert ep8["model"]["active_params"] == DS16.active_params < ep8["model"]["params"]
+
+
+@pytest.mark.parametrize(("model", "kw", "needle"), [
+    ("llama3-8b", dict(gpus=8, ep=2), "needs a mixture-of-experts model; llama3-8b is dense"),
+    ("deepseek-v3-16b", dict(gpus=3, ep=3, gpus_per_node=3), "ep 3 does not divide the 64 routed experts"),
+    ("qwen3-30b-a3b", dict(gpus=8, tp=2, ep=16), "ep 16 does not divide dp_shard x cp x tp = 8"),
+    ("qwen3-30b-a3b", dict(gpus=8, tp=8), "does not divide the 32 attention heads"),
+])
+def test_ep_rules_say_what_to_fix(model, kw, needle):
+    with pytest.raises(MeshplanError, match=needle) as exc:
+        estimate(load_model(model), H100, TrainConfig(seq_len=4096, **kw))
+    assert "\n" not in str(exc.value)
+
+
+def test_a_stack_without_moe_behaviour_refuses_a_moe_model():
+    with pytest.raises(MeshplanError, match="llm-foundry.*does not describe mixture-of-experts"):
+        estimate(DS16, H100, TrainConfig(gpus=8, seq_len=4096), load_stack("llm-foundry"))
+
+
+def test_planner_takes_ep_where_fsdp_alone_does_not_fit_and_says_why():
+    model = load_model("qwen3-235b-a22b")
+    res = plan_search(model, H100, TT, 128, 8, 4096, 1024)
+    assert len(res.ranked) and all(res.configs.ep[i] > 1 for i in res.ranked[:5])
+    steps = {s["key"]: s for s in decision_tree(res)}
+    assert steps["ep"]["taken"] and steps["fsdp"]["best"] is None
+    assert "inside a node keeps the all-to-all on NVLink" in steps["float8"]["reason"]
+    assert "Chosen plan: EP" in steps["ac"]["reason"]
+
+
+def test_planner_keeps_fsdp_where_ep_does_not_pay_and_says_so():
+    res = plan_search(DS16, H100, TT, 32, 8, 4096, 256)
+    assert res.configs.ep[res.ranked[0]] == 1  # FSDP hides its gathers; EP's all-to-all would sit on the path
+    steps = {s["key"]: s for s in decision_tree(res)}
+    assert not steps["ep"]["taken"] and "EP for the experts gains nothing" in steps["float8"]["reason"]
+    dense = {s["key"] for s in decision_tree(plan_search(load_model("llama3-8b"), H100, TT, 8, 8, 4096, 64))}
+    assert "ep" not in dense  # a dense model's tree has no EP step
+
+
+def test_estimate_cli_json_and_ep_errors(cli):
+    out = cli("estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--seq-len", "4096", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["model"]["active_params"] < d["model"]["params"] and d["model"]["moe"]["top_k"] == 8
+    assert d["config"]["ep"] == 8 and "ep_all_to_all" in d["throughput"]["breakdown_s"]
+    bad = cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--ep", "2")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    table = cli("estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--seq-len", "4096")
+    assert "3.35 B active, 128 experts top-8" in table.stdout and "EP all-to-all" in table.stdout
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def test_validate_reads_moe_rows_instead_of_predicting_them_dense(ground_truth, tmp_path):
+    dense = read_rows(ground_truth)[0]
+    ds = {**dense, "id": "moe-by-name", "model": "DeepSeek-V3 16B", "layers": "27", "hidden": "2048", "heads": "16",
+          "kv_heads": "16", "ffn_hidden": "10944", "vocab": "102400", "seq_len": "4096", "gpus": "8", "dp_shard": "8",
+          "global_batch_size": "64", "micro_batch_size": "8"}
+    cols = {**ds, "id": "moe-by-columns", "model": "my-moe", "experts": "64", "top_k": "6",
+            "expert_ffn_hidden": "1408", "shared_ffn_hidden": "2816", "first_dense_layers": "1", "ep": "8"}
+    as_dense = {**ds, "id": "unknown-name", "model": "not-a-preset"}
+    path = tmp_path / "runs.csv"
+    path.write_text(_csv([{**r, "ep": r.get("ep", ""), "experts": r.get("experts", ""), "top_k": r.get("top_k", ""),
+                           "expert_ffn_hidden": r.get("expert_ffn_hidden", ""),
+                           "shared_ffn_hidden": r.get("shared_ffn_hidden", ""),
+                           "first_dense_layers": r.get("first_dense_layers", "")} for r in (ds, cols, as_dense)]))
+    rows = read_rows(path)
+    models = [row_inputs(r)[0] for r in rows]
+    assert models[0].params == DS16.params and models[0].mla is not None  # the preset, by name and dimensions
+    assert models[1].moe.experts == 64 and models[1].moe_layers == 26 and row_inputs(rows[1])[3].ep == 8
+    assert models[2].moe is None  # nothing says it is MoE: the dense model its columns describe
+    results = validate_rows(rows)
+    assert [r.error for r in results] == [None, None, None]
+    assert len({r.predicted_tps_per_gpu for r in results}) == 3
