@@ -13,17 +13,21 @@ from meshplan.estimator.model_spec import load_model, preset_names
 
 
 def models_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """List the model presets (parameter counts in billions)."""
+    """List the model presets (parameter counts in billions; a mixture of experts' active ones too)."""
     specs = [load_model(n) for n in preset_names()]
     if as_json:
-        print(json.dumps([{**s.model_dump(), "params": s.params} for s in specs], indent=2))
+        print(json.dumps([{**s.model_dump(), "params": s.params, "active_params": s.active_params} for s in specs],
+                         indent=2))
         return
-    table = Table(title="model presets (also: a path to a meshplan model YAML or a Hugging Face config.json)")
-    for col in ("name", "params (B)", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "mlp"):
-        table.add_column(col, justify="left" if col in ("name", "mlp") else "right")
+    table = Table(title="model presets (also: a meshplan model YAML or a Hugging Face config.json; --json: every field)")
+    for col in ("name", "params B", "active B", "layers", "hidden", "MLP (experts x width)"):
+        table.add_column(col, justify="left" if col[0] in "nM" else "right", no_wrap=col[0] in "nM")
     for s in specs:
-        table.add_row(s.name, f"{s.params / 1e9:.2f}", str(s.layers), str(s.hidden), str(s.heads),
-                      str(s.kv_heads), str(s.ffn_hidden), str(s.vocab), s.mlp)
+        mlp = f"{s.mlp} {s.ffn_hidden}"
+        if s.moe is not None:
+            mlp = f"{s.moe.experts}x{s.moe.expert_ffn_hidden} top-{s.moe.top_k}" + ("+sh" if s.moe.shared_ffn_hidden else "")
+        table.add_row(s.name, f"{s.params / 1e9:.2f}", f"{s.active_params / 1e9:.2f}", str(s.layers), str(s.hidden),
+                      mlp)
     Console().print(table)
 
 
