@@ -162,10 +162,39 @@ def _moe(obj: dict, arch: Arch, name: str, notes: list[str]) -> tuple[dict | Non
         fields["dense_layer_ids"] = tuple(i for i in range(layers) if i not in set(explicit))
     else:
         fields["layer_step"] = obj.get("interleave_moe_layer_step") or 1
-    if obj.get("attention_chunk_size"):
-        notes.append(f"{name} attends within chunks of {obj['attention_chunk_size']} tokens in its RoPE layers; "
-                     "meshplan times full attention, an upper bound beyond that length")
     return fields, obj.get("intermediate_size_mlp")
+
+
+def _local_attention(obj: dict, arch: Arch, layers: int) -> dict:
+    """Sliding-window or chunked attention as the config describes it per family: `layer_types` where present,
+    else Gemma 2 (every other layer), Gemma 3 (`sliding_window_pattern`: all but every n-th), Qwen2/3 (layers from
+    `max_window_layers` on, when `use_sliding_window`), Mistral-style (every layer), Llama 4 (chunks of
+    `attention_chunk_size` in its RoPE layers, `no_rope_layers`); {} for full attention."""
+    types = obj.get("layer_types")
+    kind = obj.get("model_type")
+    chunk = obj.get("attention_chunk_size")
+    if kind == "llama4_text" and isinstance(chunk, int) and chunk > 0:
+        rope = obj.get("no_rope_layers")
+        if not isinstance(rope, list) or len(rope) != layers:
+            interval = obj.get("no_rope_layer_interval") or 4
+            rope = [int((i + 1) % interval != 0) for i in range(layers)]
+        return {"attention_window": chunk, "window_kind": "chunked", "window_layer_share": sum(rope) / layers}
+    window = obj.get("sliding_window")
+    if not isinstance(window, int) or window <= 0 or obj.get("use_sliding_window") is False:
+        return {}
+    if isinstance(types, list) and types:
+        share = sum(1 for t in types if "sliding" in str(t)) / len(types)
+    elif kind == "gemma2":
+        share = 0.5
+    elif kind == "gemma3_text":
+        pattern = obj.get("sliding_window_pattern") or 6
+        share = (pattern - 1) / pattern
+    elif kind in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        first = obj.get("max_window_layers")
+        share = max(0, layers - first) / layers if isinstance(first, int) else 1.0
+    else:
+        share = 1.0
+    return {"attention_window": window, "window_kind": "sliding", "window_layer_share": share} if share else {}
 
 
 def _mla(obj: dict, arch: Arch, name: str) -> dict | None:
@@ -214,10 +243,12 @@ def from_hf_config(obj: dict, name: str) -> ModelSpec:
     vocab = pick("vocab_size", "padded_vocab_size")
     if vocab is None:
         raise MeshplanError(f"config.json for '{name}' lacks vocab_size")
-    window = pick("sliding_window") if pick("use_sliding_window", default=True) else None
-    if isinstance(window, int) and window > 0:
-        notes.append(f"{name} uses sliding-window attention ({window} tokens) in some or all layers; meshplan times "
-                     "full attention, an upper bound beyond that length")
+    local = _local_attention(obj, arch, layers)
+    if local:
+        kind, window, share = local["window_kind"], local["attention_window"], local["window_layer_share"]
+        notes.append(f"{name} attends within {'a sliding window' if kind == 'sliding' else 'chunks'} of {window} "
+                     f"tokens in {share:.0%} of its layers: the attention's time counts only those scores, its "
+                     "model FLOPs (MFU) count full attention, as torchtitan does")
     extra = [label for on, label in ((arch.block_norms > 2, "sandwich norms"), (arch.qk_norm, "QK-norm")) if on]
     if extra:
         notes.append(f"{name}'s extra norms ({', '.join(extra)}) are counted in parameters but their saved "
@@ -229,7 +260,7 @@ def from_hf_config(obj: dict, name: str) -> ModelSpec:
         tied_embeddings=bool(pick("tie_word_embeddings", default=arch.tied)), mlp=mlp,
         norm="layernorm" if mlp == "gelu" else arch.norm, block_norms=arch.block_norms, qk_norm=arch.qk_norm,
         qkv_bias=bool(pick("attention_bias", "qkv_bias", default=arch.qkv_bias)), moe=moe, mla=mla,
-        vision_params=vparams, notes=tuple(notes),
+        vision_params=vparams, notes=tuple(notes), **local,
     )
     try:
         return ModelSpec.model_validate(fields)

@@ -95,6 +95,11 @@ class ModelSpec(BaseModel):
     moe: MoESpec | None = Field(default=None, description="mixture-of-experts MLP of the MoE layers; none: dense")
     mla: MLASpec | None = Field(default=None, description="multi-head latent attention; none: (grouped) MHA")
     vision_params: int = Field(default=0, ge=0, description="a multimodal model's vision tower: reported, not planned")
+    attention_window: int = Field(default=0, ge=0, description="tokens a local attention layer attends within "
+                                                               "(sliding window or chunk); 0: full attention")
+    window_kind: Literal["sliding", "chunked"] = Field(default="sliding", description="sliding window (Mistral, "
+                                                       "Gemma) or fixed chunks (Llama 4)")
+    window_layer_share: float = Field(default=0.0, ge=0, le=1, description="share of the layers with local attention")
     description: str = ""
     notes: tuple[str, ...] = Field(default=(), description="what the spec leaves out, reported with every estimate")
 
@@ -273,6 +278,18 @@ class ModelSpec(BaseModel):
         if self.moe is None:
             return self.params
         return self.params - self.moe_layers * (self.moe.experts - self.moe.top_k) * self.expert_params
+
+    def attention_share(self, seq_len):
+        """The attention's causal score pairs per sequence, averaged over the layers, as a share of full causal
+        attention's s^2/2: a sliding window w keeps s*w - w^2/2 of them, chunks of c keep s*c/2 (1 up to s = w).
+        Works on numbers and numpy arrays."""
+        import numpy as np
+
+        if not self.attention_window or not self.window_layer_share:
+            return np.ones_like(np.asarray(seq_len, dtype=float))
+        x = np.minimum(1.0, self.attention_window / np.asarray(seq_len, dtype=float))
+        local = 2 * x - x * x if self.window_kind == "sliding" else x
+        return (1 - self.window_layer_share) + self.window_layer_share * local
 
     def moe_layers_in(self, n: int) -> int:
         """The most MoE layers any `n` consecutive blocks hold (a pipeline stage of n blocks, at worst)."""

@@ -147,6 +147,9 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
             + ("max reserved" if s.device.startswith("cuda") else "peak RSS")
             + f"; predicted {s.predicted['throughput']['tokens_per_sec_per_gpu']:.1f} tok/s/GPU and "
             f"{s.predicted['memory']['peak_gib']:.2f} GiB for {plan.hardware.id}"
+            + (f"; mixture of experts: {m.moe.experts} experts (width {m.moe.expert_ffn_hidden}), top-{m.moe.top_k}, "
+               f"ep {p.ep} (the schema has no MoE columns: `meshplan validate` reads a MoE preset's name, or "
+               "add ep / experts / top_k columns)" if m.moe else "")
         ),
     }
 

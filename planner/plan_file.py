@@ -214,10 +214,11 @@ def plan_fingerprint(plan: Plan) -> str:
 
 
 def _model_dump(model: ModelSpec) -> dict:
-    """The model spec as JSON values, without the architecture fields a dense model leaves unset (MoE, MLA, a
-    vision tower): a dense plan reads as it did before they existed."""
+    """The model spec as JSON values, without the architecture fields a model leaves unset (MoE, MLA, a vision
+    tower, local attention): a plan of a dense full-attention model reads as it did before they existed."""
     out = model.model_dump(mode="json")
-    for field, unset in (("moe", None), ("mla", None), ("vision_params", 0)):
+    for field, unset in (("moe", None), ("mla", None), ("vision_params", 0), ("attention_window", 0),
+                         ("window_kind", "sliding"), ("window_layer_share", 0.0)):
         if out.get(field) == unset:
             out.pop(field, None)
     return out

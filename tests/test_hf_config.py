@@ -122,7 +122,8 @@ def test_gemma2_reads_geglu_sandwich_norms_and_tied_default():
     m = from_hf_config(GEMMA2_9B, "gemma-2-9b")
     assert (m.mlp, m.block_norms, m.tied_embeddings, m.q_dim) == ("geglu", 4, True, 4096)
     assert abs(m.params / 9.24e9 - 1) < 0.005  # model card: 9.24 B
-    assert any("sliding-window" in n for n in m.notes)  # the FLOPs it overstates are said, not hidden
+    assert m.attention_window == 4096 and m.window_layer_share == 0.5  # Gemma 2 alternates local and global
+    assert any("sliding window of 4096 tokens in 50%" in n for n in m.notes)
 
 
 @pytest.mark.parametrize(("cfg", "field"), [

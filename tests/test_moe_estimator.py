@@ -166,3 +166,18 @@ def test_validate_reads_moe_rows_instead_of_predicting_them_dense(ground_truth, 
     results = validate_rows(rows)
     assert [r.error for r in results] == [None, None, None]
     assert len({r.predicted_tps_per_gpu for r in results}) == 3
+
+
+def test_local_attention_counts_fewer_scores_in_time_not_in_mfu():
+    # Llama 4: chunks of 8192 in 3 of 4 layers; at seq 32768 a chunked layer keeps 8192/32768 of the causal scores:
+    # 0.25 + 0.75 x 0.25 = 0.4375. A sliding window of 4096 at seq 8192 keeps 2x0.5 - 0.5^2 = 0.75 of them
+    # (Gemma 2, every other layer: 0.5 + 0.5 x 0.75 = 0.875); up to the window nothing changes
+    scout = load_model("llama4-scout")
+    assert scout.attention_share(32768) == pytest.approx(0.4375) and scout.attention_share(8192) == 1.0
+    gemma = scout.model_copy(update={"attention_window": 4096, "window_kind": "sliding", "window_layer_share": 0.5})
+    assert gemma.attention_share(8192) == pytest.approx(0.875)
+    full = scout.model_copy(update={"attention_window": 0})
+    cfg = TrainConfig(gpus=64, ep=16, tp=4, seq_len=32768, global_batch_size=16, ac="full")
+    local, dense = estimate(scout, H100, cfg), estimate(full, H100, cfg)
+    assert local["throughput"]["step_time_s"] < dense["throughput"]["step_time_s"]
+    assert local["model"]["flops_per_token"] == dense["model"]["flops_per_token"]  # torchtitan's MFU convention

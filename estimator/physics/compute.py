@@ -123,8 +123,10 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     w2, _ = gemm_s(hw, stack, lay, f_t, h, recipe=recipe)
     block_gemm = (attn_gemm + w1 + w2) / async_eff
     _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / t, recipe=recipe)  # the output projection stays bf16 (torchao)
-    # causal flash attention: forward 2 matmuls (QK^T, then PV) of s x s/2 per head
+    # causal flash attention: forward 2 matmuls (QK^T, then PV) of s x s/2 per head (fewer with local attention)
     attn_fwd_flops = 2.0 * lay.micro_batch * lay.seq_len * lay.seq_len * (q + float(model.v_dim)) / (t * lay.cp) * 0.5
+    if model.attention_window:
+        attn_fwd_flops = attn_fwd_flops * model.attention_share(lay.seq_len)
     attn_eff = hw.efficiency.attention * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
     per_chunk = np.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
