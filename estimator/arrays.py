@@ -12,7 +12,15 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
+from meshplan.estimator.config import (
+    AC_MODES,
+    FINETUNE_MODES,
+    FLOAT8_RECIPES,
+    LORA_TARGETS,
+    PP_SCHEDULES,
+    TrainConfig,
+    lora_mask,
+)
 
 
 @dataclass
@@ -35,6 +43,18 @@ class ConfigArrays:
     async_tp: np.ndarray
     gpus_per_node: np.ndarray
     ep: np.ndarray  # expert parallel degree (1 for dense models)
+    # fine-tuning (None: pre-training without offload, filled in by __post_init__)
+    finetune: np.ndarray | None = None  # FineTune code
+    lora_rank: np.ndarray | None = None
+    lora_targets: np.ndarray | None = None  # bitmask over LORA_TARGETS (`lora_mask`)
+    cpu_offload: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.tp)
+        for name, default in (("finetune", 0), ("lora_rank", 16), ("lora_targets", lora_mask(LORA_TARGETS)),
+                              ("cpu_offload", 0)):
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(n, default, dtype=np.int64))
 
     @classmethod
     def from_configs(cls, configs: Sequence[TrainConfig]) -> ConfigArrays:
@@ -57,6 +77,10 @@ class ConfigArrays:
             cols["async_tp"].append(c.async_tp)
             cols["gpus_per_node"].append(c.gpus_per_node)
             cols["ep"].append(c.ep)
+            cols["finetune"].append(FINETUNE_MODES.index(c.finetune))
+            cols["lora_rank"].append(c.lora_rank)
+            cols["lora_targets"].append(lora_mask(c.lora_targets))
+            cols["cpu_offload"].append(c.cpu_offload)
         return cls(**{k: np.asarray(v, dtype=np.int64) for k, v in cols.items()})
 
     def take(self, idx: np.ndarray) -> ConfigArrays:

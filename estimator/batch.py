@@ -14,8 +14,13 @@ from __future__ import annotations
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.hardware import GIB, HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics import finetune
 from meshplan.estimator.physics.activations import activations
-from meshplan.estimator.physics.host import full_load_bytes_per_node, host_bytes_per_node
+from meshplan.estimator.physics.host import (
+    full_load_bytes_per_node,
+    host_bytes_per_node,
+    offloaded_bytes_per_node,
+)
 from meshplan.estimator.physics.layout import layout_of
 from meshplan.estimator.physics.memory import (
     ALLOCATED_CATEGORIES,
@@ -42,7 +47,8 @@ def estimate_arrays(
     Keys: one per MEMORY_CATEGORIES entry (bytes at the peak phase, worst rank; they sum to
     `peak_bytes`), `peak_bytes` (reserved), `allocated_bytes`, `peak_phase` (index into PEAK_PHASES),
     `saved_activations` (bytes saved for backward at the end of a forward), `grads_after_backward` and
-    `unsharded_params_max` (bytes), `host_bytes_per_node`, `host_full_load_bytes_per_node`, one per
+    `unsharded_params_max` (bytes), `host_bytes_per_node`, `host_offload_bytes_per_node` (what CPU offload pins),
+    `host_full_load_bytes_per_node`, `trainable_params_rank` (after FSDP), one per
     TIME_CATEGORIES entry (seconds per optimizer step; they sum to `step_time_s`), `step_time_s`,
     `tokens_per_sec_per_gpu`, `mfu`, `worst_stage` (0-based pipeline stage index), `microbatches`,
     `microbatch_time_s`.
@@ -53,6 +59,8 @@ def estimate_arrays(
     mem, worst_stage = worst_stage_memory(model, stack, lay, rp, act, stage)
     reserved = reserved_bytes(hw, stack, mem.allocated_bytes)
     step = step_time(model, hw, stack, lay, rp, act.vocab_rank)
+    weights = finetune.weights(model, lay, rp)
+    state = finetune.stage_state(weights, lay, rp, rp.most)
     return {
         **{k: mem.parts[k] for k in ALLOCATED_CATEGORIES},
         "fragmentation": reserved - mem.allocated_bytes,
@@ -63,7 +71,9 @@ def estimate_arrays(
         "grads_after_backward": mem.grads_after_backward_bytes,
         "peak_phase": mem.peak_phase,
         "unsharded_params_max": mem.unsharded_params_max_bytes,
-        "host_bytes_per_node": host_bytes_per_node(stack, lay, rp),
+        "host_bytes_per_node": host_bytes_per_node(stack, lay, state),
+        "host_offload_bytes_per_node": offloaded_bytes_per_node(lay, state),
+        "trainable_params_rank": state.trainable_sharded,
         "host_full_load_bytes_per_node": full_load_bytes_per_node(stack, lay, float(model.params)),
         **step.parts,
         "step_time_s": step.step_s,

@@ -22,9 +22,15 @@ PPSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B"]
 ACMode = Literal["none", "selective", "full"]
 Float8Recipe = Literal["none", "tensorwise", "rowwise", "mxfp8"]
 LRDecay = Literal["cosine", "linear", "constant"]
+FineTuneMode = Literal["none", "full", "lora", "qlora"]
+LoRATarget = Literal["q", "k", "v", "o", "w1", "w2", "w3"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
 AC_MODES: tuple[str, ...] = get_args(ACMode)
 FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
+FINETUNE_MODES: tuple[str, ...] = get_args(FineTuneMode)
+# the linears LoRA can adapt: attention q / k / v / output (torchtune's q_proj, k_proj, v_proj, output_proj) and the
+# MLP's w1 (gate), w2 (down), w3 (up); the default is every one of them
+LORA_TARGETS: tuple[str, ...] = get_args(LoRATarget)
 
 
 class Schedule(IntEnum):
@@ -52,10 +58,26 @@ class Float8(IntEnum):
     MXFP8 = 3
 
 
+class FineTune(IntEnum):
+    """Training mode as the estimator's arrays code it (index into FINETUNE_MODES): pre-training, full
+    fine-tuning, LoRA adapters on frozen bf16 weights, LoRA on frozen NF4 weights (QLoRA)."""
+
+    NONE = 0
+    FULL = 1
+    LORA = 2
+    QLORA = 3
+
+
+def lora_mask(targets) -> int:
+    """The LoRA targets as a bitmask over LORA_TARGETS (q = 1, k = 2, v = 4, o = 8, w1 = 16, w2 = 32, w3 = 64)."""
+    return sum(1 << LORA_TARGETS.index(t) for t in set(targets))
+
+
 # the codes are the positions of the names in the value types (one definition, checked at import)
 assert [m.name.lower() for m in AC] == list(AC_MODES)
 assert [m.name.lower() for m in Float8] == list(FLOAT8_RECIPES)
 assert len(Schedule) == len(PP_SCHEDULES) and PP_SCHEDULES[Schedule.INTERLEAVED_1F1B] == "Interleaved1F1B"
+assert [m.name.lower() for m in FineTune] == list(FINETUNE_MODES)
 
 
 class TrainConfig(BaseModel):
@@ -80,6 +102,12 @@ class TrainConfig(BaseModel):
     compile: bool = False
     float8: Float8Recipe = "none"
     async_tp: bool = False
+    finetune: FineTuneMode = Field(default="none", description="none (pre-training), full, lora or qlora")
+    lora_rank: int = Field(default=16, description="LoRA rank r (lora / qlora)")
+    lora_alpha: float = Field(default=32.0, gt=0, description="LoRA scale alpha (the update is alpha / r x B A)")
+    lora_targets: tuple[LoRATarget, ...] = Field(default=LORA_TARGETS, description="linears LoRA adapts")
+    cpu_offload: bool = Field(default=False, description="FSDP2 CPUOffloadPolicy: params, grads and optimizer "
+                                                         "state on the host, the optimizer step on the CPU")
 
     @property
     def dp(self) -> int:
@@ -92,12 +120,12 @@ class TrainConfig(BaseModel):
 
     def rule_fields(self) -> dict:
         """The torchtitan-named values `estimator.rules` checks."""
-        return self.model_dump(exclude={"gpus"})
+        return self.model_dump(exclude={"gpus", "lora_alpha"})
 
     def resolve(self, model: ModelSpec, hw: HardwareProfile) -> TrainConfig:
         """Return a copy with inferred fields set; raise MeshplanError naming the first problem."""
         c = self.model_copy()
-        for name in ("dp_replicate", "tp", "pp", "cp", "ep", "micro_batch_size", "seq_len"):
+        for name in ("dp_replicate", "tp", "pp", "cp", "ep", "micro_batch_size", "seq_len", "lora_rank"):
             if getattr(c, name) < 1:
                 raise InputError(f"{name} must be a positive integer, got {getattr(c, name)}", field=name)
         # absurd sizes are a one-line error here, before they overflow the estimator's int64 arrays
@@ -144,6 +172,9 @@ class TrainConfig(BaseModel):
             raise InputError(f"global_batch_size must be positive, got {c.global_batch_size}",
                              field="global_batch_size")
         check_size(c.global_batch_size, "global_batch_size", MAX_GLOBAL_BATCH)
+        if not c.lora_targets:
+            raise InputError("lora_targets is empty: name at least one of " + ", ".join(LORA_TARGETS),
+                             field="lora_targets")
         from meshplan.estimator import (
             rules,  # the one validator shared with the planner, the plan file and the core
         )

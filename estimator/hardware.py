@@ -67,6 +67,10 @@ class HardwareProfile(BaseModel):
         ),
     )
     host_ram_gib_per_node: float = Field(default=2048, gt=0, description="typical host DRAM per node, GiB")
+    host_link_gbs: float | None = Field(default=None, gt=0, description="achievable pinned host-to-device copy "
+                                        "bandwidth per GPU per direction (PCIe / NVLink-C2C), GB/s; none: unknown")
+    host_memory_bandwidth_gbs: float | None = Field(default=None, gt=0, description="host DRAM bandwidth per node "
+                                                    "(theoretical), GB/s; none: unknown")
     price: Price | None = None
     efficiency: Efficiency
     sources: dict[str, str] = Field(default_factory=dict, description="field -> where the number comes from")

@@ -67,6 +67,9 @@ def estimate(
     full_load = r["host_full_load_bytes_per_node"] / GIB
     if full_load > hw.host_ram_gib_per_node:
         warnings.append(
+            f"loading the whole bf16 checkpoint on every rank would need {full_load:.0f} GiB host RAM per node; "
+            "load it sharded (meshplan launch --init-from reads each rank's slices)"
+            if cfg.finetune != "none" else
             f"loading a full fp32 checkpoint on every rank would need {full_load:.0f} GiB host RAM per node; "
             "load sharded (DCP) or from a seed checkpoint"
         )
@@ -81,7 +84,7 @@ def estimate(
             "Dec-2024 405B TP+PP runs do not show it, so it is not in the peak)"
         )
     return {
-        "model": model_summary(model, cfg.seq_len),
+        "model": model_summary(model, cfg.seq_len, cfg),
         "hardware": {"id": hw.id, "name": hw.name, "peak_tflops_bf16": hw.peak_tflops_bf16},
         "stack": stack.id,
         "config": config_dict(cfg),
@@ -96,6 +99,8 @@ def estimate(
             "worst_rank": _stage_name(int(r["worst_stage"]), cfg.pp),
             "per_stage": per_stage(model, hw, stack, cfg) if cfg.pp > 1 else [],
             "host_ram_gib_per_node": _r(host, 1),
+            "host_ram_offloaded_gib_per_node": _r(r["host_offload_bytes_per_node"] / GIB, 1),
+            "host_ram_usable_gib_per_node": _r(hw.host_ram_gib_per_node, 1),
             "host_ram_full_load_gib_per_node": _r(full_load, 1),
         },
         "throughput": {
@@ -111,12 +116,23 @@ def estimate(
     }
 
 
-def model_summary(model: ModelSpec, seq_len: int) -> dict:
-    """The model as `--json` reports it: total and active parameters (a MoE model's experts and layers), FLOPs."""
+def trainable_params(model: ModelSpec, cfg: TrainConfig | None) -> int:
+    """Parameters the optimizer updates: LoRA's adapters under LoRA / QLoRA, else every parameter."""
+    if cfg is not None and cfg.finetune in ("lora", "qlora"):
+        from meshplan.estimator.physics.finetune import adapter_params
+
+        return adapter_params(model, cfg.lora_rank, cfg.lora_targets)
+    return int(model.params)
+
+
+def model_summary(model: ModelSpec, seq_len: int, cfg: TrainConfig | None = None) -> dict:
+    """The model as `--json` reports it: total, active and trainable parameters (a MoE model's experts and layers),
+    FLOPs."""
     out = {
         "name": model.name,
         "params": int(model.params),
         "active_params": int(model.active_params),
+        "trainable_params": trainable_params(model, cfg),
         "layers": model.layers,
         "hidden": model.hidden,
         "flops_per_token": float(model.flops_per_token(seq_len)),
@@ -181,4 +197,17 @@ def config_dict(cfg: TrainConfig) -> dict:
         "float8": cfg.float8,
         "compile": cfg.compile,
         "async_tp": cfg.async_tp,
+        **finetune_dict(cfg),
     }
+
+
+def finetune_dict(cfg: TrainConfig) -> dict:
+    """The fine-tuning fields of a config (empty for pre-training without offload, so those read as before)."""
+    out: dict = {}
+    if cfg.finetune != "none":
+        out["finetune"] = cfg.finetune
+    if cfg.finetune in ("lora", "qlora"):
+        out.update(lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_targets=list(cfg.lora_targets))
+    if cfg.cpu_offload:
+        out["cpu_offload"] = True
+    return out

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.estimator.arrays import ConfigArrays
-from meshplan.estimator.config import FLOAT8_RECIPES, PP_SCHEDULES, Float8, Schedule
+from meshplan.estimator.config import (
+    FINETUNE_MODES,
+    FLOAT8_RECIPES,
+    LORA_TARGETS,
+    PP_SCHEDULES,
+    FineTune,
+    Float8,
+    Schedule,
+    lora_mask,
+)
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 
@@ -94,6 +103,31 @@ def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None
     return (c.pp > 1) & (c.vpp != default) & ~exact
 
 
+NF4_BLOCK = 64 * 256  # torchao's to_nf4: 64-value blocks whose scales are quantized in groups of 256
+
+
+def _lora(c: ConfigArrays) -> np.ndarray:
+    return c.finetune >= FineTune.LORA
+
+
+def _lora_moe(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    return _lora(c) & ((m.moe is not None) | (m.mla is not None))
+
+
+def _nf4_blocks(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    """QLoRA: every linear's FSDP shard (rows split over dp_shard x cp) must be whole NF4 blocks."""
+    from meshplan.estimator.physics.finetune import linear_shapes
+
+    if m.moe is not None or m.mla is not None:
+        return np.zeros(len(c.tp), dtype=bool)
+    shard = np.maximum(c.dp_shard * c.cp, 1)
+    bad = np.zeros(len(c.tp), dtype=bool)
+    for k, n in linear_shapes(m).values():
+        rows, cols = int(n), int(k)
+        bad |= (rows % shard != 0) | ((rows // shard) * cols % NF4_BLOCK != 0)
+    return (c.finetune == FineTune.QLORA) & bad
+
+
 RULES: tuple[Rule, ...] = (
     Rule(1, "tp_heads", "tp {tp} does not divide the {heads} attention heads, {kv_heads} KV heads and "
          "MLP width{mlp_widths}", _tp_widths),
@@ -132,8 +166,22 @@ RULES: tuple[Rule, ...] = (
     Rule(19, "ep_experts", "ep {ep} does not divide the {experts} routed experts", _ep_experts),
     Rule(20, "ep_ranks", "ep {ep} does not divide dp_shard x cp x tp = {sparse} (torchtitan carves the expert-parallel "
          "ranks from them)", _ep_ranks),
+    Rule(21, "lora_layout", "{finetune} shards with FSDP only (as torchtune's recipes): use tp 1 and pp 1, not tp {tp}"
+         " and pp {pp}", lambda m, c, hw: _lora(c) & ((c.tp > 1) | (c.pp > 1))),
+    Rule(22, "lora_architecture", "{finetune} adapts dense attention and MLP linears; {model} has {arch}: fine-tune it "
+         "with --finetune full", _lora_moe),
+    Rule(23, "lora_float8", "{finetune} trains bf16 adapters beside frozen bf16 / NF4 weights, not Float8 linears: use "
+         "float8 none", lambda m, c, hw: _lora(c) & (c.float8 != Float8.NONE)),
+    Rule(24, "qlora_blocks", "QLoRA: an FSDP shard of {model}'s linears over dp_shard x cp = {shard} is not a whole "
+         "number of torchao NF4 blocks of 64 x 256 values", _nf4_blocks),
+    Rule(25, "offload_layout", "CPU offload (FSDP2's CPUOffloadPolicy) is planned and run with FSDP alone: use tp 1, "
+         "pp 1 and ep 1, not tp {tp}, pp {pp}, ep {ep}",
+         lambda m, c, hw: (c.cpu_offload > 0) & ((c.tp > 1) | (c.pp > 1) | (c.ep > 1))),
+    Rule(26, "offload_float8", "CPU offload with Float8 is not supported (torchao's Float8 all-gather expects GPU "
+         "shards): use float8 none", lambda m, c, hw: (c.cpu_offload > 0) & (c.float8 != Float8.NONE)),
 )
 MEMORY = 9  # the planner's own rule: the configuration does not fit in memory
+HOST_MEMORY = 30  # the planner's own rule: the node's host RAM does not hold what the configuration keeps there
 BY_CODE = {r.code: r for r in RULES}
 
 
@@ -168,6 +216,9 @@ def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
         global_batch=gb, micro_batch=mb, cp_tp=cfg.get("cp", 1) * cfg.get("tp", 1), model=model.name,
         experts=moe.experts if moe else 0, mlp_widths=widths,
         sparse=cfg.get("dp_shard", 1) * cfg.get("cp", 1) * cfg.get("tp", 1),
+        shard=cfg.get("dp_shard", 1) * cfg.get("cp", 1),
+        arch="mixture-of-experts layers" if moe else "multi-head latent attention",
+        finetune={"qlora": "QLoRA"}.get(cfg.get("finetune"), "LoRA"),
     )
     out.setdefault("ep", 1)
     out.setdefault("microbatches", gb // max(dp * mb, 1))
@@ -194,6 +245,9 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         ac=col(AC_MODES.index(cfg.get("ac", "none"))), compile=col(bool(cfg.get("compile", False))),
         float8=col(FLOAT8_RECIPES.index(cfg.get("float8", "none"))), async_tp=col(bool(cfg.get("async_tp", False))),
         gpus_per_node=col(cfg.get("gpus_per_node") or 1), ep=col(cfg.get("ep", 1)),
+        finetune=col(FINETUNE_MODES.index(cfg.get("finetune") or "none")), lora_rank=col(cfg.get("lora_rank") or 16),
+        lora_targets=col(lora_mask(cfg.get("lora_targets") or LORA_TARGETS)),
+        cpu_offload=col(bool(cfg.get("cpu_offload", False))),
     )
 
 

@@ -41,6 +41,15 @@ class MoEBehaviour(BaseModel):
     selective_ac_saves_all_to_all: bool = Field(description="op-level SAC keeps the all-to-all outputs")
 
 
+class FineTuneBehaviour(BaseModel):
+    """How a stack runs LoRA / QLoRA fine-tuning and FSDP2 CPU offload; every field documented in the stack YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nf4_dequant_bytes_per_param: float = Field(gt=0, description="HBM bytes moved per NF4 parameter dequantized")
+    cpu_optimizer_efficiency: float = Field(gt=0, le=1, description="CPU AdamW's share of the host DRAM bandwidth")
+
+
 class StackProfile(BaseModel):
     """Behaviour of a training stack that the estimator needs; all fields documented in the YAML."""
 
@@ -99,6 +108,7 @@ class StackProfile(BaseModel):
     process_host_gib: float = Field(ge=0, description="host RAM per training process, GiB")
     float8: dict[str, Float8Recipe]
     moe: MoEBehaviour | None = Field(default=None, description="mixture-of-experts behaviour; none: dense only")
+    finetune: FineTuneBehaviour | None = Field(default=None, description="LoRA / QLoRA / CPU offload behaviour")
     sources: dict[str, str] = Field(default_factory=dict)
 
 

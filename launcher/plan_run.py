@@ -46,7 +46,12 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "grad_clip": t.grad_clip,
         "seed": t.seed,
         "checkpoint_interval": t.checkpoint_interval,
+        "cpu_offload": p.cpu_offload,
     }
+    ft = plan.finetune
+    if ft is not None:
+        fields.update(finetune=ft.mode, init_from=ft.init_from, lora_rank=ft.lora_rank, lora_alpha=ft.lora_alpha,
+                      lora_targets=list(ft.lora_targets))
     if run_dir is not None:
         fields["run_dir"] = str(run_dir)
     if device is not None:

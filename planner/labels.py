@@ -41,6 +41,8 @@ def short_config(cfg: dict) -> str:
         parts.append("compile")
     if cfg["async_tp"]:
         parts.append("async TP")
+    if cfg.get("cpu_offload"):
+        parts.append("CPU offload")
     return ", ".join(parts)
 
 
@@ -68,4 +70,6 @@ def compact_config(cfg: dict) -> str:
         parts.append("+c")
     if cfg["async_tp"]:
         parts.append("+atp")
+    if cfg.get("cpu_offload"):
+        parts.append("+off")
     return " ".join(parts)

@@ -17,6 +17,7 @@ class CategoryStyle:
 # the estimator's MEMORY_CATEGORIES, in stacking order
 MEMORY_STYLE: dict[str, CategoryStyle] = {
     "params_fp32": CategoryStyle("params", "parameters (fp32 shard)", "#4e79a7"),
+    "frozen_params": CategoryStyle("frozen", "frozen weights (bf16 / NF4 shard)", "#a0cbe8"),
     "grads_fp32": CategoryStyle("grads", "gradients (fp32 shard)", "#76b7b2"),
     "optimizer_states": CategoryStyle("optim", "AdamW states", "#b07aa1"),
     "unsharded_params": CategoryStyle("unsh.params", "all-gathered bf16 params", "#59a14f"),
@@ -38,6 +39,8 @@ TIME_STYLE: dict[str, CategoryStyle] = {
     "tp_exposed": CategoryStyle("tp", "TP comm (exposed)", "#8cd17d"),
     "cp_exposed": CategoryStyle("cp", "CP comm (exposed)", "#b07aa1"),
     "ep_all_to_all": CategoryStyle("a2a", "EP all-to-all", "#d37295"),
+    "nf4_dequant": CategoryStyle("nf4", "NF4 dequantize (QLoRA)", "#fabfd2"),
+    "offload_exposed": CategoryStyle("offload", "CPU offload copies (exposed)", "#9c755f"),
     "pp_bubble": CategoryStyle("bubble", "pipeline bubble", "#e15759"),
     "pp_p2p": CategoryStyle("p2p", "pipeline P2P", "#ff9d9a"),
     "dp_allreduce": CategoryStyle("dp", "DP all-reduce", "#76b7b2"),

@@ -19,7 +19,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meshplan.estimator import data_files
-from meshplan.estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule, TrainConfig
+from meshplan.estimator.config import (
+    LORA_TARGETS,
+    ACMode,
+    Float8Recipe,
+    LoRATarget,
+    LRDecay,
+    PPSchedule,
+    TrainConfig,
+)
 from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
@@ -57,6 +65,22 @@ class Parallel(BaseModel):
     float8: Float8Recipe = "none"
     compile: bool = False
     async_tp: bool = False
+    cpu_offload: bool = Field(default=False, description="FSDP2 CPUOffloadPolicy: sharded weights, gradients and "
+                                                         "optimizer state on the host, the optimizer step on the CPU")
+
+
+class FineTuning(BaseModel):
+    """Fine-tuning from a pretrained checkpoint (absent: pre-training from a random initialisation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["full", "lora", "qlora"] = Field(description="full: every weight trains; lora: adapters on frozen "
+                                                               "bf16 weights; qlora: adapters on frozen NF4 weights")
+    init_from: str | None = Field(default=None, description="Hugging Face checkpoint folder (config.json + "
+                                                            "*.safetensors) the run starts from")
+    lora_rank: int = Field(default=16, ge=1)
+    lora_alpha: float = Field(default=32.0, gt=0, allow_inf_nan=False)
+    lora_targets: tuple[LoRATarget, ...] = Field(default=LORA_TARGETS, min_length=1)
 
 
 class Optimizer(BaseModel):
@@ -111,6 +135,7 @@ class Plan(BaseModel):
     cluster: Cluster
     parallel: Parallel
     training: Training
+    finetune: FineTuning | None = None
     estimate: dict | None = None
 
     @model_validator(mode="after")
@@ -135,7 +160,16 @@ class Plan(BaseModel):
     def rule_fields(self) -> dict:
         """The torchtitan-named values `estimator.rules` checks."""
         return {**self.parallel.model_dump(), "seq_len": self.training.seq_len,
-                "global_batch_size": self.training.global_batch_size, "gpus_per_node": self.cluster.gpus_per_node}
+                "global_batch_size": self.training.global_batch_size, "gpus_per_node": self.cluster.gpus_per_node,
+                **self.finetune_fields()}
+
+    def finetune_fields(self) -> dict:
+        """The estimator's fine-tuning fields (TrainConfig names) of this plan."""
+        ft = self.finetune
+        if ft is None:
+            return {}
+        return {"finetune": ft.mode, "lora_rank": ft.lora_rank, "lora_alpha": ft.lora_alpha,
+                "lora_targets": tuple(ft.lora_targets)}
 
     def train_config(self) -> TrainConfig:
         """The estimator's view of this plan (resolved against the embedded model and hardware)."""
@@ -145,6 +179,7 @@ class Plan(BaseModel):
             dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, pp_schedule=p.pp_schedule, vpp=p.vpp,
             seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
+            cpu_offload=p.cpu_offload, **self.finetune_fields(),
         )
         return cfg.resolve(self.model, self.hardware)
 
@@ -163,6 +198,7 @@ def make_plan(
     tokens: int | None = None,
     steps: int | None = None,
     name: str | None = None,
+    init_from: str | None = None,
 ) -> Plan:
     """A plan for one resolved configuration; `tokens` (a budget) sets the steps when `steps` is not given."""
     cfg = cfg.resolve(model, hardware)
@@ -183,14 +219,23 @@ def make_plan(
         parallel=Parallel(
             dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep,
             pp_schedule=cfg.pp_schedule, vpp=cfg.vpp or 1, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
-            float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp,
+            float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp, cpu_offload=cfg.cpu_offload,
         ),
         training=Training(
             seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens,
             lr_schedule=LRSchedule(warmup_steps=min(200, max(0, steps // 10))),
         ),
+        finetune=finetuning_of(cfg, init_from),
         estimate=estimate,
     )
+
+
+def finetuning_of(cfg: TrainConfig, init_from: str | None = None) -> FineTuning | None:
+    """The plan's fine-tuning section for a configuration (None for pre-training from scratch)."""
+    if cfg.finetune == "none" and init_from is None:
+        return None
+    return FineTuning(mode="full" if cfg.finetune == "none" else cfg.finetune, init_from=init_from,
+                      lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets)
 
 
 def plan_fingerprint(plan: Plan) -> str:
@@ -201,8 +246,9 @@ def plan_fingerprint(plan: Plan) -> str:
     # before them keep their fingerprint (and resume)
     model = _model_dump(plan.model)
     parallel = plan.parallel.model_dump(mode="json")
-    if parallel.get("ep") == 1:
-        parallel.pop("ep")
+    for field, unset in (("ep", 1), ("cpu_offload", False)):
+        if parallel.get(field) == unset:
+            parallel.pop(field)
     key = {
         "model": model,
         "parallel": parallel,
@@ -210,6 +256,8 @@ def plan_fingerprint(plan: Plan) -> str:
         "global_batch_size": plan.training.global_batch_size,
         "seed": plan.training.seed,
     }
+    if plan.finetune is not None:  # the starting point and what trains (the checkpoint folder by its path)
+        key["finetune"] = plan.finetune.model_dump(mode="json")
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -265,8 +313,12 @@ def plan_yaml(plan: Plan) -> str:
         f"{plan.cluster.gpus_per_node} {plan.hardware.id}\n"
         "# Launch: meshplan launch PLAN.yaml --backend torchrun|slurm|mpirun; export: meshplan export PLAN.yaml\n"
     )
-    return header + yaml.safe_dump({**plan.model_dump(mode="json"), "model": _model_dump(plan.model)}, sort_keys=False,
-                                   width=110)
+    body = {**plan.model_dump(mode="json"), "model": _model_dump(plan.model)}
+    if plan.finetune is None:  # a pre-training plan reads as it did before fine-tuning existed
+        body.pop("finetune")
+    if not plan.parallel.cpu_offload:
+        body["parallel"].pop("cpu_offload")
+    return header + yaml.safe_dump(body, sort_keys=False, width=110)
 
 
 def check_output_path(path: str | Path, flag: str | None = None) -> Path:

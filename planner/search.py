@@ -44,6 +44,9 @@ class SearchResult:
     mfu: np.ndarray
     ranked: np.ndarray  # indices of fitting configurations, best first
     pareto: np.ndarray  # indices on the throughput-vs-memory Pareto front (fitting only)
+    host_gib: np.ndarray | None = None  # host RAM per node, NaN where a rule was broken
+    finetune: dict | None = None  # the search's fine-tuning fields (TrainConfig names); None: pre-training
+    space: SearchSpace | None = None  # what was searched (the fine-tuning comparison searches it again per mode)
 
     @property
     def evaluated(self) -> int:
@@ -78,6 +81,8 @@ class SearchResult:
             "float8": FLOAT8_RECIPES[int(c.float8[i])],
             "compile": bool(c.compile[i]),
             "async_tp": bool(c.async_tp[i]),
+            "cpu_offload": bool(c.cpu_offload[i]),
+            **(self.finetune or {}),
         }
 
     def train_config(self, i: int) -> TrainConfig:
@@ -89,6 +94,10 @@ class SearchResult:
         if code == rules.MEMORY:
             extra = dict(peak_gib=float(self.peak_gib[i]), limit_gib=self.limit_gib, margin=self.memory_margin,
                          usable_gib=self.hw.usable_hbm_gib)
+        if code == rules.HOST_MEMORY:
+            extra = dict(host_gib=float(self.host_gib[i]), host_limit_gib=self.hw.host_ram_gib_per_node,
+                         host_what="the offloaded weights, gradients and AdamW state"
+                         if bool(self.configs.cpu_offload[i]) else "sharded checkpoint state and the processes")
         return describe_reason(code, self.model, self.hw, self.config(i), extra)
 
     def reason_counts(self) -> dict[str, int]:
@@ -99,14 +108,16 @@ class SearchResult:
 RANK_BAND = 0.01  # configurations within 1 % throughput of each other rank by lower memory
 
 
-def _order(tps: np.ndarray, peak: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Best first: highest tokens/s/GPU in 1 % bands (the estimate is not finer than that), then lowest
-    memory, then highest exact throughput. With the world size and hardware fixed, time-to-train and
-    cost order the same way as throughput."""
+def _order(tps: np.ndarray, peak: np.ndarray, idx: np.ndarray, offload: np.ndarray | None = None) -> np.ndarray:
+    """Best first: highest tokens/s/GPU in 1 % bands (the estimate is not finer than that), then without CPU
+    offload (it pins host RAM and moves the optimizer to the CPU: taken only where it pays), then lowest memory,
+    then highest exact throughput. With the world size and hardware fixed, time-to-train and cost order the same
+    way as throughput."""
     if len(idx) == 0:
         return idx
     band = np.floor(np.log(tps[idx]) / np.log1p(RANK_BAND))
-    return idx[np.lexsort((-tps[idx], peak[idx], -band))]
+    off = np.zeros(len(idx)) if offload is None else offload[idx]
+    return idx[np.lexsort((-tps[idx], peak[idx], off, -band))]
 
 
 def pareto_front(tps: np.ndarray, peak: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -155,6 +166,7 @@ def plan_search(
     tps = np.full(n, np.nan)
     step = np.full(n, np.nan)
     mfu = np.full(n, np.nan)
+    host = np.full(n, np.nan)
     valid = np.flatnonzero(reason == 0)
     for start in range(0, len(valid), CHUNK):
         idx = valid[start : start + CHUNK]
@@ -163,17 +175,20 @@ def plan_search(
         tps[idx] = r["tokens_per_sec_per_gpu"]
         step[idx] = r["step_time_s"]
         mfu[idx] = r["mfu"]
+        host[idx] = r["host_bytes_per_node"] / GIB
         if progress:
             progress(min(start + CHUNK, len(valid)), len(valid))
     limit = hw.usable_hbm_gib * memory_margin
     reason[(reason == 0) & (peak > limit)] = rules.MEMORY
+    reason[(reason == 0) & (host > hw.host_ram_gib_per_node)] = rules.HOST_MEMORY
     fits = np.flatnonzero(reason == 0)
-    ranked = _order(tps, peak, fits)
+    ranked = _order(tps, peak, fits, configs.cpu_offload)
     return SearchResult(
         model=model, hw=hw, stack=stack, world=world, gpus_per_node=gpus_per_node, seq_len=seq_len,
         global_batch=global_batch, memory_margin=memory_margin, objective=objective, configs=configs,
         reason=reason, peak_gib=peak, tps=tps, step_s=step, mfu=mfu, ranked=ranked,
-        pareto=pareto_front(tps, peak, fits),
+        pareto=pareto_front(tps, peak, fits), host_gib=host,
+        finetune=(space.finetune_fields() or None) if space is not None else None, space=space,
     )
 
 
@@ -181,6 +196,15 @@ def explain_empty(res: SearchResult) -> str:
     """Why nothing fits: the closest configuration and what the rules rejected."""
     counts = res.reason_counts()
     mem = np.flatnonzero(res.reason == rules.MEMORY)
+    host = np.flatnonzero(res.reason == rules.HOST_MEMORY)
+    if len(host) and (not len(mem) or np.nanmin(res.host_gib[host]) <= res.hw.host_ram_gib_per_node * 4):
+        i = host[np.nanargmin(res.host_gib[host])]
+        return (
+            f"no configuration of {res.model.name} fits on {res.world} x {res.hw.id}: those that fit in GPU memory "
+            f"need host RAM, at least {res.host_gib[i]:,.0f} GiB per node > the node's "
+            f"{res.hw.host_ram_gib_per_node:,.0f} GiB with {short_config(res.config(i))}; add nodes, use nodes "
+            "with more host RAM, or train fewer weights (--finetune lora / qlora)"
+        )
     if len(mem):
         i = mem[np.nanargmin(res.peak_gib[mem])]
         return (

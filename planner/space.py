@@ -16,15 +16,25 @@ import numpy as np
 
 from meshplan.estimator import rules
 from meshplan.estimator.arrays import ConfigArrays
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.estimator.config import (
+    AC_MODES,
+    FINETUNE_MODES,
+    FLOAT8_RECIPES,
+    LORA_TARGETS,
+    PP_SCHEDULES,
+    lora_mask,
+)
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 
 # Rejection reasons, by code (0 = valid): the shared rules of `estimator.rules` plus the planner's memory rule.
 REASONS = {r.code: r.message for r in rules.RULES}
 REASONS[rules.MEMORY] = "does not fit: peak {peak_gib:.1f} GiB > {limit_gib:.1f} GiB ({margin:.0%} of {usable_gib:.1f} usable)"
+REASONS[rules.HOST_MEMORY] = ("host RAM {host_gib:,.0f} GiB per node > the node's {host_limit_gib:,.0f} GiB "
+                              "({host_what})")
 REASON_KEYS = {r.code: r.key for r in rules.RULES}
 REASON_KEYS[rules.MEMORY] = "memory"
+REASON_KEYS[rules.HOST_MEMORY] = "host_memory"
 
 
 @dataclass
@@ -43,8 +53,21 @@ class SearchSpace:
     float8: list[str] | None = None
     compile: list[bool] | None = None
     async_tp: list[bool] | None = None
+    cpu_offload: list[bool] | None = None  # None: off; fine-tuning also on where FSDP shards alone
     allow_tp_across_nodes: bool = False
     pins: dict = field(default_factory=dict)
+    # fine-tuning: one mode for the whole search (TrainConfig's names and defaults)
+    finetune: str = "none"
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+
+    def finetune_fields(self) -> dict:
+        """The search's fine-tuning settings as TrainConfig fields (empty for pre-training)."""
+        if self.finetune == "none":
+            return {}
+        return {"finetune": self.finetune, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha,
+                "lora_targets": tuple(self.lora_targets)}
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -118,15 +141,19 @@ def enumerate_space(
         mbs_opts = [m for m in mbs_all if local == 0 or m <= local] or [1]
         scheds = sched_opts if pp > 1 else [(PP_SCHEDULES.index("1F1B"), 1)]
         atps = [int(a) for a in (sp.async_tp if sp.async_tp is not None else [False, True])] if tp > 1 else [0]
+        # CPU offload is FSDP's alone: for fine-tuning it is a second option where no other dimension shards
+        # (pre-training searches it only when pinned: --cpu-offload on)
+        fsdp_only = tp == 1 and pp == 1 and ep == 1 and sp.finetune != "none"
+        offs = [int(o) for o in sp.cpu_offload] if sp.cpu_offload is not None else ([0, 1] if fsdp_only else [0])
         for (sc, v), mb in itertools.product(scheds, mbs_opts):
-            rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps, ep))
-    # cross the per-structure rows with AC x float8 x compile (x async TP) in numpy
+            rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs))
+    # cross the per-structure rows with AC x float8 x compile (x async TP, x CPU offload) in numpy
     base = []
-    for dr, ds, cp, tp, pp, v, sc, mb, atps, ep in rows:
-        for a in atps:
-            base.append((dr, ds, cp, tp, pp, v, sc, mb, a, ep))
+    for dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs in rows:
+        for a, off in itertools.product(atps, offs):
+            base.append((dr, ds, cp, tp, pp, v, sc, mb, a, ep, off))
     if not base:
-        base = [(1, world, 1, 1, 1, 1, 1, 1, 0, 1)]
+        base = [(1, world, 1, 1, 1, 1, 1, 1, 0, 1, 0)]
     b = np.asarray(base, dtype=np.int64)
     knobs = np.asarray(list(itertools.product(ac_codes, f8_codes, comp)), dtype=np.int64)
     nb, nk = len(b), len(knobs)
@@ -138,7 +165,10 @@ def enumerate_space(
         dp_replicate=col(0), dp_shard=col(1), cp=col(2), tp=col(3), pp=col(4), vpp=col(5), schedule=col(6),
         micro_batch=col(7), async_tp=col(8), ac=knobs[ki, 0], float8=knobs[ki, 1], compile=knobs[ki, 2],
         seq_len=np.full(n, seq_len, dtype=np.int64), global_batch=np.full(n, global_batch, dtype=np.int64),
-        gpus_per_node=np.full(n, gpus_per_node, dtype=np.int64), ep=col(9),
+        gpus_per_node=np.full(n, gpus_per_node, dtype=np.int64), ep=col(9), cpu_offload=col(10),
+        finetune=np.full(n, FINETUNE_MODES.index(sp.finetune), dtype=np.int64),
+        lora_rank=np.full(n, sp.lora_rank, dtype=np.int64),
+        lora_targets=np.full(n, lora_mask(sp.lora_targets), dtype=np.int64),
     )
     return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
 

@@ -24,6 +24,8 @@ STEPS = (
     ("float8", "+ Float8", "torchao Float8 linear layers: faster GEMMs, fp8 all-gather"),
     ("ep", "+ EP for the experts", "expert parallel: each GPU holds experts / ep whole experts, tokens travel to them "
      "by all-to-all"),
+    ("offload", "+ CPU offload", "FSDP2's CPUOffloadPolicy: sharded weights, gradients and AdamW state in host RAM, "
+     "copied over PCIe around each all-gather and reduce-scatter, the optimizer step on the CPU"),
     ("tp", "+ TP inside a node", "tensor parallel over NVLink: splits each layer's weights and activations"),
     ("pp", "+ PP across nodes", "pipeline stages across nodes: fewer layers and parameters per GPU"),
     ("cp", "+ CP for long sequences", "context parallel: splits the sequence, ring attention"),
@@ -35,11 +37,14 @@ GAIN = 0.01  # a step is worth taking when it raises throughput by more than 1 %
 def _masks(res: SearchResult) -> list[np.ndarray]:
     c = res.configs
     plain = (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1)
-    m = plain & (c.ep == 1) & (c.compile == 0) & (c.float8 == Float8.NONE)
+    on_gpu = c.cpu_offload == 0
+    m = plain & on_gpu & (c.ep == 1) & (c.compile == 0) & (c.float8 == Float8.NONE)
     masks = [m]
-    m = m | (plain & (c.ep == 1) & (c.float8 == Float8.NONE))
+    m = m | (plain & on_gpu & (c.ep == 1) & (c.float8 == Float8.NONE))
     masks.append(m)
-    m = m | (plain & (c.ep == 1))
+    m = m | (plain & on_gpu & (c.ep == 1))
+    masks.append(m)
+    m = m | (plain & on_gpu)
     masks.append(m)
     m = m | plain
     masks.append(m)
@@ -61,6 +66,7 @@ def _entry(res: SearchResult, i: int) -> dict:
         "peak_gib": round(float(res.peak_gib[i]), GIB_DECIMALS),
         "tokens_per_sec_per_gpu": round(float(res.tps[i]), 1),
         "mfu": round(float(res.mfu[i]), 4),
+        "host_gib": round(float(res.host_gib[i]), 1) if res.host_gib is not None else None,
     }
 
 
@@ -76,6 +82,7 @@ def _uses(res: SearchResult, key: str) -> np.ndarray:
         "cp": c.cp > 1,
         "hsdp": c.dp_replicate > 1,
         "ep": c.ep > 1,
+        "offload": c.cpu_offload == 1,
     }[key]
 
 
@@ -94,6 +101,8 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
 
     steps = []
     skip = (set() if res.hw.supports_fp8 else {"float8"}) | (set() if res.model.moe is not None else {"ep"})
+    if not (res.configs.cpu_offload == 1).any():
+        skip.add("offload")
     for (key, label, adds), mask in zip(STEPS, _masks(res), strict=True):
         if key in skip:
             continue
@@ -101,6 +110,11 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
         feature = best_of(mask & _uses(res, key))
         oom = np.flatnonzero(mask & evaluated & (res.reason == rules.MEMORY))
         closest = oom[np.argsort(res.peak_gib[oom])[:alternatives]] if len(oom) else np.array([], dtype=int)
+        over_host = np.flatnonzero(mask & _uses(res, key) & (res.reason == rules.HOST_MEMORY))
+        host_limited = None
+        if len(over_host) and res.host_gib is not None:
+            j = int(over_host[np.nanargmin(res.host_gib[over_host])])
+            host_limited = {**_entry(res, j), "host_gib": round(float(res.host_gib[j]), 1)}
         steps.append({
             "key": key,
             "label": label,
@@ -110,13 +124,86 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
             "min_peak_gib": round(float(np.nanmin(res.peak_gib[mask & evaluated])), GIB_DECIMALS) if (mask & evaluated).any() else None,
             "feature_best": _entry(res, feature) if feature is not None else None,
             "rejected": [{**_entry(res, int(i)), "reason": res.reason_text(int(i))} for i in closest],
+            "host_limited": host_limited,
         })
     # reasons to move on (or to stop), read from the steps after this one
     for k, step in enumerate(steps):
         step["reason"] = _reason(res, steps, k)
         step["taken"] = k == 0 or _worth(steps[k - 1], step)
     steps.append(_ac_step(res))
+    if res.finetune is not None:
+        steps.insert(0, finetune_step(res))
     return steps
+
+
+FINETUNE_MODES = (("full", False, "full fine-tuning"), ("full", True, "full + CPU offload"), ("lora", False, "LoRA"),
+                  ("qlora", False, "QLoRA"))
+
+
+def finetune_step(res: SearchResult) -> dict:
+    """The fine-tuning mode, first: the best plan of each mode on this cluster (the same search, once per mode),
+    or why none fits, and the mode asked for."""
+    from dataclasses import replace
+
+    from meshplan.planner.search import plan_search
+    from meshplan.planner.space import SearchSpace
+
+    ft = res.finetune or {}
+    asked = ft.get("finetune", "full")
+    space = res.space
+    parts, modes = [], []
+    for mode, offload, label in FINETUNE_MODES:
+        mask = None
+        if mode == asked:  # this search: its best plan with (or without) offload
+            mask = res.configs.cpu_offload == int(offload)
+            other, other_best = res, _best_where(res, mask)
+        else:
+            sp = replace(space or SearchSpace(), finetune=mode, cpu_offload=[offload])
+            other = plan_search(res.model, res.hw, res.stack, res.world, res.gpus_per_node, res.seq_len,
+                                res.global_batch, res.memory_margin, res.objective, sp)
+            other_best = int(other.ranked[0]) if len(other.ranked) else None
+        text, entry = _mode_text(other, other_best, label, mode, mask)
+        parts.append(text)
+        modes.append({"mode": mode, "cpu_offload": offload, "label": label, "best": entry})
+    chosen = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}[asked]
+    rank = f" r{ft['lora_rank']}" if asked in ("lora", "qlora") else ""
+    return {"key": "finetune", "label": "Fine-tuning mode", "adds": "full / full + CPU offload / LoRA / QLoRA",
+            "best": _entry(res, int(res.ranked[0])) if len(res.ranked) else None, "fits": len(res.ranked) > 0,
+            "taken": True, "min_peak_gib": None, "rejected": [], "modes": modes,
+            "reason": "; ".join(parts) + f". Searched: {chosen}{rank} (--finetune {asked})"}
+
+
+def _best_where(res: SearchResult, mask: np.ndarray) -> int | None:
+    idx = [int(i) for i in res.ranked if mask[int(i)]]
+    return idx[0] if idx else None
+
+
+def _mode_text(res: SearchResult, best: int | None, label: str, mode: str,
+               mask: np.ndarray | None = None) -> tuple[str, dict | None]:
+    """One mode's outcome in words: where its best plan fits, or the smallest peak and why it does not (among the
+    configurations in `mask`, all by default)."""
+    mask = np.ones(res.evaluated, dtype=bool) if mask is None else mask
+    gpus = f"{res.world} GPUs"
+    if best is not None:
+        e = _entry(res, best)
+        host = f" and {e['host_gib']:,.0f} GiB host per node" if e.get("host_gib") is not None else ""
+        trainable = ""
+        if mode in ("lora", "qlora"):
+            from meshplan.estimator.report import trainable_params
+
+            share = trainable_params(res.model, res.train_config(best)) / res.model.params
+            trainable = f", {share:.2%} of the weights train"
+        return (f"{label} fits at {e['peak_gib']:.1f} GiB GPU{host}, {e['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
+                f"{trainable}"), e
+    host = np.flatnonzero(mask & (res.reason == rules.HOST_MEMORY))
+    if len(host):
+        j = int(host[np.nanargmin(res.host_gib[host])])
+        return (f"{label} fits in GPU memory at {res.peak_gib[j]:.1f} GiB but needs {res.host_gib[j]:,.0f} GiB host "
+                f"RAM per node, above this node's {res.hw.host_ram_gib_per_node:,.0f} GiB"), None
+    peaks = np.where(mask, res.peak_gib, np.nan)
+    if np.isfinite(peaks).any():
+        return f"{label} does not fit on {gpus}: {np.nanmin(peaks):.1f} GiB > {res.limit_gib:.1f} GiB", None
+    return f"{label}: no valid configuration on {gpus}", None
 
 
 def _worth(prev: dict, cur: dict) -> bool:
@@ -156,6 +243,11 @@ def _reason(res: SearchResult, steps: list[dict], k: int) -> str:
             f"{what} needs {step['min_peak_gib']:.1f} GiB > {res.limit_gib:.1f} GiB usable "
             f"({res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f}) at seq {res.seq_len}"
         )
+        host = step.get("host_limited")
+        if host is not None:  # it fits the GPU but not the node's host RAM
+            head = (f"{_name(step)} fits in GPU memory at {host['peak_gib']:.1f} GiB but needs "
+                    f"{host['host_gib']:,.0f} GiB host RAM per node, above this node's "
+                    f"{res.hw.host_ram_gib_per_node:,.0f} GiB")
         later = next((s for s in steps[k + 1:] if s["best"] is not None), None)
         if later is None:
             return head + ": nothing fits"
@@ -193,7 +285,7 @@ def _ac_step(res: SearchResult) -> dict:
     c = res.configs
     same = np.ones(res.evaluated, dtype=bool)
     for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "vpp", "schedule", "micro_batch", "float8",
-                 "compile", "async_tp"):
+                 "compile", "async_tp", "cpu_offload"):
         arr = getattr(c, name)
         same &= arr == arr[w]
     parts = []

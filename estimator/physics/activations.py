@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.estimator.model_spec import ModelSpec
-from meshplan.estimator.physics import moe
+from meshplan.estimator.physics import finetune, moe
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.stack import StackProfile
@@ -79,8 +79,9 @@ def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout, mo
         moe_none, moe_sel = moe.mlp_saved(model, routed, lay)
         mlp_none = mlp_none + moe_share * (2 * h / t + moe_none - mlp_none)
         mlp_sel = mlp_sel + moe_share * (moe_sel - mlp_sel)
-    a_none = attn_none + mlp_none
-    a_sel = attn_sel + mlp_sel
+    lora_none, lora_sel = finetune.lora_saved_delta(model, lay)  # LoRA's adapters (0 otherwise)
+    a_none = attn_none + mlp_none + lora_none
+    a_sel = attn_sel + mlp_sel + lora_sel
     a_full = 2 * h / t
     act = np.where(lay.full_ac, a_full, np.where(lay.selective_ac, a_sel, a_none))
     act = act * np.where(lay.compiled & ~lay.full_ac, stack.compile_activation_factor, 1.0)
@@ -89,7 +90,8 @@ def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout, mo
 
 def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> np.ndarray:
     """Bytes of one (dense) block's backward temporaries: its activation gradients, the bf16 weight gradients of
-    the MLP, and what the checkpoint recomputes (op-SAC: the unsaved MLP tensors; full AC: the whole block)."""
+    the MLP (none when LoRA freezes it), and what the checkpoint recomputes (op-SAC: the unsaved MLP tensors;
+    full AC: the whole block)."""
     h, F, t = float(model.hidden), float(model.ffn_hidden), lay.tp
     if model.gated_mlp:
         grad_tok = 6 * F / t  # gradients of the w2 input, the silu output and w3's output
@@ -100,7 +102,7 @@ def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> n
         sac_tok = 4 * F / t
         mlp_w = 2 * h * F / t
     ac_tok = np.where(lay.full_ac, a_none + 4 * F / t - grad_tok, np.where(lay.selective_ac, sac_tok, 0.0))
-    return (grad_tok + ac_tok) * lay.tokens_mb + 2 * mlp_w
+    return (grad_tok + ac_tok) * lay.tokens_mb + np.where(lay.lora, 0.0, 2 * mlp_w)
 
 
 def loss_buffers(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray]:

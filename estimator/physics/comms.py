@@ -14,6 +14,7 @@ from meshplan.estimator.config import Float8
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe
+from meshplan.estimator.physics.finetune import Weights
 from meshplan.estimator.physics.layout import Layout, as_float
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import BF16, GRAD_BYTES
@@ -105,11 +106,12 @@ def _fsdp_group(hw: HardwareProfile, n, ranks_node, nodes):
     return bw, hop
 
 
-def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams) -> FSDPTimes:
+def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams, w: Weights) -> FSDPTimes:
     """All-gather (bf16, or fp8 with Float8 all-gather) and reduce-scatter (the stack's reduce dtype) of the rank's
     parameters, one collective per block and the two root units, ring over nodes then inside them. A MoE model's
     routed experts gather and reduce over their own group (dp_shard x cp x tp / ep ranks, strided by ep in
-    torchtitan's sparse mesh), one collective per MoE block."""
+    torchtitan's sparse mesh), one collective per MoE block. Under LoRA the blocks gather their frozen weights
+    (QLoRA: NF4) and adapters, and only the adapters' gradients are reduce-scattered."""
     n, t, gpn = lay.fsdp_ranks, lay.tp, lay.gpus_per_node
     ranks_node = np.maximum(1.0, np.minimum(n, gpn / t))
     nodes = np.ceil(n / ranks_node)
@@ -122,6 +124,10 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     dense = rp.most - rp.routed
     ag_bytes = dense * np.where(fp8_ag, 1.0, BF16)
     rs_bytes = dense * stack.reduce_bytes
+    if lay.lora.any():
+        lora_ag = BF16 * (rp.most - rp.blocks) + w.block_gather_bytes_per_param * rp.blocks + BF16 * w.adapters
+        ag_bytes = np.where(lay.lora, lora_ag, ag_bytes)
+        rs_bytes = np.where(lay.lora, w.adapters * stack.reduce_bytes, rs_bytes)
     units = rp.layers + 2
     ag = ring_s(ag_bytes, n, bw, 0) + units * hop
     rs = ring_s(rs_bytes, n, bw, 0) + units * hop
@@ -142,11 +148,11 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     )
 
 
-def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams) -> np.ndarray:
-    """DP replicate (HSDP / DDP): the fp32 gradient all-reduce across replicas, once per step, partly hidden
-    (the stack's `dp_replicate_overlap_share` of FSDP's overlap)."""
+def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, trainable_sharded: np.ndarray) -> np.ndarray:
+    """DP replicate (HSDP / DDP): the fp32 gradient all-reduce of the rank's `trainable_sharded` parameters across
+    replicas, once per step, partly hidden (the stack's `dp_replicate_overlap_share` of FSDP's overlap)."""
     dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
     bw = np.where(world > gpn, inter_node_bytes_per_s(hw) * np.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
     bw = np.minimum(bw, intra_node_bytes_per_s(hw))
-    allreduce = np.where(dr > 1, 2 * GRAD_BYTES * rp.sharded(rp.most, lay) * (dr - 1) / dr / bw, 0.0)
+    allreduce = np.where(dr > 1, 2 * GRAD_BYTES * trainable_sharded * (dr - 1) / dr / bw, 0.0)
     return allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)

@@ -12,13 +12,14 @@ import numpy as np
 from meshplan.estimator.config import FLOAT8_RECIPES
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
-from meshplan.estimator.physics import moe
+from meshplan.estimator.physics import finetune, moe
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.stack import StackProfile
 
 FWD_BWD_GEMM = 3.0  # a linear's forward + backward: 1 + 2 matmuls of the same size
 FWD_BWD_ATTENTION = 3.5  # flash attention's forward + backward: the backward is 2.5 forwards (recomputes P)
 FULL_AC_PASSES = 4.0 / 3.0  # full AC runs each block's forward twice: 4 passes instead of 3
+FROZEN_GEMM = 2.0 / 3.0  # a frozen linear's backward computes the input gradient only: 2 matmuls of 3
 FP32 = 4.0  # bytes per fp32 element
 
 
@@ -33,11 +34,12 @@ class ComputeTimes:
     overhead_s: np.ndarray  # kernel launches and hooks
     attention_s: np.ndarray  # one block's attention (CP overlaps its ring exchange with it)
     all_to_all_s: np.ndarray  # expert-parallel dispatch and combine of the rank's MoE blocks (not hidden)
+    dequant_s: np.ndarray  # QLoRA: NF4 weights dequantized to bf16 before their GEMMs
 
     @property
     def busy_s(self) -> np.ndarray:
         """Time the GPU computes (before slow-down by communication kernels)."""
-        return self.gemm_attention_s + self.recompute_s + self.float8_casts_s + self.elementwise_s
+        return self.gemm_attention_s + self.recompute_s + self.float8_casts_s + self.elementwise_s + self.dequant_s
 
 
 def peak_flops(hw: HardwareProfile, fp8: bool = False) -> float:
@@ -143,8 +145,16 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / t + F / t) * 2 / hbm * elem_factor
     elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
     overhead = layers * stack.launch_overhead_s_per_layer * np.where(lay.compiled, stack.compile_overhead_factor, 1.0)
-    gemm_attention = layers * (block_gemm + attn) + head_gemm * per_chunk
-    recompute = layers * np.where(lay.full_ac, fwd_block, np.where(lay.selective_ac, sel_recompute, 0.0))
+    # LoRA: the frozen base linears (and the frozen output projection) skip their weight gradients; the adapters'
+    # skinny GEMMs run forward and backward (and again in a full-AC recompute, half of them under op-SAC)
+    frozen = np.where(lay.lora, FROZEN_GEMM, 1.0)
+    adapters = finetune.lora_gemm_s(model, hw, stack, lay, gemm_s)
+    gemm_attention = layers * (block_gemm * frozen + attn + adapters) + head_gemm * frozen * per_chunk
+    recompute = layers * np.where(lay.full_ac, fwd_block + adapters / FWD_BWD_GEMM,
+                                  np.where(lay.selective_ac, sel_recompute + adapters / FWD_BWD_GEMM / 2, 0.0))
+    # QLoRA: each NF4 linear is dequantized in the forward, in the backward and in a full-AC recompute
+    dequant_passes = 2.0 + np.where(lay.full_ac, 1.0, np.where(lay.selective_ac, 0.5, 0.0))
+    dequant = layers * finetune.dequant_s(model, stack, lay, hbm_bytes_per_s(hw), dequant_passes)
     a2a = np.zeros_like(t)
     overhead = overhead * np.where(lay.full_ac, FULL_AC_PASSES, 1.0)
     routed = moe.routing(model, stack, lay)
@@ -171,12 +181,12 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
         overhead_s=overhead,
         attention_s=attn,
         all_to_all_s=a2a,
+        dequant_s=dequant,
     )
 
 
 def optimizer_step_s(hw: HardwareProfile, sharded_params: np.ndarray) -> np.ndarray:
-    """AdamW (foreach) over the local shard of `sharded_params` parameters, memory-bound: parameter, gradient and
-    both moments read and written (32 bytes per parameter), and the gradient-norm pass (4)."""
-    hbm = hbm_bytes_per_s(hw)
-    return 32.0 * sharded_params / hbm + 4.0 * sharded_params / hbm
+    """AdamW (foreach) over the local shard of `sharded_params` trainable parameters, memory-bound: parameter,
+    gradient and both moments read and written (32 bytes per parameter), and the gradient-norm pass (4)."""
+    return finetune.ADAMW_STEP_BYTES * sharded_params / hbm_bytes_per_s(hw)
 

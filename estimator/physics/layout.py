@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.estimator.arrays import ConfigArrays
-from meshplan.estimator.config import AC, Float8
+from meshplan.estimator.config import AC, FineTune, Float8
 
 
 def as_float(x) -> np.ndarray:
@@ -42,6 +42,11 @@ class Layout:
     fp8: np.ndarray
     has_tp: np.ndarray
     single_stage: np.ndarray  # no pipeline parallelism
+    finetune: np.ndarray  # starts from a pretrained checkpoint (full, LoRA or QLoRA fine-tuning)
+    lora: np.ndarray  # LoRA or QLoRA: adapters train, the base weights are frozen
+    qlora: np.ndarray  # the frozen base linears are NF4
+    offload: np.ndarray  # FSDP2 CPU offload: sharded params, grads and optimizer state on the host
+    lora_rank: np.ndarray
 
     @property
     def float8(self) -> np.ndarray:
@@ -70,4 +75,6 @@ def layout_of(c: ConfigArrays) -> Layout:
         expert_fsdp_ranks=np.where(ep > 1, ds * cp * t / ep, ds * cp),
         full_ac=c.ac == AC.FULL, selective_ac=c.ac == AC.SELECTIVE, compiled=c.compile.astype(bool),
         fp8=c.float8 > Float8.NONE, has_tp=t > 1, single_stage=p == 1,
+        finetune=c.finetune > FineTune.NONE, lora=c.finetune >= FineTune.LORA, qlora=c.finetune == FineTune.QLORA, offload=c.cpu_offload.astype(bool),
+        lora_rank=as_float(c.lora_rank),
     )

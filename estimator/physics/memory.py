@@ -10,6 +10,9 @@ shows each; summing every term as if all were live at once overshoots it by 8-39
 - end of backward: every sharded gradient + the root's parameters and bf16 weight gradients.
 
 Parameters, optimizer state and (from the second microbatch on) sharded gradients are live in all three.
+Fine-tuning (physics/finetune.py): under LoRA / QLoRA only the adapters have fp32 weights, gradients and AdamW
+state; the frozen base weights are their own category (bf16, NF4 for QLoRA); under CPU offload all four live on
+the host and the GPU holds only what FSDP gathers and the activations.
 Reserved memory is the allocated peak x (1 + fragmentation), the caching allocator's share. Bytes throughout.
 """
 
@@ -21,16 +24,18 @@ import numpy as np
 
 from meshplan.estimator.hardware import GIB, HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics import finetune
 from meshplan.estimator.physics.activations import Activations
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.pipeline import head_microbatches, layers_in_flight, receive_buffer_bytes
 from meshplan.estimator.physics.shapes import RankParams
-from meshplan.estimator.physics.state import BF16, model_state
+from meshplan.estimator.physics.state import BF16, GRAD_BYTES
 from meshplan.estimator.stack import StackProfile
 
 # the categories of the allocated peak, in the order they are reported (they sum to the allocated bytes)
 ALLOCATED_CATEGORIES = (
     "params_fp32",
+    "frozen_params",
     "grads_fp32",
     "optimizer_states",
     "unsharded_params",
@@ -95,21 +100,25 @@ class Unsharded:
     reduce_scatter_input: np.ndarray  # the previous block's reduce-scatter input (reduce dtype)
 
 
-def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, prank, root, last) -> Unsharded:
+def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weights, prank, root,
+              last) -> Unsharded:
     """Unsharded parameters of a stage holding `prank` parameters and `root` root parameters. Without PP FSDP2
-    reshards after forward (the stack's policy) and gathers one block at a time; with PP it keeps the stage."""
+    reshards after forward (the stack's policy) and gathers one block at a time; with PP it keeps the stage.
+    A block gathers in bf16 (QLoRA: its linears in NF4) with its LoRA adapters; only trainable weights have a
+    reduce-scatter input (the adapters under LoRA)."""
     resharded = lay.single_stage & np.bool_(stack.reshard_after_forward)
     pp_nosync = ~lay.single_stage
     whole = BF16 * prank
+    block = w.block_gather_bytes_per_param * rp.block + BF16 * w.adapters_block
+    block_trainable = np.where(lay.lora, w.adapters_block, rp.block - np.where(lay.ep > 1, rp.routed_block, 0.0))
     return Unsharded(
-        current=np.where(resharded, BF16 * rp.block + BF16 * root, whole),
-        backward=np.where(resharded, stack.prefetch_blocks * BF16 * rp.block + BF16 * root, whole),
+        current=np.where(resharded, block + BF16 * root, whole),
+        backward=np.where(resharded, stack.prefetch_blocks * block + BF16 * root, whole),
         loss=np.where(resharded, BF16 * np.where(last, rp.output, 0.0), whole),
         end=np.where(resharded, BF16 * root, whole),
         # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
         # backward: the block's own reduce-scatter input, held until the next one, is the rest
-        reduce_scatter_input=np.where(resharded | ~pp_nosync,
-                                      stack.reduce_bytes * (rp.block - np.where(lay.ep > 1, rp.routed_block, 0.0)), 0.0),
+        reduce_scatter_input=np.where(resharded | ~pp_nosync, stack.reduce_bytes * block_trainable, 0.0),
     )
 
 
@@ -119,13 +128,14 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     p, m = lay.pp, lay.microbatches
     first, last = stage == 0, stage == p - 1
     prank = rp.of_stage(first, last)
-    state = model_state(rp.sharded(prank, lay))
+    w = finetune.weights(model, lay, rp)
+    state = finetune.stage_state(w, lay, rp, prank)
     gf = state.grads_bytes
     single, pp_nosync = lay.single_stage, ~lay.single_stage
     # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches
-    acc = np.where(pp_nosync & (m > 1), stack.reduce_bytes * prank, 0.0)
+    acc = np.where(pp_nosync & (m > 1), stack.reduce_bytes * w.trainable(lay, prank), 0.0)
     root = rp.root(first, last)
-    up = unsharded(stack, lay, rp, prank, root, last)
+    up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first)
     recv_all = m * recv
     acts_blocks = act.block_bytes * layers_in_flight(lay, float(model.layers), rp.layers, stage) + recv_all
@@ -135,21 +145,30 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     loss = Phase(grads_fp32=np.where(single & (m > 1), gf, 0.0), unsharded_params=up.loss, unsharded_grads=acc,
                  activations=acts_blocks + head, logits_loss=np.where(last, act.logits_bytes, 0.0),
                  transient=np.zeros_like(p))
-    backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks)
+    # the block just reduced keeps its sharded fp32 gradients on the GPU (not under CPU offload)
+    block_grads = np.where(lay.offload, 0.0, GRAD_BYTES * rp.sharded_block(lay))
+    block_grads = np.where(lay.lora, np.where(lay.offload, 0.0, GRAD_BYTES * w.adapters_block / lay.fsdp_ranks),
+                           block_grads)
+    backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks, block_grads, w.dequant_bf16_bytes)
     # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight gradients
     # (under TP the embedding's is a Partial of the whole vocabulary: DTensor has no vocab-sharded embedding
     # backward), the first block's reduce-scatter input, and the gradient arriving at the embedding output
     # (full sequence, bf16) with its copy
-    root_grads = BF16 * root + np.where(first, BF16 * model.vocab * model.hidden - BF16 * rp.embedding, 0.0)
+    # (under LoRA the root is frozen: no weight gradients, and no gradient flows into the embedding)
+    trains_root = ~lay.lora
+    root_grads = np.where(trains_root, BF16 * root + np.where(first, BF16 * model.vocab * model.hidden
+                                                               - BF16 * rp.embedding, 0.0), 0.0)
     end = Phase(grads_fp32=gf, unsharded_params=up.end,
                 unsharded_grads=acc + up.reduce_scatter_input + root_grads, activations=recv_all,
-                logits_loss=np.zeros_like(p), transient=np.where(first, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0))
+                logits_loss=np.zeros_like(p),
+                transient=np.where(first & trains_root, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0))
 
-    base = state.params_bytes + state.optimizer_bytes
+    base = state.params_bytes + state.optimizer_bytes + state.frozen_bytes
     phases = (loss, backward, end)
     totals = np.stack([base + ph.total() for ph in phases])
     phase = np.where(last, np.argmax(totals, axis=0), np.argmax(totals[1:], axis=0) + 1)
-    parts = {"params_fp32": state.params_bytes, "optimizer_states": state.optimizer_bytes}
+    parts = {"params_fp32": state.params_bytes, "frozen_params": state.frozen_bytes,
+             "optimizer_states": state.optimizer_bytes}
     for name in ALLOCATED_CATEGORIES:
         if name not in parts:
             parts[name] = np.choose(phase, np.broadcast_arrays(*(getattr(ph, name) for ph in phases)))
@@ -165,20 +184,22 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     )
 
 
-def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded, gf, acc, acts_blocks) -> Phase:
+def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded, gf, acc, acts_blocks,
+                   block_grads, dequant) -> Phase:
     """A block's backward: in the first block to run (every activation, the next block prefetched, no
     reduce-scatter yet) or in the second (its predecessor's activations freed, that block's reduce-scatter
-    input held, the one after it prefetched if the stage has three or more), whichever holds more."""
+    input held, the one after it prefetched if the stage has three or more), whichever holds more.
+    `block_grads`: the sharded gradients of one block on the GPU; `dequant`: QLoRA's dequantized bf16 weight."""
     m, pp_nosync = lay.microbatches, ~lay.single_stage
     # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
     # (the schedule's microbatches accumulate unsharded until the last one)
     g_first = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 0.0))
-    g_prev = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 4 * rp.sharded_block(lay)))
+    g_prev = np.where(pp_nosync, 0.0, np.where(m > 1, gf, block_grads))
     up_last = np.where(rp.layers >= 2, up.backward, up.current)
     up_prev = np.where(rp.layers >= 3, up.backward, up.current)
-    in_last = g_first + up_last + acc + acts_blocks + act.backward_temp_bytes
-    in_prev = g_prev + up_prev + acc + acts_blocks - act.block_bytes + up.reduce_scatter_input \
-        + act.backward_temp_bytes
+    temp = act.backward_temp_bytes + dequant
+    in_last = g_first + up_last + acc + acts_blocks + temp
+    in_prev = g_prev + up_prev + acc + acts_blocks - act.block_bytes + up.reduce_scatter_input + temp
     prev = (rp.layers >= 2) & (in_prev > in_last)
     return Phase(
         grads_fp32=np.where(prev, g_prev, g_first),
@@ -186,7 +207,7 @@ def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded,
         unsharded_grads=acc + np.where(prev, up.reduce_scatter_input, 0.0),
         activations=acts_blocks - np.where(prev, act.block_bytes, 0.0),
         logits_loss=np.zeros_like(gf),
-        transient=act.backward_temp_bytes + np.zeros_like(gf),
+        transient=temp + np.zeros_like(gf),
     )
 
 

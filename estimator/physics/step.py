@@ -13,7 +13,7 @@ import numpy as np
 
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
-from meshplan.estimator.physics import pipeline
+from meshplan.estimator.physics import finetune, pipeline
 from meshplan.estimator.physics.comms import cp_exposed_s, dp_replicate_s, fsdp_times, tp_times
 from meshplan.estimator.physics.compute import compute_times, optimizer_step_s
 from meshplan.estimator.physics.layout import Layout
@@ -30,6 +30,8 @@ TIME_CATEGORIES = (
     "tp_exposed",
     "cp_exposed",
     "ep_all_to_all",
+    "nf4_dequant",
+    "offload_exposed",
     "pp_bubble",
     "pp_p2p",
     "dp_allreduce",
@@ -55,14 +57,23 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     comp = compute_times(model, hw, stack, lay, layers, vocab_rank, rp.moe_layers)
     tp = tp_times(model, hw, stack, lay, layers)
     cp = cp_exposed_s(model, hw, stack, lay, layers, comp.attention_s)
-    fsdp = fsdp_times(hw, stack, lay, rp)
+    w = finetune.weights(model, lay, rp)
+    st = finetune.stage_state(w, lay, rp, rp.most)
+    fsdp = fsdp_times(hw, stack, lay, rp, w)
     busy = comp.busy_s
     fsdp_exposed = np.maximum(0.0, fsdp.per_microbatch_s - stack.fsdp_overlap * busy)
+    # CPU offload: each all-gather's shard comes host-to-device first and each reduce-scatter's output goes back,
+    # on the copy streams of FSDP's prefetch (hidden like its collectives); with gradient accumulation the later
+    # microbatches' device-to-host copies block and add on the CPU
+    gathers = np.where(lay.single_stage & np.bool_(stack.reshard_after_forward), 2.0, 1.0)
+    h2d = finetune.offload_transfer_s(hw, lay, st, gathers)
+    offload_mb = np.maximum(0.0, fsdp.per_microbatch_s + h2d - stack.fsdp_overlap * busy) - fsdp_exposed
+    offload_acc = (m - 1) * finetune.offload_accumulate_s(hw, stack, lay, st)
     # slow-down of compute kernels sharing the GPU with communication kernels
     hidden_comm = fsdp.per_microbatch_s + tp.total_s * tp.overlap
     slow = stack.comm_compute_slowdown * np.minimum(1.0, hidden_comm / np.maximum(busy, 1e-12))
     busy_slow = busy * (1 + slow)
-    t_mb = busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed + comp.all_to_all_s
+    t_mb = busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed + offload_mb + comp.all_to_all_s
     parts = {
         "compute": m * comp.gemm_attention_s,
         "recompute": m * comp.recompute_s,
@@ -73,16 +84,20 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "tp_exposed": m * tp.exposed_s,
         "cp_exposed": m * cp,
         "ep_all_to_all": m * comp.all_to_all_s,
+        "nf4_dequant": m * comp.dequant_s,
+        "offload_exposed": m * offload_mb + offload_acc,
         "pp_bubble": pipeline.bubble_s(lay, t_mb),
         "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden)),
-        "dp_allreduce": dp_replicate_s(hw, stack, lay, rp),
-        "optimizer_step": optimizer_step_s(hw, rp.sharded(rp.most, lay)),
+        "dp_allreduce": dp_replicate_s(hw, stack, lay, st.trainable_sharded),
+        "optimizer_step": np.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),
+                                   optimizer_step_s(hw, st.trainable_sharded)),
     }
     step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s
-            + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s)
+            + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s + offload_acc)
     tps = lay.global_batch * lay.seq_len / (lay.world * step)
     return StepTime(parts=parts, step_s=step, microbatch_s=t_mb, tokens_per_sec_per_gpu=tps,
-                    mfu=model_flops_per_token(model, lay.seq_len) * tps / (hw.peak_tflops_bf16 * 1e12))
+                    mfu=finetune.flops_per_token(model, lay, model_flops_per_token(model, lay.seq_len)) * tps
+                    / (hw.peak_tflops_bf16 * 1e12))
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: np.ndarray) -> np.ndarray:

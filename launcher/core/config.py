@@ -13,11 +13,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from meshplan.estimator.config import ACMode, Float8Recipe, LRDecay, PPSchedule
+from meshplan.estimator.config import (
+    LORA_TARGETS,
+    ACMode,
+    FineTuneMode,
+    Float8Recipe,
+    LoRATarget,
+    LRDecay,
+    PPSchedule,
+)
 from meshplan.estimator.model_spec import ModelSpec, load_model
 
 RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "pp_schedule", "vpp", "micro_batch_size",
-               "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp"}
+               "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp", "finetune", "lora_rank",
+               "lora_targets", "cpu_offload"}
 
 
 class RunConfig(BaseModel):
@@ -58,6 +67,15 @@ class RunConfig(BaseModel):
     moe_aux_loss_coef: float = Field(0.0, ge=0, allow_inf_nan=False,
                                      description="weight of the Switch load-balancing loss of each MoE layer; 0: none")
     moe_force_balance: bool = Field(False, description="route tokens round-robin (torchtitan's moe_force_load_balance)")
+    # --- fine-tuning -------------------------------------------------------------------------------------
+    finetune: FineTuneMode = Field("none", description="none (pre-training), full, lora or qlora")
+    init_from: str | None = Field(None, description="Hugging Face checkpoint folder loaded before the first step "
+                                                    "(each rank reads only its shards)")
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: float = Field(32.0, gt=0, allow_inf_nan=False)
+    lora_targets: tuple[LoRATarget, ...] = Field(LORA_TARGETS, min_length=1)
+    cpu_offload: bool = Field(False, description="FSDP2 CPUOffloadPolicy (GPU runs; on CPU the state is on the host "
+                                                 "already)")
     seed: int = 0
     checkpoint_interval: int = Field(0, ge=0, description="save every N steps; 0 saves only on stop/signal")
     checkpoint_dir: str | None = Field(None, description="defaults to RUN_DIR/checkpoints")

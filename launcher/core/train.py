@@ -170,6 +170,11 @@ class Trainer:
         materialisation, and the GPU run's bf16/fp32 FSDP policy on CPU. Real runs leave them None."""
         self.cfg = cfg
         self.device = device
+        if cfg.finetune in ("lora", "qlora") or cfg.init_from is not None or cfg.cpu_offload:
+            from meshplan.estimator.errors import LaunchError
+
+            raise LaunchError("the training core does not run fine-tuning plans (LoRA, QLoRA, --init-from, CPU "
+                              "offload) in this build")
         torch.manual_seed(cfg.seed)
         self.par: Parallel = build_parallel(cfg, device)
         self.par.mixed_precision = mixed_precision

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.commands import finetune_options as ft
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import token_budget
@@ -62,6 +63,13 @@ def estimate_cmd(
     compile_: bool = typer.Option(False, "--compile/--no-compile", help="per-block torch.compile"),
     float8: Float8 = typer.Option(Float8.none, "--float8", help="torchao Float8 recipe for Linear layers"),
     async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help="asynchronous TP (needs --tp > 1)"),
+    finetune: ft.FineTune = ft.FINETUNE,
+    lora_rank: int = ft.LORA_RANK,
+    lora_alpha: float = ft.LORA_ALPHA,
+    lora_targets: str = ft.LORA_TARGETS_OPT,
+    cpu_offload: bool = ft.CPU_OFFLOAD,
+    init_from: str = typer.Option(None, "--init-from", help="with -o: the Hugging Face checkpoint folder the plan "
+                                  "starts from (recorded in the plan; `meshplan launch --init-from` sets it too)"),
     stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan (current release), torchtitan-2024, llm-foundry, or a YAML path"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of tables"),
     plan_path: Path = typer.Option(None, "--plan", help="estimate the configuration of this plan file instead"),
@@ -78,6 +86,9 @@ def estimate_cmd(
 
     Example: meshplan estimate --model llama3-70b --hardware h100-sxm --gpus 64 --tp 8 --seq-len 8192
     --global-batch-size 64 --ac full --compile --float8 tensorwise
+
+    Fine-tuning: meshplan estimate --model llama3-70b --gpus 16 --seq-len 4096 --global-batch-size 32 --ac full
+    --finetune lora --lora-rank 16 (or --finetune full --cpu-offload, --finetune qlora)
     """
     if plan_path is not None:
         plan = load_plan(plan_path)
@@ -95,10 +106,12 @@ def estimate_cmd(
         gpus=gpus, gpus_per_node=gpus_per_node, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
         cp=cp, ep=ep, pp_schedule=pp_schedule.value, vpp=vpp, seq_len=seq_len, global_batch_size=global_batch_size or 0,
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
+        **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload),
     )
     result = estimate(spec, hw, cfg, load_stack(stack))
     if output is not None or trace:
-        plan = make_plan(spec, model, hw, cfg, result, stack=stack, tokens=int(tokens) if tokens else None, name=name)
+        plan = make_plan(spec, model, hw, cfg, result, stack=stack, tokens=int(tokens) if tokens else None, name=name,
+                         init_from=init_from)
         if output is not None:
             save_plan(plan, output)
         if trace:
@@ -141,8 +154,14 @@ def render(result: dict, console: Console | None = None) -> None:
         + (f", ep {c['ep']}" if c.get("ep", 1) > 1 else "")
         + f" | seq {c['seq_len']}, global batch {c['global_batch_size']}, micro-batch {c['micro_batch_size']}"
         f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {'on' if c['compile'] else 'off'}, "
-        f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "")
+        f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "") + (", CPU offload" if c.get("cpu_offload") else "")
     )
+    if c.get("finetune"):
+        what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[c["finetune"]]
+        if c["finetune"] != "full":
+            what += f" r{c['lora_rank']} alpha {c['lora_alpha']:g} on {','.join(c['lora_targets'])}"
+        console.print(f"{what}: {m['trainable_params']:,} trainable parameters "
+                      f"({m['trainable_params'] / m['params']:.2%} of {m['params']:,})")
     table = Table(
         title=f"memory per GPU, {mem['worst_rank']} (peak reserved, at the {mem['peak_phase']})", show_footer=True
     )
@@ -154,9 +173,12 @@ def render(result: dict, console: Console | None = None) -> None:
     for k, v in mem["breakdown_gib"].items():
         table.add_row(MEMORY_STYLE[k].label if k in MEMORY_STYLE else k, f"{v:.2f}")
     console.print(table)
+    offloaded = mem.get("host_ram_offloaded_gib_per_node", 0)
+    kept = (f"{offloaded:,.0f} GiB of it the offloaded state" if offloaded else "with sharded (DCP) checkpoints")
+    whole = "bf16 checkpoint" if c.get("finetune") else "fp32 model"
     console.print(
-        f"host RAM per node: {mem['host_ram_gib_per_node']:.0f} GiB with sharded (DCP) checkpoints; "
-        f"{mem['host_ram_full_load_gib_per_node']:.0f} GiB if every rank loaded the full fp32 model"
+        f"host RAM per node: {mem['host_ram_gib_per_node']:,.0f} GiB of {mem['host_ram_usable_gib_per_node']:,.0f}, "
+        f"{kept}; {mem['host_ram_full_load_gib_per_node']:,.0f} GiB if every rank loaded the whole {whole}"
     )
     ttable = Table(title="time per optimizer step", show_footer=True)
     ttable.add_column("category", footer="step")

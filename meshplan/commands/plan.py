@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from meshplan.commands import finetune_options as ft
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
@@ -101,6 +102,14 @@ def plan_cmd(
     ac: str = typer.Option(None, "--ac", help="pin AC modes: none,selective,full"),
     float8: str = typer.Option(None, "--float8", help="pin Float8 recipes: none,tensorwise,rowwise,mxfp8"),
     allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes", help="let TP span nodes"),
+    finetune: ft.FineTune = ft.FINETUNE,
+    lora_rank: int = ft.LORA_RANK,
+    lora_alpha: float = ft.LORA_ALPHA,
+    lora_targets: str = ft.LORA_TARGETS_OPT,
+    cpu_offload: str = typer.Option(None, "--cpu-offload", help="pin CPU offload: on, off or on,off [default: both "
+                                    "where FSDP shards alone]"),
+    init_from: str = typer.Option(None, "--init-from", help="the Hugging Face checkpoint folder the plan starts "
+                                  "from (recorded in the plan file; `meshplan launch --init-from` sets it too)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     csv_path: Path = typer.Option(None, "--csv", help="write the whole sweep (rejected rows too) to this CSV"),
     output: Path = typer.Option(None, "--output", "-o", help="write the best plan to this YAML file"),
@@ -110,6 +119,9 @@ def plan_cmd(
 
     Example: meshplan plan --model llama3-70b --hardware h100-sxm --nodes 8 --seq-len 8192
     --global-batch-tokens 4194304 --tokens 2e12 -o plan.yaml
+
+    Fine-tuning: meshplan plan --model llama3-70b --nodes 2 --seq-len 4096 --global-batch-size 32
+    --finetune lora (or full, qlora) --init-from /ckpt/Llama-3.1-70B -o plan.yaml
     """
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -122,8 +134,14 @@ def plan_cmd(
         tp=_int_list(tp, "tp"), pp=_int_list(pp, "pp"), cp=_int_list(cp, "cp"),
         ac=_str_list(ac, "ac", ("none", "selective", "full")),
         float8=_str_list(float8, "float8", ("none", "tensorwise", "rowwise", "mxfp8")),
+        cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
         allow_tp_across_nodes=allow_tp_across_nodes,
     )
+    ftf = ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, False)
+    space.finetune, space.lora_rank, space.lora_alpha = ftf["finetune"], ftf["lora_rank"], ftf["lora_alpha"]
+    space.lora_targets = ftf["lora_targets"]
+    if init_from is not None and space.finetune == "none":
+        space.finetune = "full"  # starting from a checkpoint: every weight trains unless --finetune says otherwise
     res = run_search(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
                      memory_margin, objective, stack, space,
                      show_progress=not as_json and Console(stderr=True).is_terminal)
@@ -139,7 +157,7 @@ def plan_cmd(
         plans.append({"config": est["config"], "estimate": est})
     if output is not None:
         plan = make_plan(res.model, model, res.hw, res.train_config(best), plans[0]["estimate"], stack=stack,
-                         tokens=int(tokens) if tokens else None, name=name)
+                         tokens=int(tokens) if tokens else None, name=name, init_from=init_from)
         save_plan(plan, output)
     if as_json:
         out = {

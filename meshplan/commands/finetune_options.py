@@ -1,0 +1,63 @@
+"""The fine-tuning options `meshplan estimate` and `meshplan plan` share (one definition, one parser)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import typer
+
+from meshplan.estimator.config import LORA_TARGETS
+from meshplan.estimator.errors import InputError
+
+# Hugging Face / PEFT module names users know, mapped onto meshplan's (torchtitan's) linear names
+HF_TARGET_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "output_proj": "o",
+                   "gate_proj": "w1", "down_proj": "w2", "up_proj": "w3", "wq": "q", "wk": "k", "wv": "v", "wo": "o"}
+TARGET_GROUPS = {"all": LORA_TARGETS, "attention": ("q", "k", "v", "o"), "mlp": ("w1", "w2", "w3")}
+
+
+class FineTune(StrEnum):
+    none = "none"
+    full = "full"
+    lora = "lora"
+    qlora = "qlora"
+
+
+FINETUNE = typer.Option(
+    FineTune.none, "--finetune", help="none: pre-training from scratch; full: every weight trains from a pretrained "
+    "checkpoint; lora: rank-r adapters on frozen bf16 weights; qlora: adapters on frozen NF4 (4-bit) weights")
+LORA_RANK = typer.Option(16, "--lora-rank", help="LoRA rank r (lora / qlora)")
+LORA_ALPHA = typer.Option(32.0, "--lora-alpha", help="LoRA alpha: the adapters' update is alpha / r x B A")
+LORA_TARGETS_OPT = typer.Option(
+    "all", "--lora-targets", help="linears to adapt, comma-separated: q,k,v,o,w1,w2,w3 (or q_proj, ..., gate_proj, "
+    "up_proj, down_proj), or all / attention / mlp [default: all, as torchtune's recipes with apply_lora_to_mlp]")
+CPU_OFFLOAD = typer.Option(False, "--cpu-offload/--no-cpu-offload",
+                           help="FSDP2 CPU offload: weights, gradients and AdamW state in host RAM, the optimizer "
+                                "step on the CPU (FSDP alone: tp, pp and ep 1)")
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """`--lora-targets` as LORA_TARGETS names; InputError (one line) for an unknown name."""
+    out: list[str] = []
+    for raw in (t.strip() for t in text.split(",")):
+        if not raw:
+            continue
+        name = HF_TARGET_NAMES.get(raw, raw)
+        group = TARGET_GROUPS.get(name)
+        if group is None and name not in LORA_TARGETS:
+            raise InputError(f"lora_targets: unknown linear {raw!r}; use {', '.join(LORA_TARGETS)} (or their Hugging "
+                             "Face names q_proj ... down_proj), all, attention or mlp", field="lora_targets")
+        out.extend(group or (name,))
+    if not out:
+        raise InputError("lora_targets is empty: name at least one linear, or all", field="lora_targets")
+    return tuple(dict.fromkeys(out))
+
+
+def finetune_fields(finetune: FineTune, lora_rank: int, lora_alpha: float, lora_targets: str,
+                    cpu_offload: bool) -> dict:
+    """The options as TrainConfig fields."""
+    if lora_rank < 1:
+        raise InputError(f"lora_rank must be a positive integer, got {lora_rank}", field="lora_rank")
+    if not lora_alpha > 0:
+        raise InputError(f"lora_alpha must be positive, got {lora_alpha}", field="lora_alpha")
+    return {"finetune": finetune.value, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
+            "lora_targets": parse_targets(lora_targets), "cpu_offload": cpu_offload}
