@@ -177,6 +177,8 @@ RULES: tuple[Rule, ...] = (
     Rule(25, "offload_layout", "CPU offload (FSDP2's CPUOffloadPolicy) is planned and run with FSDP alone: use tp 1, "
          "pp 1 and ep 1, not tp {tp}, pp {pp}, ep {ep}",
          lambda m, c, hw: (c.cpu_offload > 0) & ((c.tp > 1) | (c.pp > 1) | (c.ep > 1))),
+    Rule(27, "offload_fsdp", "CPU offload is FSDP2's: it needs dp_shard x cp > 1 (got {shard})",
+         lambda m, c, hw: (c.cpu_offload > 0) & (c.dp_shard * c.cp < 2)),
     Rule(26, "offload_float8", "CPU offload with Float8 is not supported (torchao's Float8 all-gather expects GPU "
          "shards): use float8 none", lambda m, c, hw: (c.cpu_offload > 0) & (c.float8 != Float8.NONE)),
 )

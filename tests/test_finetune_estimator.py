@@ -85,11 +85,12 @@ def test_lora_activation_deltas_by_hand():
     # 11 s, 12 r), w1 (13 s, 14 r, 15 s), w3 (16 r, 17 s, 18 r), w2 (19 s, 20 r, 21 s): B outputs of q, v, w1, w2
     # and the A outputs of k, o, w3 join the base outputs the dense block saves
     assert sel[0] == 2 * 8192 + 2 * 1024 + 2 * 28672 + 2 * 8192 + 3 * 2 * r
-    # only the MLP adapted: the attention norm's output is read by frozen linears only and is not saved
+    # only the MLP adapted: the attention norm's output and the attention output wo reads are read by frozen
+    # linears only and are not saved
     lay2 = layout_of(ConfigArrays.from_configs([TrainConfig(**BASE, finetune="lora", lora_targets=("w1", "w2", "w3"))
                                                 .resolve(L70, H100)]))
     none2, _ = finetune.lora_saved_delta(L70, lay2)
-    assert none2[0] == 3 * 2 * r - 2 * 8192
+    assert none2[0] == 3 * 2 * r - 2 * 8192 - 2 * 8192
 
 
 def test_lora_compute_skips_frozen_weight_gradients():

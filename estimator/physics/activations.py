@@ -28,6 +28,7 @@ class Activations:
     backward_temp_bytes: np.ndarray  # the backward's temporaries of one block (one microbatch)
     logits_bytes: np.ndarray  # the loss's logits buffers of one microbatch (last stage)
     head_per_token: np.ndarray  # the head's saved inputs per token (last stage)
+    first_block_unsaved_per_token: np.ndarray  # what the first block does not save (LoRA, no AC; 0 otherwise)
     vocab_rank: np.ndarray  # vocabulary entries one rank computes the loss over (vocab / tp when loss-parallel)
 
 
@@ -130,10 +131,14 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
     logits, vocab_rank = loss_buffers(model, stack, lay)
     h, t = float(model.hidden), lay.tp
     # the head's saved inputs on the last stage: the final norm's input (sequence-sharded under TP) and the
-    # output projection's input (all-gathered under TP), bf16
-    head = np.where(lay.has_tp, 2 * h / t + 2 * h, 4 * h)
+    # output projection's input (all-gathered under TP; not saved when LoRA freezes the projection), bf16
+    head = np.where(lay.has_tp, 2 * h / t + 2 * h, 4 * h) - np.where(lay.lora, 2 * h, 0.0)
+    attn_none, _ = attention_saved(model, stack, lay)
+    lora_none, _ = finetune.lora_saved_delta(model, lay)
+    attn_lora = attn_none + np.minimum(lora_none, 0.0)  # LoRA's removals are the attention's and MLP's inputs
     return Activations(
         saved_per_token_layer=act, block_bytes=act * lay.tokens_mb,
         backward_temp_bytes=temp, logits_bytes=logits,
         head_per_token=head, vocab_rank=vocab_rank,
+        first_block_unsaved_per_token=finetune.first_block_unsaved(model, lay, attn_lora),
     )

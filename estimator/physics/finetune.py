@@ -69,6 +69,18 @@ def block_linear_params(model: ModelSpec) -> float:
     return float(sum(k * n for k, n in linear_shapes(model).values()))
 
 
+def first_block_unsaved(model: ModelSpec, lay: Layout, attention_none: np.ndarray) -> np.ndarray:
+    """Bytes per token the first block does not save under LoRA without AC: its input comes from the frozen
+    embedding and needs no gradient, so its attention norm keeps nothing (2 h); with no attention linear adapted
+    nothing in the attention needs a gradient at all (`attention_none`, the attention part's saved bytes, its norm
+    included) and neither does the MLP norm's input (2 h). 0 otherwise (op-SAC's policy saves regardless)."""
+    h = float(model.hidden)
+    targets = dict(targets_of(lay.c.lora_targets))
+    attention = targets["q"] | targets["k"] | targets["v"] | targets["o"]
+    free = np.where(attention, 2 * h, attention_none + 2 * h)
+    return np.where(lay.lora & ~lay.full_ac & ~lay.selective_ac, free, 0.0)
+
+
 def mm_sequence(model: ModelSpec) -> list[tuple[str, float]]:
     """A dense block's linears in the order its forward runs their matmuls (attention q, k, v, o; MLP w1, w3, w2,
     as torchtitan's and the core's Llama), with each one's output width."""
@@ -82,12 +94,13 @@ def lora_saved_delta(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndar
 
     Without AC: each targeted linear's A output (r wide, bf16) for B's weight gradient, less the inputs that only
     frozen linears read (a frozen linear's matmul saves its weight, not its input: the attention norm's output when
-    none of q, k, v is targeted, the MLP norm's when neither w1 nor w3 is, w2's input when w2 is not).
+    none of q, k, v is targeted, the attention output's copy wo reads when o is not, the MLP norm's output when
+    neither w1 nor w3 is, w2's input when w2 is not).
     With op-SAC (torchtitan's policy: every matmul output saved except every second one, counted in forward order)
     the adapters' matmuls join the count: base, A, B of each targeted linear, which moves the parity of what
     follows; the difference of the saved outputs of the two sequences is what LoRA adds."""
     seq = mm_sequence(model)
-    h, F = float(model.hidden), float(model.ffn_hidden)
+    h, F, q = float(model.hidden), float(model.ffn_hidden), float(model.q_dim)
     r = lay.lora_rank
     targets = dict(targets_of(lay.c.lora_targets))
     none = np.zeros_like(lay.tp)
@@ -95,7 +108,8 @@ def lora_saved_delta(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndar
         none = none + np.where(targets[name], 2 * r, 0.0)
     qkv = targets["q"] | targets["k"] | targets["v"]
     up = targets["w1"] | (targets["w3"] if model.gated_mlp else False)
-    none = none - np.where(qkv, 0.0, 2 * h) - np.where(up, 0.0, 2 * h) - np.where(targets["w2"], 0.0, 2 * F)
+    none = (none - np.where(qkv, 0.0, 2 * h) - np.where(targets["o"], 0.0, 2 * q) - np.where(up, 0.0, 2 * h)
+            - np.where(targets["w2"], 0.0, 2 * F))
     # op-SAC: walk the matmuls with a per-configuration counter (odd counts saved)
     count = np.zeros_like(lay.tp)
     dense_saved = sum(2 * width for i, (_, width) in enumerate(seq) if i % 2 == 0)  # counts 1, 3, 5, 7 saved

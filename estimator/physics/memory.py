@@ -138,7 +138,8 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first)
     recv_all = m * recv
-    acts_blocks = act.block_bytes * layers_in_flight(lay, float(model.layers), rp.layers, stage) + recv_all
+    acts_blocks = act.block_bytes * layers_in_flight(lay, float(model.layers), rp.layers, stage) + recv_all \
+        - np.where(first, act.first_block_unsaved_per_token * lay.tokens_mb, 0.0)
     acc = acc + recv_all
     head = np.where(last, act.head_per_token * lay.tokens_mb * head_microbatches(lay), 0.0)
 
