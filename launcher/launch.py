@@ -93,6 +93,28 @@ def check_run_dir_owner(plan: Plan, run_dir: Path) -> None:
         )
 
 
+def check_init_from(path: str | Path) -> Path:
+    """A pretrained checkpoint folder: it exists here and has a config.json (the weights are checked when the
+    ranks read them)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"init_from {folder}: no such folder (give the Hugging Face checkpoint's folder: "
+                         "config.json and *.safetensors)", field="init_from")
+    if not (folder / "config.json").is_file():
+        raise InputError(f"init_from {folder}: no config.json there; a Hugging Face checkpoint folder has config.json "
+                         "and *.safetensors", field="init_from")
+    return folder.resolve()
+
+
+def with_init_from(plan: Plan, path: str | Path) -> Plan:
+    """The plan starting from checkpoint folder `path` (absolute); a pre-training plan becomes a full fine-tune."""
+    from meshplan.planner.plan_file import FineTuning
+
+    folder = str(check_init_from(path))
+    ft = plan.finetune or FineTuning(mode="full")
+    return plan.model_copy(update={"finetune": ft.model_copy(update={"init_from": folder})})
+
+
 def prepare_run_dir(plan: Plan, run_dir: Path, steps: int | None) -> Path:
     """Copy the plan (with the step override) into the run directory (checked by `check_run_dir_owner`); return
     the copy's path."""
@@ -129,6 +151,8 @@ def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, devi
         "checkpoints": str(checkpoints.resolve()),
         "fingerprint": cfg.fingerprint,
         "steps": cfg.steps,
+        "finetune": cfg.finetune,
+        "init_from": cfg.init_from,
     }
 
 
@@ -146,8 +170,10 @@ def build_launch(
     write: bool = True,
     wait: bool = False,
     engine: str = "core",
+    init_from: str | Path | None = None,
 ) -> Launch:
-    """Work out the launch; with `write`, create the run directory, plan copy and script."""
+    """Work out the launch; with `write`, create the run directory, plan copy and script. `init_from`: a Hugging
+    Face checkpoint folder the run starts from (recorded in the plan copy, so the run dir belongs to it)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend '{backend}'; choose one of: {', '.join(BACKENDS)}", field="backend")
     if device not in ("cpu", "cuda"):
@@ -157,6 +183,10 @@ def build_launch(
     if engine not in ENGINES:
         raise InputError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}", field="engine")
     plan = load_plan(plan_file)
+    if init_from is not None:
+        plan = with_init_from(plan, init_from)
+    elif plan.finetune is not None and plan.finetune.init_from:
+        check_init_from(plan.finetune.init_from)
     run_dir = Path(run_dir) if run_dir else default_run_dir(plan)
     check_run_dir_owner(plan, run_dir)
     run_config, resolved = resolve_run(plan, backend, run_dir, steps, device, engine)

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("capacity", "capacity_cmd"),
     "export": ("export", "export_cmd"),
     "launch": ("launch", "launch_cmd"),
+    "export-weights": ("export_weights", "export_weights_cmd"),
     "compare": ("compare", "compare_cmd"),
     "web": ("web", "web_cmd"),
     "tui": ("tui", "tui_cmd"),

@@ -55,9 +55,15 @@ class CheckpointError(errors.CheckpointError):
 
 
 def _model_state(parts: list[nn.Module]) -> dict[str, Any]:
+    """The parts' model state; without their frozen weights (LoRA / QLoRA: the adapters and the buffers only, as
+    torchtune saves adapters; the frozen weights come from the pretrained checkpoint, or the seed, again)."""
+    from meshplan.launcher.core.model import clean_fqn
+
     out: dict[str, Any] = {}
     for part in parts:
-        out.update(get_model_state_dict(part))
+        state = get_model_state_dict(part)
+        frozen = {clean_fqn(n) for n, p in part.named_parameters() if not p.requires_grad}
+        out.update({k: v for k, v in state.items() if clean_fqn(k) not in frozen})
     return out
 
 
@@ -88,12 +94,14 @@ class Checkpointer:
 
     `fingerprint` names the plan layout the run belongs to; a checkpoint written under another is refused."""
 
-    def __init__(self, root: Path, keep: int = 2, fingerprint: str | None = None) -> None:
+    def __init__(self, root: Path, keep: int = 2, fingerprint: str | None = None, one_process: bool = False) -> None:
+        """`one_process`: read checkpoints without a process group (`meshplan export-weights`)."""
         self.root = Path(root)
         self.keep = keep
         self.fingerprint = fingerprint
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
+        self.one_process = one_process
+        self.rank = 0 if one_process else dist.get_rank()
+        self.world = 1 if one_process else dist.get_world_size()
 
     def _barrier(self) -> None:
         dist.barrier()
@@ -155,6 +163,8 @@ class Checkpointer:
     def verify(self, path: Path) -> str | None:
         """Collective: the first problem any rank found with checkpoint `path`, or None when it is intact."""
         problem = self._verify_local(path)
+        if self.one_process:
+            return problem
         problems: list[str | None] = [None] * self.world
         dist.all_gather_object(problems, problem)
         return next((p for p in problems if p), None)

@@ -61,13 +61,30 @@ class ContextParallel:
 
 
 # --- building blocks ---------------------------------------------------------------------------------------
+def llama3_frequencies(inv: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling (`rope_scaling.rope_type: llama3`): long wavelengths slowed by `factor`, short
+    ones kept, the band between blended (as Hugging Face's _compute_llama3_parameters)."""
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > original / low, inv / factor, inv)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, scaled)
+
+
 def rope_tables(
     positions: torch.Tensor,
     d_head: int,
     device: torch.device | str | None = None,
+    theta: float = ROPE_THETA,
+    scaling: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (positions, d_head/2) for rotary embeddings."""
-    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
+    """cos/sin tables (positions, d_head/2) for rotary embeddings with base `theta` (and Llama 3.1's `scaling`)."""
+    inv = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.float32) / d_head))
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        inv = llama3_frequencies(inv, scaling)
     angles = positions.to(torch.float32)[:, None] * inv[None, :]
     return angles.cos().to(device), angles.sin().to(device)
 
@@ -286,6 +303,9 @@ class Transformer(nn.Module):
         self.tied = spec.tied_embeddings
         self.output: nn.Linear | None = None if self.tied else nn.Linear(spec.hidden, spec.vocab, bias=False)
         self.positions = torch.arange(seq_len, device="cpu")
+        # RoPE base and scaling: the core's default, or a pretrained checkpoint's (`--init-from`, config.json)
+        self.rope_theta: float = ROPE_THETA
+        self.rope_scaling: dict | None = None
         self.register_buffer("rope_cos", torch.empty(seq_len, rope_dim(spec) // 2), persistent=False)
         self.register_buffer("rope_sin", torch.empty(seq_len, rope_dim(spec) // 2), persistent=False)
 
@@ -330,22 +350,30 @@ class Transformer(nn.Module):
     def init_rope(self, device: torch.device) -> None:
         """(Re)build the RoPE cos/sin buffers for this part's positions, and zero the MoE layers' routing bias and
         token counts (`to_empty` leaves buffers uninitialised; a checkpoint then restores the bias)."""
-        self.rope_cos, self.rope_sin = rope_tables(self.positions, rope_dim(self.spec), device)
+        self.rope_cos, self.rope_sin = rope_tables(self.positions, rope_dim(self.spec), device, self.rope_theta,
+                                                   self.rope_scaling)
         with torch.no_grad():
             for module in self.modules():
                 if isinstance(module, MoE):
                     module.expert_bias.zero_()
                     module.tokens_per_expert.zero_()
 
-    def init_weights(self, seed: int, device: torch.device) -> None:
+    def init_weights(self, seed: int, device: torch.device, skip: Callable[[str], bool] | None = None,
+                     rope_device: torch.device | None = None) -> None:
         """Fill each (possibly sharded) parameter with its sharding-independent seeded value, generating only
-        this rank's shard on `device` (no full-model RNG per rank); rebuild RoPE."""
+        this rank's shard on `device` (no full-model RNG per rank); rebuild RoPE (on `rope_device`, the GPU
+        when CPU offload keeps the weights on the host). `skip(name)`: parameters left alone (a pretrained
+        checkpoint fills them; QLoRA's NF4 weights are quantized already)."""
         from torch.distributed.tensor import DTensor
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        self.init_rope(device)
+        from meshplan.launcher.core.lora import is_nf4
+
+        self.init_rope(rope_device or device)
         with torch.no_grad():
             for name, param in self.named_parameters():
+                if is_nf4(param) or (skip is not None and skip(clean_fqn(name))):
+                    continue
                 shape = tuple(param.shape)
                 if isinstance(param, DTensor):
                     local = param.to_local()
@@ -366,10 +394,20 @@ def clean_fqn(name: str) -> str:
     return name
 
 
+def _lora_in(name: str, spec: ModelSpec) -> int:
+    """The input width of the linear whose LoRA A `name` is."""
+    linear = name.split(".")[-3]
+    return {"wo": spec.q_dim, "w2": spec.ffn_hidden}.get(linear, spec.hidden)
+
+
 INIT_BLOCK_ROWS = 256  # rows generated from one seed: a shard generates only the blocks it overlaps
 
 
 def init_std(name: str, spec: ModelSpec) -> float:
+    if name.endswith("lora_a.weight"):  # nn.Linear's kaiming-uniform scale: std 1 / sqrt(3 in) (in = the last dim)
+        from meshplan.launcher.core.lora import adapter_init
+
+        return adapter_init(name, (0, _lora_in(name, spec)))
     if name.startswith("tok_embeddings"):
         return 0.02 if spec.tied_embeddings else 1.0  # tied (GPT-2 style): it is also the output projection
     if name.startswith("output"):
@@ -390,7 +428,7 @@ def init_region(
     (on its own device)."""
     if name.endswith("norm.weight"):
         return torch.ones(local_shape, device=device)
-    if name.endswith(".bias"):
+    if name.endswith(".bias") or name.endswith("lora_b.weight"):  # LoRA's B starts at zero: the base model
         return torch.zeros(local_shape, device=device)
     base = (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**62)
     if len(shape) == 3:  # stacked experts: one generator per expert (a rank holds some experts, or slices of each)

@@ -68,8 +68,12 @@ def check_environment(cfg: RunConfig) -> None:
 
 
 def backend_for(cfg: RunConfig) -> str:
+    """The process group's backend: NCCL on GPUs, gloo on CPU; with CPU offload on GPUs both (the gradients and
+    the optimizer live on the host, and the gradient norm reduces there: torchtitan's and torchtune's choice)."""
     if cfg.backend != "auto":
         return cfg.backend
+    if cfg.device == "cuda" and cfg.cpu_offload:
+        return "cuda:nccl,cpu:gloo"
     return "nccl" if cfg.device == "cuda" else "gloo"
 
 
@@ -174,28 +178,79 @@ Materialize = Callable[[Transformer], None]
 
 def build_model_parts(
     cfg: RunConfig, par: Parallel, materialize: Materialize | None = None, init_weights: bool = True
-) -> tuple[list[Transformer], list[int]]:
-    """The model parts this rank owns (one, or vpp pipeline stages), parallelised and materialised.
+) -> tuple[list[Transformer], list[int], Any]:
+    """The model parts this rank owns (one, or vpp pipeline stages), parallelised and materialised, with what
+    loading `cfg.init_from` did (hf_weights.LoadStats; None without it).
 
     `materialize` replaces the default materialisation (to_empty on the device + seeded init); the memory
     trace passes one that allocates fake tensors."""
     n_stages = cfg.pp * cfg.vpp
     ids = stage_ids(cfg, par.pp_rank) if cfg.pp > 1 else [0]
     split = stage_layers(cfg.model.layers, n_stages)
+    pretrained = open_pretrained(cfg) if cfg.init_from and init_weights and materialize is None else None
     parts = []
     for sid in ids:
         part = build_meta_model(cfg.model, cfg.seq_len)
         if cfg.pp > 1:
             part.keep_stage(split[sid], first=sid == 0, last=sid == n_stages - 1)
-        parts.append(parallelize_part(part, cfg, par, materialize, init_weights))
-    return parts, ids
+        if pretrained is not None:
+            pretrained.configure(part)
+        parts.append(parallelize_part(part, cfg, par, materialize, init_weights, pretrained))
+    if pretrained is not None:
+        pretrained.load(parts)
+    return parts, ids, pretrained.stats if pretrained is not None else None
+
+
+class Pretrained:
+    """A Hugging Face checkpoint the run starts from (`init_from`): its RoPE and norm settings go onto the model,
+    its weights into each rank's shards (hf_weights.load_into reads only a rank's slices); QLoRA's NF4 weights
+    are quantized from whole tensors, one at a time, before FSDP shards them."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from meshplan.launcher.core import hf_weights
+
+        self.cfg = cfg
+        self.ckpt = hf_weights.HFCheckpoint(cfg.init_from)
+        hf_weights.check_spec(self.ckpt, cfg.model)
+        self.rope = hf_weights.rope_settings(self.ckpt)
+        self.norm_eps = float(self.ckpt.config.get("rms_norm_eps") or 1e-5)
+        self.stats: Any = None
+
+    def configure(self, part: Transformer) -> None:
+        """The checkpoint's RoPE base and scaling and its RMSNorm epsilon (every norm, QK-norms included)."""
+        part.rope_theta, part.rope_scaling = self.rope["rope_theta"], self.rope["rope_scaling"]
+        for module in part.modules():
+            if isinstance(module, nn.RMSNorm):
+                module.eps = self.norm_eps
+
+    def value(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The whole tensor of core parameter `name` (QLoRA quantizes it before FSDP shards it)."""
+        from meshplan.launcher.core import hf_weights
+
+        key = hf_weights.hf_key(name, self.cfg.model)
+        return hf_weights.read_local(self.ckpt, key, torch.empty(shape, device="meta"))
+
+    def load(self, parts: list[Transformer]) -> None:
+        from meshplan.launcher.core import hf_weights
+        from meshplan.launcher.core.lora import is_nf4
+
+        self.stats = hf_weights.load_into(parts, self.ckpt, self.cfg.model, skip=lambda name, p: is_nf4(p))
+
+
+def open_pretrained(cfg: RunConfig) -> Pretrained:
+    return Pretrained(cfg)
 
 
 def parallelize_part(
     model: Transformer, cfg: RunConfig, par: Parallel, materialize: Materialize | None = None,
-    init_weights: bool = True,
+    init_weights: bool = True, pretrained: Pretrained | None = None,
 ) -> Transformer:
-    """Float8 -> TP -> CP -> AC -> compile -> FSDP -> materialise, on one model part."""
+    """LoRA -> Float8 -> TP -> CP -> AC -> compile -> (QLoRA's NF4) -> FSDP -> materialise, on one model part."""
+    mixed = par.device.type == "cuda" if par.mixed_precision is None else par.mixed_precision
+    if cfg.finetune in ("lora", "qlora"):
+        from meshplan.launcher.core.lora import apply_lora
+
+        apply_lora(model, cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets), torch.bfloat16 if mixed else None)
     if cfg.float8 != "none":
         convert_float8(model, cfg.float8)
     for moe in moe_modules([model]):
@@ -217,19 +272,41 @@ def parallelize_part(
                 block.compile()
             else:
                 block.compile(fullgraph=True)
+    qlora = cfg.finetune == "qlora" and materialize is None
+    if qlora:  # NF4 base weights from whole values, one at a time, before FSDP shards each block
+        from meshplan.launcher.core.lora import quantize_block_linears
+        from meshplan.launcher.core.model import init_region
+
+        def value_of(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            if pretrained is not None:
+                return pretrained.value(name, shape)
+            return init_region(name, shape, (0,) * len(shape), shape, cfg.model, cfg.seed, par.device)
+
+        for key, block in model.layers.items():
+            quantize_block_linears(block, value_of, f"layers.{key}", par.device)
     mesh = par.fsdp_mesh
-    mixed = par.device.type == "cuda" if par.mixed_precision is None else par.mixed_precision
     emesh = par.expert_fsdp_mesh
     if emesh is not None:  # the routed experts first: their own FSDP unit on the expert mesh
         apply_expert_fsdp(model, emesh, cuda=mixed, reshard_after_forward=cfg.pp == 1)
+    offload = cfg.cpu_offload and materialize is None
     if mesh is not None:
-        apply_fsdp(model, mesh, cuda=mixed, reshard_after_forward=cfg.pp == 1)
+        apply_fsdp(model, mesh, cuda=mixed, reshard_after_forward=cfg.pp == 1,
+                   offload=offload, pin_memory=par.device.type == "cuda")
     if materialize is not None:
         materialize(model)
         return model
-    model.to_empty(device=par.device)
+    # CPU offload: FSDP2 wants the weights materialised on the host (torchtitan's init_device "cpu")
+    weights_device = torch.device("cpu") if offload else par.device
+    if qlora:
+        from meshplan.launcher.core.lora import to_empty_except_nf4
+
+        to_empty_except_nf4(model, weights_device)
+    else:
+        model.to_empty(device=weights_device)
     if init_weights:
-        model.init_weights(cfg.seed, par.device)
+        model.init_weights(cfg.seed, weights_device, rope_device=par.device,
+                           skip=(lambda name: not name.endswith(("lora_a.weight", "lora_b.weight")))
+                           if pretrained is not None else None)
     else:  # the checkpoint fills the parameters; only the RoPE buffers are computed
         model.init_rope(par.device)
     return model
@@ -423,16 +500,20 @@ def apply_expert_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_
                         reshard_after_forward=reshard_after_forward, shard_placement_fn=lambda p: Shard(1))
 
 
-def apply_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_after_forward: bool,
+               offload: bool = False, pin_memory: bool = True) -> None:
     """FSDP2 per block plus the root (embeddings, final norm, output); bf16 params / fp32 reduce when `cuda`
-    (the GPU run's mixed precision)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    (the GPU run's mixed precision); with `offload` FSDP2's CPUOffloadPolicy keeps the sharded weights,
+    gradients and (through the optimizer built on them) AdamW's state in host memory, pinned on GPU machines."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cuda
         else MixedPrecisionPolicy()
     )
+    policy = CPUOffloadPolicy(pin_memory=pin_memory) if offload else OffloadPolicy()
     for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+                    offload_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, offload_policy=policy)

@@ -170,24 +170,22 @@ class Trainer:
         materialisation, and the GPU run's bf16/fp32 FSDP policy on CPU. Real runs leave them None."""
         self.cfg = cfg
         self.device = device
-        if cfg.finetune in ("lora", "qlora") or cfg.init_from is not None or cfg.cpu_offload:
-            from meshplan.estimator.errors import LaunchError
-
-            raise LaunchError("the training core does not run fine-tuning plans (LoRA, QLoRA, --init-from, CPU "
-                              "offload) in this build")
         torch.manual_seed(cfg.seed)
         self.par: Parallel = build_parallel(cfg, device)
         self.par.mixed_precision = mixed_precision
-        self.parts, self.stage_ids = build_model_parts(cfg, self.par, materialize, init_weights)
-        self.params = [p for part in self.parts for p in part.parameters()]
+        self.parts, self.stage_ids, self.pretrained_stats = build_model_parts(cfg, self.par, materialize, init_weights)
+        # LoRA / QLoRA: only the adapters train (the frozen weights have no gradients and no optimizer state)
+        self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         self.optimizers = [
             torch.optim.AdamW(
-                part.parameters(),
+                [p for p in part.parameters() if p.requires_grad],
                 lr=cfg.lr,
                 betas=tuple(cfg.betas),
                 weight_decay=cfg.weight_decay,
                 eps=cfg.eps,
-                foreach=device.type == "cuda" and cfg.tp == 1 and cfg.ep == 1,  # params on one mesh only
+                # params on one mesh only; CPU offload steps on the host (fused AdamW there: torchtune's choice)
+                foreach=device.type == "cuda" and cfg.tp == 1 and cfg.ep == 1 and not cfg.cpu_offload,
+                fused=True if cfg.cpu_offload and device.type == "cuda" else None,
             )
             for part in self.parts
         ]
@@ -348,7 +346,14 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True, stop: StopFlag |
     ckpt = Checkpointer(cfg.checkpoint_path, keep=cfg.keep_checkpoints, fingerprint=cfg.fingerprint)
     ckpt.clean_partial()
     path = ckpt.latest() if cfg.resume else None
-    trainer = Trainer(cfg, device, init_weights=path is None)  # a restart loads, it does not initialise first
+    # a restart loads, it does not initialise first; except the frozen weights of LoRA / QLoRA, which are not in
+    # the checkpoints (they come from init_from, or the seed, again)
+    frozen = cfg.finetune in ("lora", "qlora")
+    trainer = Trainer(cfg, device, init_weights=path is None or frozen)
+    loaded = getattr(trainer, "pretrained_stats", None)
+    if loaded is not None and rank == 0 and log:
+        print(f"loaded {cfg.init_from}: {loaded.params} tensors, {loaded.bytes_read / 2**30:.2f} GiB read by rank 0 "
+              f"in {loaded.seconds:.1f} s" + (f"; warning: {loaded.warning()}" if loaded.warning() else ""), flush=True)
     if path is not None:
         trainer.load_train_state(ckpt.load(path, trainer.parts, trainer.optimizers))
         if rank == 0 and log:

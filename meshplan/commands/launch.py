@@ -31,6 +31,9 @@ def launch_cmd(
     wait: bool = typer.Option(False, "--wait", help="slurm: wait for the job to end (sbatch --wait); exit with its "
                               "status"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: the resolved run as JSON"),
+    init_from: Path = typer.Option(
+        None, "--init-from", help="start from this Hugging Face checkpoint folder (config.json + *.safetensors): "
+        "each rank reads only its shards; a pre-training plan becomes a full fine-tune"),
     engine: str = typer.Option(
         "core", "--engine", help=f"one of {', '.join(ENGINES)}: meshplan's training core, or torchtitan 0.3 on the "
         "plan's torchtitan-py config (CUDA; written to RUN_DIR/torchtitan-job/)"),
@@ -46,7 +49,7 @@ def launch_cmd(
     meshplan launch tiny.yaml --backend local --device cpu --steps 5 --run-dir runs/tiny
     """
     launch = build_launch(plan, backend, run_dir, steps, device, nproc_per_node, max_restarts, partition, time,
-                          account, write=not dry_run, wait=wait, engine=engine)
+                          account, write=not dry_run, wait=wait, engine=engine, init_from=init_from)
     console = Console(stderr=True)
     if dry_run:
         if as_json:

@@ -2,10 +2,10 @@
 
     torchrun --standalone --nproc-per-node N tests/launcher/cases_worker.py CASES.json OUT.json
 
-CASES.json: a list of {"name", "config" (a full RunConfig mapping), "mode": "losses" | "grads"}. Every case is
-run through the real training core (`launcher.core.train`); rank 0 writes {name: result} to OUT.json, where a
-result is the per-step losses, or for "grads" the loss and the full (unsharded) gradient norms and checksums
-after one forward/backward, or {"error": message}.
+CASES.json: a list of {"name", "config" (a full RunConfig mapping), "mode": "losses" | "grads" | "finetune"}.
+Every case is run through the real training core (`launcher.core.train`); rank 0 writes {name: result} to
+OUT.json, where a result is the per-step losses, or for "grads" the loss and the full (unsharded) gradient norms
+and checksums after one forward/backward, or for "finetune" what `finetune_case` checks, or {"error": message}.
 """
 
 from __future__ import annotations
@@ -45,6 +45,61 @@ def grads_case(cfg: RunConfig, device: torch.device) -> dict:
     return {"loss": loss, "grads": grads}
 
 
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's local values as a plain fp32 tensor (NF4 dequantized)."""
+    from torch.distributed.tensor import DTensor
+
+    t = param.to_local() if isinstance(param, DTensor) else param
+    if hasattr(t, "get_original_weight"):
+        t = t.get_original_weight()
+    return t.detach().float().cpu().clone()
+
+
+def finetune_case(cfg: RunConfig, device: torch.device) -> dict:
+    """Build the trainer from `cfg.init_from`, compare every loaded shard with the file's slice (QLoRA: with the
+    file's tensor quantized to NF4 as a whole), train `cfg.steps` steps, and report the losses, which parameters
+    the optimizer holds, and whether the frozen weights stayed as loaded and the adapters moved."""
+    from torchao.quantization import to_nf4
+
+    from meshplan.launcher.core import hf_weights
+
+    trainer = Trainer(cfg, device)
+    ckpt = hf_weights.HFCheckpoint(cfg.init_from)
+    mismatched, loaded, before = [], 0, {}
+    for part in trainer.parts:
+        for raw, param in part.named_parameters():
+            name = clean_fqn(raw)
+            before[name] = _local(param)
+            key = hf_weights.hf_key(name, cfg.model)
+            if key is None:
+                continue
+            offset, shape = hf_weights.local_box(param)
+            whole = ckpt.handle(ckpt.tensors[key].file).get_tensor(key)
+            if hasattr(param.to_local() if hasattr(param, "to_local") else param, "get_original_weight"):
+                whole = to_nf4(whole.to(torch.bfloat16)).get_original_weight()
+            box = whole[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+            loaded += 1
+            if not torch.equal(box.float(), before[name]):
+                mismatched.append(name)
+    ckpt.close()
+    trainable = sorted(clean_fqn(n) for part in trainer.parts for n, p in part.named_parameters() if p.requires_grad)
+    in_optimizer = sum(len(g["params"]) for o in trainer.optimizers for g in o.param_groups)
+    losses = [trainer.train_step()["loss"] for _ in range(cfg.steps)]
+    changed, unchanged = [], []
+    for part in trainer.parts:
+        for raw, param in part.named_parameters():
+            name = clean_fqn(raw)
+            (unchanged if torch.equal(_local(param), before[name]) else changed).append(name)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mismatched, changed))
+    mismatched = sorted({n for m, _ in gathered for n in m})
+    changed = sorted({n for _, c in gathered for n in c})
+    unchanged = sorted(set(unchanged) - set(changed))
+    return {"losses": losses, "loaded": loaded, "mismatched": mismatched, "trainable": trainable,
+            "in_optimizer": in_optimizer, "changed": sorted(changed), "unchanged": sorted(unchanged),
+            "pretrained": vars(trainer.pretrained_stats) if trainer.pretrained_stats is not None else None}
+
+
 def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     out: dict[str, dict] = {}
@@ -56,6 +111,8 @@ def main() -> None:
             cfg = RunConfig.from_dict(case["config"])
             if case.get("mode") == "grads":
                 out[case["name"]] = grads_case(cfg, device)
+            elif case.get("mode") == "finetune":
+                out[case["name"]] = finetune_case(cfg, device)
             else:
                 recs = run(cfg, device, log=False)
                 out[case["name"]] = {"losses": [r["loss"] for r in recs]}
