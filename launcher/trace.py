@@ -87,7 +87,7 @@ class RankTrace:
     saved_activations: int  # forward tensors alive at the end of a microbatch's forward, beyond those at the
     # step's start (received pipeline buffers), output excluded
     output_bytes: int  # the stage's output (logits, or the activation sent to the next stage)
-    param_tensors: int  # parameter tensors on the rank (AdamW keeps one fp32 step counter per tensor)
+    param_tensors: int  # trainable parameter tensors on the rank (AdamW keeps one fp32 step counter per tensor)
     seconds: float
 
 
@@ -98,6 +98,7 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     max_rss_mib: float = 0.0
+    offload: bool = False  # the configuration offloads to the CPU (traced without it: see `traceable`)
 
     @property
     def worst(self) -> RankTrace:
@@ -110,6 +111,7 @@ class TraceResult:
             "notes": self.notes,
             "seconds": round(self.seconds, 2),
             "max_rss_mib": round(self.max_rss_mib, 1),
+            "offload": self.offload,
         }
 
 
@@ -126,6 +128,11 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
         )
     if cfg.cp > 1:
         raise MeshplanError("context parallel (cp > 1) cannot be traced yet; trace cp 1 and scale the activations")
+    if cfg.finetune == "qlora":
+        raise MeshplanError(
+            "QLoRA cannot be traced yet (torchao's NF4 weights under fake tensors); trace the same plan with "
+            "finetune lora, whose frozen weights are bf16, and keep NF4's bytes analytical"
+        )
     if cfg.pp > 1 and (cfg.vpp > 1 or cfg.pp_schedule == "Interleaved1F1B"):
         raise MeshplanError(
             "Interleaved1F1B (vpp > 1) cannot be traced yet; trace the 1F1B or GPipe schedule instead"
@@ -156,6 +163,22 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
             "fake tensors carry no routing decisions: every expert gets the same rows, the balanced case the "
             "analytical model's load_imbalance scales up from"
         )
+    if cfg.finetune in ("lora", "qlora"):
+        notes.append(
+            f"LoRA r{cfg.lora_rank}: the frozen weights are traced as sharded parameters (bf16, no gradients, no "
+            "optimizer state) beside the fp32 adapters; the comparison puts them next to the model's frozen and "
+            "trainable weights together"
+        )
+    if cfg.cpu_offload:
+        changes["cpu_offload"] = False
+        notes.append(
+            "CPU offload: traced without it (on a CPU the offloaded and the GPU tensors are the same kind); what "
+            "FSDP2's CPUOffloadPolicy moves to the host is the traced sharded params, grads and optimizer state "
+            "(compared as 'offloaded'), and the GPU total is the traced peak without them"
+        )
+    if cfg.init_from:
+        changes["init_from"] = None
+        notes.append("init_from is not read: fake tensors hold no values (the trace sees the same shapes)")
     notes.append("AdamW with foreach=False; gradient clipping skipped (scalar temporaries only)")
     data = {**cfg.dump(), **changes}
     return RunConfig.from_dict(data), notes
@@ -285,7 +308,7 @@ def trace_rank(cfg: RunConfig, rank: int, progress: Progress | None = None) -> R
 
         handles = [part.register_forward_hook(post_hook)]
         state: dict[str, int] = {}
-        n_params = sum(1 for _ in part.parameters())
+        n_params = sum(1 for p in part.parameters() if p.requires_grad)  # AdamW's step counters
         try:
             for step in (1, 2):
                 say(f"rank {rank}: step {step} of 2")
@@ -445,4 +468,4 @@ def trace_config(cfg: RunConfig, progress: Progress | None = None) -> TraceResul
     rss = max(resource.getrusage(who).ru_maxrss / 1024
               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return TraceResult(config=run_cfg.dump(), ranks=ranks, notes=notes, seconds=time.perf_counter() - t0,
-                       max_rss_mib=rss)
+                       max_rss_mib=rss, offload=cfg.cpu_offload)

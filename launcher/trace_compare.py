@@ -12,9 +12,10 @@ from meshplan.launcher.trace import Progress, TraceResult, trace_config
 
 # --- next to the analytical model -------------------------------------------------------------------------
 COMPARED = ("params", "grads", "optimizer", "unsharded_params", "activations", "total")
+OFFLOAD_COMPARED = ("offloaded", "total")  # CPU offload: what leaves the GPU, and what stays
 
 
-def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int) -> dict[str, float]:
+def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int, offload: bool = False) -> dict[str, float]:
     """The estimator's tensor-level terms (bytes) for pipeline stage `pp_rank` of the traced config (a MoE config
     routed round-robin, as the trace routes it, is estimated without the stack's load imbalance)."""
     from meshplan.estimator.batch import ConfigArrays, estimate_arrays
@@ -26,7 +27,8 @@ def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int) -> dict[
         gpus=cfg.world_size, gpus_per_node=min(hw.gpus_per_node, cfg.world_size), dp_replicate=cfg.dp_replicate,
         dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, ep=cfg.ep, pp_schedule=cfg.pp_schedule, vpp=cfg.vpp,
         seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.micro_batch_size,
-        ac=cfg.ac, compile=False, float8="none", async_tp=False,
+        ac=cfg.ac, compile=False, float8="none", async_tp=False, finetune=cfg.finetune, lora_rank=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets, cpu_offload=offload,
     ).resolve(cfg.model, hw)
     r = estimate_arrays(cfg.model, hw, stack, ConfigArrays.from_configs([tc]), stage=pp_rank)
     return {k: float(v[0]) for k, v in r.items()}
@@ -41,7 +43,9 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
     unsharded_params: the maximum of all-gathered bf16 params + all-gather buffers; activations: what the
     forward leaves saved for backward at the end of a microbatch's forward (in-flight microbatches
     included, the stage output excluded); total: tensor memory at the step-2 peak vs the analytical
-    allocated (pre-fragmentation) memory."""
+    allocated (pre-fragmentation) memory. Under LoRA `params` is the frozen weights and the adapters together.
+    Under CPU offload (traced without it) two more rows: `offloaded`, the traced sharded state vs the model's
+    host bytes per rank, and `total`, the traced peak without that state vs the model's GPU peak with offload."""
     cfg = RunConfig.from_dict(result.config)
     rows = []
     for r in result.ranks:
@@ -55,21 +59,31 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
             "total": r.peak_total,
         }
         model = {
-            "params": a["params_fp32"],
+            "params": a["params_fp32"] + a["frozen_params"],
             "grads": a["grads_after_backward"],
             "optimizer": a["optimizer_states"] + 4 * r.param_tensors,
             "unsharded_params": a["unsharded_params_max"],
             "activations": a["saved_activations"],
             "total": a["allocated_bytes"],
         }
-        rows.append({
+        row = {
             "rank": r.rank,
             "pp_rank": r.pp_rank,
             "traced": traced,
             "analytical": model,
             "error": {k: (model[k] / traced[k] - 1) if traced[k] else 0.0 for k in COMPARED},
             "peak": r.peak,
-        })
+        }
+        if result.offload:
+            off = analytical_terms(cfg, hw, stack, r.pp_rank, offload=True)
+            state = r.state["params"] + r.state["grads"] + r.state["optimizer"]
+            at_peak = r.peak["params"] + r.peak["grads"] + r.peak["optimizer"]
+            t_off = {"offloaded": state, "total": r.peak_total - at_peak}
+            m_off = {"offloaded": off["host_offload_bytes_per_node"] / min(hw.gpus_per_node, cfg.world_size)
+                     + 4 * r.param_tensors, "total": off["allocated_bytes"]}
+            row["offload"] = {"traced": t_off, "analytical": m_off,
+                              "error": {k: (m_off[k] / t_off[k] - 1) if t_off[k] else 0.0 for k in OFFLOAD_COMPARED}}
+        rows.append(row)
     return rows
 
 
@@ -110,9 +124,9 @@ def trace_plan(plan: Any, progress: Progress | None = None) -> dict[str, Any]:
     return {
         "plan": plan.name,
         "model": plan.model.name,
-        "config": {k: result.config[k] for k in (
+        "config": {**{k: result.config[k] for k in (
             "dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "micro_batch_size",
-            "global_batch_size", "seq_len", "ac")},
+            "global_batch_size", "seq_len", "ac", "finetune")}, "cpu_offload": result.offload},
         "traced_ranks": [{"rank": r["rank"], "pp_rank": r["pp_rank"]} for r in rows],
         "worst_rank": worst["rank"],
         "ranks": rows,

@@ -77,7 +77,15 @@ def render(report: dict, console: Console | None = None) -> None:
             table.add_column(col, justify=just)
         for key, name in ROW_NAMES.items():
             t, a, e = row["traced"][key], row["analytical"][key], row["error"][key]
+            if key == "params" and report["config"].get("finetune") in ("lora", "qlora"):
+                name = "params (frozen bf16 + fp32 adapters)"
             table.add_row(name, f"{t / div:.3f}", f"{a / div:.3f}", f"{e:+.1%}" if t else "-")
+        off = row.get("offload")
+        if off:  # CPU offload: what leaves the GPU, and the GPU's peak without it
+            for key, name in (("offloaded", "CPU offload: state moved to the host"),
+                              ("total", "CPU offload: GPU tensor memory at peak")):
+                t, a, e = off["traced"][key], off["analytical"][key], off["error"][key]
+                table.add_row(name, f"{t / div:.3f}", f"{a / div:.3f}", f"{e:+.1%}" if t else "-")
         console.print(table)
         peak = ", ".join(f"{k.replace('_', ' ')} {v / div:.2f}" for k, v in row["peak"].items() if v)
         console.print(f"  at the peak: {peak} {unit}")

@@ -54,6 +54,13 @@ CASES = {
     "moe-ep4-full": cfg(4, ac="full", model=MOE_SPEC, ep=4),
     "moe-ep2-none": cfg(4, ac="none", model=MOE_SPEC, ep=2),
     "moe-tp2-ep2-selective": cfg(2, tp=2, ac="selective", model=MOE_SPEC, ep=2),
+    # fine-tuning: LoRA r16 on every linear (frozen bf16 weights, fp32 adapters), each AC mode; LoRA on the MLP
+    # only; full fine-tuning with FSDP2 CPU offload (traced without it: `offloaded` is what leaves the GPU)
+    "lora-fsdp-none": cfg(4, ac="none", finetune="lora", lora_rank=16),
+    "lora-fsdp-selective": cfg(4, ac="selective", finetune="lora", lora_rank=16),
+    "lora-fsdp-full": cfg(4, ac="full", finetune="lora", lora_rank=16),
+    "lora-mlp-none": cfg(4, ac="none", finetune="lora", lora_rank=8, lora_targets=["w1", "w2", "w3"]),
+    "offload-fsdp-selective": cfg(4, ac="selective", finetune="full", cpu_offload=True),
 }
 _CACHE: dict[str, object] = {}
 
@@ -72,7 +79,7 @@ def test_state_bytes_equal_closed_form(name):
     assert len(result.ranks) == (2 if CASES[name].pp > 1 else 1)
     for r in result.ranks:
         a = analytical_terms(CASES[name], HW, STACK, r.pp_rank)
-        assert r.state["params"] == int(a["params_fp32"])
+        assert r.state["params"] == int(a["params_fp32"] + a["frozen_params"])  # LoRA: frozen weights too
         assert r.state["grads"] == int(a["grads_after_backward"])
         assert r.state["optimizer"] == int(a["optimizer_states"]) + 4 * r.param_tensors
         assert r.peak["params"] == r.state["params"]  # bf16 compute copies are never counted as params
@@ -196,3 +203,25 @@ def test_help_does_not_import_torch():
     code = "import sys; from meshplan.cli import app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_lora_trace_holds_frozen_weights_and_adapter_state():
+    """LoRA: the traced sharded parameters are the frozen bf16 weights and the fp32 adapters (exactly the model's
+    frozen + trainable bytes); gradients and AdamW state are the adapters' only."""
+    lora, full = traced("lora-fsdp-selective").ranks[0], traced("fsdp-selective").ranks[0]
+    a = analytical_terms(CASES["lora-fsdp-selective"], HW, STACK, 0)
+    assert lora.state["params"] == int(a["frozen_params"] + a["params_fp32"])
+    assert a["frozen_params"] == pytest.approx(full.state["params"] / 2, rel=0.01)  # bf16 instead of fp32
+    assert lora.state["grads"] == int(a["grads_after_backward"]) < full.state["grads"] / 10
+    assert lora.param_tensors == 2 * 2 * 7  # AdamW holds the adapters alone: 2 layers x 7 linears x (A, B)
+
+
+def test_cpu_offload_trace_shows_what_leaves_the_gpu():
+    """CPU offload: the traced sharded state is exactly what the model puts in host RAM per rank, and the GPU peak
+    without it agrees with the model's offload peak within 10 %."""
+    rows = compare(traced("offload-fsdp-selective"), HW, STACK)
+    for row in rows:
+        off = row["offload"]
+        assert off["error"]["offloaded"] == pytest.approx(0.0, abs=1e-9)
+        assert abs(off["error"]["total"]) <= 0.10
+        assert off["traced"]["total"] < row["traced"]["total"] / 1.4
