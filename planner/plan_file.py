@@ -234,6 +234,8 @@ def finetuning_of(cfg: TrainConfig, init_from: str | None = None) -> FineTuning 
     """The plan's fine-tuning section for a configuration (None for pre-training from scratch)."""
     if cfg.finetune == "none" and init_from is None:
         return None
+    if init_from is not None:  # the ranks and torchtitan read it from other working directories
+        init_from = os.path.abspath(os.path.expanduser(init_from))
     return FineTuning(mode="full" if cfg.finetune == "none" else cfg.finetune, init_from=init_from,
                       lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets)
 

@@ -28,7 +28,7 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import load_model
 from meshplan.planner.export import render, torchtitan_train_argv
-from meshplan.planner.export.torchtitan_03 import job
+from meshplan.planner.export.torchtitan_03 import job, titan_lora_params
 from meshplan.planner.export.torchtitan_py import DEPENDENCY_NAMES, TORCHTITAN_NAMES, module_name
 from meshplan.planner.plan_file import LRSchedule, Optimizer, Plan, load_plan, make_plan, save_plan
 
@@ -43,11 +43,12 @@ pytestmark = pytest.mark.slow
 
 
 # --------------------------------------------------------------------------------------------- the plans
-def plan(model: str, gpus: int, decay: str = "cosine", hw: str = "h100-sxm", **kw) -> Plan:
+def plan(model: str, gpus: int, decay: str = "cosine", hw: str = "h100-sxm", init_from: str | None = None,
+         **kw) -> Plan:
     """A plan whose every training value differs from torchtitan's defaults and from the llama3 config
     functions' (lr 3e-4 / 1.5e-4 / 8e-5, seq 8192, 1000 steps, ...), so a dropped value cannot pass unseen."""
     cfg = TrainConfig(gpus=gpus, gpus_per_node=8, dp_shard=-1, **kw)
-    p = make_plan(load_model(model), model, load_hardware(hw), cfg, steps=311)
+    p = make_plan(load_model(model), model, load_hardware(hw), cfg, steps=311, init_from=init_from)
     training = p.training.model_copy(update={
         "grad_clip": 0.61, "seed": 4242, "checkpoint_interval": 123,
         "optimizer": Optimizer(lr=1.7e-4, betas=(0.87, 0.97), eps=3e-9, weight_decay=0.033),
@@ -90,10 +91,24 @@ MOE_022 = {  # 0.2.2 only: Llama 4 left torchtitan before 0.3.0
 MOE_030 = {  # 0.3.0 only: Qwen3 235B-A22B (no config function: 30B-A3B's with the flavor swapped), with PP
     "qwen3-235b-pp4-ep8": plan("qwen3-235b-a22b", 128, pp=4, ep=8, global_batch_size=256, seq_len=4096, ac="full"),
 }
-CASES_022 = cases(float8_tensorwise=True) | MOE_022
-CASES_030 = cases(float8_tensorwise=False) | MOE_030
+# fine-tuning from a Hugging Face checkpoint (torchtitan reads the folder only when training starts)
+INIT = "/checkpoints/Llama-3.1-70B"
+FT_022 = {  # 0.2.2 has no LoRA: full fine-tuning with FSDP2 CPU offload
+    "70b-full-offload": plan("llama3-70b", 16, finetune="full", cpu_offload=True, init_from=INIT,
+                             global_batch_size=32, seq_len=4096, ac="full"),
+}
+FT_030 = {  # 0.3.0's LoRAConverter: every linear (q, k, v fused into wqkv) or the MLP only, with and without offload
+    "70b-lora-r16": plan("llama3-70b", 16, finetune="lora", lora_rank=16, lora_alpha=32, init_from=INIT,
+                         global_batch_size=32, seq_len=4096, ac="full"),
+    "8b-lora-mlp-offload": plan("llama3-8b", 8, decay="linear", finetune="lora", lora_rank=8, lora_alpha=8,
+                                lora_targets=("w1", "w2", "w3"), cpu_offload=True, init_from="/ckpt/llama3-8b",
+                                global_batch_size=16, seq_len=4096, ac="selective"),
+} | FT_022
+CASES_022 = cases(float8_tensorwise=True) | MOE_022 | FT_022
+CASES_030 = cases(float8_tensorwise=False) | MOE_030 | FT_030
 # What 0.3.0's command line can express: the config function's built-in Float8 must be the plan's.
-CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b", "qwen3-30b-ep8-full-ac"]
+CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b", "qwen3-30b-ep8-full-ac",
+             "70b-full-offload"]
 CLI_REFUSED = ["70b-fsdp-tp-float8-compile-asynctp", "405b-pp-interleaved-vpp4", "8b-mxfp8-b200"]
 
 
@@ -160,6 +175,29 @@ def expected(p: Plan, output_name: str) -> dict:
         out |= {"ep": par.ep, "experts": m.experts, "top_k": m.top_k, "moe layers": p.model.moe_layers}
     if par.pp > 1:
         out |= {"pp_schedule": par.pp_schedule, "stages per PP rank": par.vpp}
+    ft = p.finetune
+    out |= {"cpu offload": bool(par.cpu_offload), "initial load path": ft.init_from if ft else None,
+            "trainable params": out["params"]}
+    if ft is not None and ft.init_from:
+        out |= {"initial load model only": True, "initial load in HF": True}
+    if ft is not None and ft.mode == "lora":  # q, k, v adapted together as wqkv (the export refuses them apart)
+        modules = (1 if "q" in ft.lora_targets else 0) + sum(t in ft.lora_targets for t in ("o", "w1", "w2", "w3"))
+        out |= {"trainable params": titan_lora_params(p), "params": out["params"] + titan_lora_params(p),
+                "LoRA linears": p.model.layers * modules,
+                "LoRA (rank, alpha / rank)": [[ft.lora_rank, ft.lora_alpha / ft.lora_rank]]}
+    return out
+
+
+def _finetune(c: dict, r: dict) -> dict:
+    """What the release made of a plan's fine-tuning: offload, the initial load and (0.3.0) the LoRA linears."""
+    ck = c["checkpoint"]
+    out = {"cpu offload": c["training"]["enable_cpu_offload"], "initial load path": ck["initial_load_path"],
+           "trainable params": r["model"]["trainable"]}
+    if ck["initial_load_path"]:
+        out |= {"initial load model only": ck["initial_load_model_only"], "initial load in HF": ck["initial_load_in_hf"]}
+    lora = r["linears"].get("LoRALinear")
+    if lora:
+        out |= {"LoRA linears": lora["count"], "LoRA (rank, alpha / rank)": [list(x) for x in lora["lora"]]}
     return out
 
 
@@ -170,7 +208,7 @@ def _float8(r: dict) -> tuple[str, list[str]]:
     """The Float8 recipe the release's model ended up with, from its converted Linear layers."""
     lin = r["linears"]
     bf16_outside = sorted(lin.get("Linear", {}).get("not_in_layers", []))
-    quant = {k: v for k, v in lin.items() if k != "Linear"}
+    quant = {k: v for k, v in lin.items() if k not in ("Linear", "LoRALinear")}
     if not quant:
         return "none", []
     (cls, info), = quant.items()
@@ -214,6 +252,7 @@ def actual_022(r: dict) -> dict:
         "checkpoint": c["checkpoint"]["enable"], "checkpoint interval": c["checkpoint"]["interval"],
         "seed": c["debug"]["seed"],
         **_model(r),
+        **_finetune(c, r),
     }
     if c["activation_checkpoint"]["mode"] == "selective":
         assert c["activation_checkpoint"]["selective_ac_option"] == "op"  # op-level SAC, as the estimate assumes
@@ -248,6 +287,7 @@ def actual_030(r: dict) -> dict:
         "checkpoint": c["checkpoint"]["enable"], "checkpoint interval": c["checkpoint"]["interval"],
         "seed": c["debug"]["seed"],
         **_model(r),
+        **_finetune(c, r),
     }
     if pp > 1:
         out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"]}
@@ -363,7 +403,7 @@ def test_0_3_0_builds_the_python_export_as_planned(results_030_py, case):
         assert r["config"]["training"]["disable_cuda_graphs"] is True
 
 
-@pytest.mark.parametrize("case", ["8b-fsdp-accum", "405b-pp-interleaved"])
+@pytest.mark.parametrize("case", ["8b-fsdp-accum", "405b-pp-interleaved", "70b-lora-r16"])
 def test_0_3_0_train_entry_point_accepts_the_python_export(py_dir, case, tmp_path):
     """`python -m torchtitan.train --module M --config meshplan_config` itself, up to where training would start
     (`--comm.mode local_tensor` makes 0.3.0's main() stop right after loading the config)."""
@@ -528,6 +568,30 @@ def test_tensorwise_and_custom_models_are_refused_for_0_3_0():
     a100 = plan("llama3-405b", 512, hw="a100-sxm-80g", tp=8, pp=8, global_batch_size=512, seq_len=4096, ac="full")
     with pytest.raises(MeshplanError, match="llama3_405b.*no FP8"):
         render(a100, "torchtitan-py", "plan.yaml")
+
+
+def test_finetune_plans_a_release_cannot_run_are_refused_in_one_line(tmp_path):
+    """LoRA on 0.2.2 (no LoRA there), QLoRA on 0.3.0 (no NF4), q without k and v on 0.3.0 (fused wqkv), LoRA on
+    0.3.0's command line (a model converter), a relative checkpoint path (torchtitan wants it absolute): each is
+    refused in one line that says what to do; nothing is exported without the adapters."""
+    lora = FT_030["70b-lora-r16"]
+    with pytest.raises(MeshplanError, match="0.2.2 has no LoRA.*torchtitan-py") as e:
+        render(lora, "torchtitan-toml", "plan.yaml")
+    assert "\n" not in str(e.value)
+    qlora = plan("llama3-70b", 16, finetune="qlora", init_from=INIT, global_batch_size=32, seq_len=4096)
+    for fmt in ("torchtitan-py", "torchtitan-toml"):
+        with pytest.raises(MeshplanError, match="no QLoRA"):
+            render(qlora, fmt, "plan.yaml")
+    q_only = plan("llama3-8b", 8, finetune="lora", lora_targets=("q", "v"), init_from=INIT, global_batch_size=8)
+    with pytest.raises(MeshplanError, match="fuses q, k and v into one wqkv.*adapts q, v only"):
+        render(q_only, "torchtitan-py", "plan.yaml")
+    out, record = run_cli_script(lora, tmp_path)
+    assert out.returncode == 2 and not record.exists()
+    assert len(out.stderr.splitlines()) == 1 and "LoRA" in out.stderr and "--format torchtitan-py" in out.stderr
+    ft = FT_022["70b-full-offload"].finetune.model_copy(update={"init_from": "ckpt/llama"})
+    relative = FT_022["70b-full-offload"].model_copy(update={"finetune": ft})
+    with pytest.raises(MeshplanError, match="absolute initial_load_path"):
+        render(relative, "torchtitan-toml", "plan.yaml")
 
 
 @pytest.mark.parametrize("path", ["job.toml", "/x/9lives.py", "/x/class.py", "/x/llama3.py", "/x/json.py",

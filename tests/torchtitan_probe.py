@@ -79,7 +79,10 @@ def linears(model) -> dict:
             cast = getattr(getattr(mod, "config", None), "cast_config_input", None)
             if cast is not None:
                 k["scaling"].add(str(cast.scaling_granularity))
-    return {name: {**k, "scaling": sorted(k["scaling"])} for name, k in kinds.items()}
+            if hasattr(mod, "_lora_scaling"):  # 0.3.0's LoRALinear: (rank, alpha / rank)
+                k.setdefault("lora", set()).add((mod.lora_a.out_features, mod._lora_scaling))
+    return {name: {**k, "scaling": sorted(k["scaling"]), **({"lora": sorted(k["lora"])} if "lora" in k else {})}
+            for name, k in kinds.items()}
 
 
 def stages_per_rank_022(cfg, pp: int) -> int:
@@ -103,6 +106,11 @@ def stages_per_rank_022(cfg, pp: int) -> int:
 
 def params(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def trainable(model) -> int:
+    """Parameters the optimizer would update (LoRA freezes the rest when the model is built)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def moe_facts(model) -> dict | None:
@@ -171,7 +179,8 @@ def probe_022(req: dict) -> dict:
                  "pp": dims.pp, "world_size": dims.world_size, "ep": dims.ep, "etp": dims.etp},
         "model": {"layers": args.n_layers, "dim": args.dim, "heads": args.n_heads,
                   "kv_heads": getattr(args, "n_kv_heads", None) or args.n_heads, "vocab": args.vocab_size,
-                  "ffn_hidden": dense_ffn_hidden(model), "params": n_params, "max_seq_len": args.max_seq_len,
+                  "ffn_hidden": dense_ffn_hidden(model), "params": n_params, "trainable": trainable(model),
+                  "max_seq_len": args.max_seq_len,
                   "moe": moe_facts(model)},
         "converters": [type(c).__name__ for c in converters.converters],
         "pipeline": {"per_rank": stages_per_rank_022(cfg, dims.pp)} if dims.pp > 1 else None,
@@ -225,7 +234,7 @@ def probe_030(req: dict) -> dict:
                   "dim": model_cfg.dim, "heads": getattr(attn, "n_heads", None),
                   "kv_heads": getattr(attn, "n_kv_heads", None) or getattr(attn, "n_heads", None),
                   "vocab": model_cfg.vocab_size, "ffn_hidden": dense_ffn_hidden(model), "params": params(model),
-                  "moe": moe_facts(model)},
+                  "trainable": trainable(model), "moe": moe_facts(model)},
         "linears": linears(model),
         "optimizer": {"class": type(opt.optimizers[0]).__name__, "lr": group["lr"], "betas": list(group["betas"]),
                       "eps": group["eps"], "weight_decay": group["weight_decay"]},

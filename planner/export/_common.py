@@ -124,7 +124,37 @@ def describe(plan: Plan) -> list[str]:
         f"({plan.tokens_per_step:,} tokens), micro-batch {p.micro_batch_size}, {t.steps} steps",
         estimate_line(plan),
     ]
+    ft = finetune_line(plan)
+    if ft:
+        lines.insert(-1, ft)
+    if p.cpu_offload:
+        lines[3] += ", FSDP2 CPU offload"
     return lines
+
+
+def finetune_line(plan: Plan) -> str | None:
+    """The plan's fine-tuning in words (None for pre-training)."""
+    ft = plan.finetune
+    if ft is None:
+        return None
+    what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[ft.mode]
+    if ft.mode != "full":
+        what += f" r{ft.lora_rank} alpha {ft.lora_alpha:g} on {','.join(ft.lora_targets)}"
+    return f"fine-tuning: {what} from {ft.init_from or 'no checkpoint given (set init_from)'}"
+
+
+def titan_initial_load(plan: Plan, what: str) -> list[tuple[str, object, str]]:
+    """torchtitan's `checkpoint.initial_load_*` fields (0.2.2 and 0.3.0 alike) for a plan that starts from a
+    Hugging Face checkpoint; [] otherwise. torchtitan wants an absolute path."""
+    ft = plan.finetune
+    if ft is None or not ft.init_from:
+        return []
+    if not ft.init_from.startswith("/"):
+        raise MeshplanError(f"{what}: torchtitan needs an absolute initial_load_path; the plan's init_from is "
+                            f"{ft.init_from!r} (give --init-from an absolute path)")
+    return [("initial_load_path", ft.init_from, "the pretrained Hugging Face checkpoint the run starts from"),
+            ("initial_load_model_only", True, ""),
+            ("initial_load_in_hf", True, "safetensors through the model's state-dict adapter")]
 
 
 def estimate_line(plan: Plan) -> str:

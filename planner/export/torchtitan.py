@@ -26,6 +26,7 @@ from meshplan.planner.export._common import (
     dp_degree,
     one_line,
     preset_of,
+    titan_initial_load,
 )
 from meshplan.planner.export.env import EnvDefaults
 from meshplan.planner.plan_file import Plan
@@ -123,6 +124,11 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
     problem = titan_moe_problem(plan, "0.2.2")
     if problem:
         raise MeshplanError(f"torchtitan-toml: {problem}")
+    if plan.finetune is not None and plan.finetune.mode in ("lora", "qlora"):
+        raise MeshplanError(f"torchtitan-toml: torchtitan 0.2.2 has no "
+                            f"{ {'lora': 'LoRA', 'qlora': 'QLoRA'}[plan.finetune.mode]}"
+                            " (LoRA arrived with 0.3.0's LoRAConverter, QLoRA in neither): export -f torchtitan-py "
+                            "for LoRA on 0.3.0, or launch the plan with meshplan's core")
     preset = preset_of(plan)
     titan = TITAN_MODELS[preset] if preset else None
     if titan is not None and p.pp > 1 and not titan.pipelining_022:
@@ -182,6 +188,8 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ("max_norm", float(t.grad_clip), "gradient clipping"),
         ("steps", t.steps, f"{plan.tokens_per_step * t.steps:,} tokens"),
         ("dataset", "c4", "torchtitan's default; point it at your data"),
+        *([("enable_cpu_offload", True, "FSDP2 CPUOffloadPolicy: params, grads, optimizer state on the host")]
+          if p.cpu_offload else []),
     ]))
     par: list[tuple[str, object, str]] = [
         ("data_parallel_replicate_degree", p.dp_replicate, ""),
@@ -206,6 +214,7 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ("enable", True, "DCP checkpoints; a restarted job resumes from the latest"),
         ("folder", "checkpoint", ""),
         ("interval", t.checkpoint_interval, ""),
+        *titan_initial_load(plan, "torchtitan-toml"),
     ]))
     ac: list[tuple[str, object, str]] = [("mode", p.ac, "")]
     if p.ac == "selective":

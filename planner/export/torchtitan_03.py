@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.planner.export._common import TITAN_MODELS, dp_degree, preset_of
+from meshplan.planner.export._common import TITAN_MODELS, dp_degree, preset_of, titan_initial_load
 from meshplan.planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule
 from meshplan.planner.plan_file import Plan
 
@@ -57,6 +57,7 @@ class Job03:
     debug: dict
     ac: str
     converter: tuple[str, dict] | None = field(default=None)
+    lora: dict | None = field(default=None)  # LoRAConverter.Config values (a model converter, like Float8)
 
 
 def preset_or_error(plan: Plan, what: str) -> str:
@@ -116,6 +117,9 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
     local_bs, pp_mbs = local_batch(plan)
     training = {"local_batch_size": local_bs, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,
                 "max_norm": float(t.grad_clip), "steps": t.steps}
+    if p.cpu_offload:
+        training["enable_cpu_offload"] = True  # FSDP2 CPUOffloadPolicy, cuda:nccl,cpu:gloo (trainer.py)
+    lora = lora_converter(plan, what)
     parallelism: dict = {
         "data_parallel_replicate_degree": p.dp_replicate, "data_parallel_shard_degree": p.dp_shard,
         "tensor_parallel_degree": p.tp, "pipeline_parallel_degree": p.pp, "context_parallel_degree": p.cp,
@@ -137,18 +141,55 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
         optimizer_kwargs={"lr": float(o.lr), "betas": (float(o.betas[0]), float(o.betas[1])), "eps": float(o.eps),
                           "weight_decay": float(o.weight_decay)},
         lr_scheduler={"total_steps": None, "decay_ratio": None, **lr_schedule(plan)},  # explicit: no leftovers
-        checkpoint={"enable": True, "folder": "checkpoint", "interval": t.checkpoint_interval},
+        checkpoint={"enable": True, "folder": "checkpoint", "interval": t.checkpoint_interval,
+                    **{k: v for k, v, _ in titan_initial_load(plan, what)}},
         compile={"enable": bool(p.compile), "enable_async_tensor_parallel": bool(p.async_tp),
                  "components": ["model", "loss"]},
         debug={"seed": t.seed},
         ac=AC_KINDS[p.ac],
         converter=conv,
+        lora=lora,
     )
 
 
+def lora_converter(plan: Plan, what: str) -> dict | None:
+    """0.3.0's LoRAConverter.Config values for a LoRA plan (None otherwise); MeshplanError for QLoRA, which
+    0.3.0 lacks, and for q / k / v adapted apart: its llama3 flavors fuse them into one `wqkv` linear."""
+    ft = plan.finetune
+    if ft is None or ft.mode == "full":
+        return None
+    if ft.mode == "qlora":
+        raise MeshplanError(f"{what}: torchtitan {RELEASE} has no QLoRA (no NF4 base weights; LoRAConverter adapts "
+                            "bf16 linears): plan --finetune lora for torchtitan, or launch the QLoRA plan with "
+                            "meshplan's core")
+    targets = set(ft.lora_targets)
+    qkv = targets & {"q", "k", "v"}
+    if qkv and qkv != {"q", "k", "v"}:
+        raise MeshplanError(f"{what}: torchtitan {RELEASE}'s llama3 fuses q, k and v into one wqkv linear, so LoRA "
+                            f"adapts all three or none; the plan adapts {', '.join(sorted(qkv))} only")
+    modules = (["wqkv"] if qkv else []) + [{"o": "wo"}.get(t, t) for t in ("o", "w1", "w2", "w3") if t in targets]
+    return {"rank": ft.lora_rank, "alpha": float(ft.lora_alpha), "target_modules": modules}
+
+
+def titan_lora_params(plan: Plan) -> int:
+    """The adapter parameters torchtitan 0.3.0's LoRA trains for the plan: like meshplan's, except that the fused
+    wqkv has one A (r x hidden) for q, k and v together."""
+    from meshplan.estimator.physics.finetune import adapter_params
+
+    ft, m = plan.finetune, plan.model
+    total = adapter_params(m, ft.lora_rank, ft.lora_targets)
+    if {"q", "k", "v"} <= set(ft.lora_targets):
+        total -= 2 * m.layers * ft.lora_rank * m.hidden
+    return total
+
+
 def cli_float8_problem(plan: Plan, j: Job03) -> str | None:
-    """Why 0.3.0's command line cannot give this plan its Float8 (the model is not on it), or None when the
-    config function `j.config` already builds exactly the plan's Float8 (or, for a custom model, it wants none)."""
+    """Why 0.3.0's command line cannot give this plan its Float8 or LoRA (the model is not on it), or None when
+    the config function `j.config` already builds exactly the plan's Float8 (or, for a custom model, it wants
+    none)."""
+    if plan.finetune is not None and plan.finetune.mode in ("lora", "qlora"):
+        return (f"the plan trains LoRA adapters, a model converter torchtitan {RELEASE}'s command line cannot set; "
+                f"{PY_FORMAT_HINT}")
     f8 = plan.parallel.float8
     if not j.config:
         return None if f8 == "none" else (

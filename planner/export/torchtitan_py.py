@@ -27,7 +27,14 @@ from pathlib import Path
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export._common import TITAN_MODELS, comment, describe, preset_of
 from meshplan.planner.export.env import EnvDefaults
-from meshplan.planner.export.torchtitan_03 import CONFIG_FLAVOR, CONFIG_FLOAT8, RELEASE, Job03, job
+from meshplan.planner.export.torchtitan_03 import (
+    CONFIG_FLAVOR,
+    CONFIG_FLOAT8,
+    RELEASE,
+    Job03,
+    job,
+    titan_lora_params,
+)
 from meshplan.planner.plan_file import Plan
 
 PY_VERSION = f"torchtitan {RELEASE}"
@@ -152,6 +159,14 @@ def render_py(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: o
         name, kwargs = j.converter
         imports.append(_CONVERTER_IMPORT[name])
         converter_line = f"[{name}.Config({', '.join(f'{k}={lit(v)}' for k, v in kwargs.items())})]"
+    if j.lora is not None:  # the rules keep LoRA and Float8 apart: LoRA is the one converter
+        imports.append("from torchtitan.components.lora import LoRAConverter")
+        converter_line = f"[LoRAConverter.Config({', '.join(f'{k}={lit(v)}' for k, v in j.lora.items())})]"
+        out += comment(
+            f"LoRA on {', '.join(j.lora['target_modules'])}: torchtitan's llama3 fuses q, k, v into wqkv, whose one "
+            f"A matrix serves all three, so it trains {titan_lora_params(plan):,} adapter parameters where the "
+            "plan counted separate q / k / v adapters; every other weight is frozen (LoRAConverter)."
+        )
     if j.ac != "none":
         ac_class = _AC[j.ac].split(".")[0]
         imports.append(f"from torchtitan.distributed.activation_checkpoint import {ac_class}")
