@@ -223,11 +223,22 @@ def make_plan(
         ),
         training=Training(
             seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens,
-            lr_schedule=LRSchedule(warmup_steps=min(200, max(0, steps // 10))),
+            **training_defaults(cfg.finetune, steps),
         ),
         finetune=finetuning_of(cfg, init_from),
         estimate=estimate,
     )
+
+
+def training_defaults(finetune: str, steps: int) -> dict:
+    """The optimizer and LR schedule a plan starts with: pre-training's (lr 3e-4, weight decay 0.1, up to 200
+    warmup steps), or torchtune's fine-tuning recipes' (full: lr 2e-5; LoRA / QLoRA: lr 3e-4; both weight decay
+    0.01 and up to 100 warmup steps)."""
+    if finetune == "none":
+        return {"lr_schedule": LRSchedule(warmup_steps=min(200, max(0, steps // 10)))}
+    lr = 2e-5 if finetune == "full" else 3e-4
+    return {"optimizer": Optimizer(lr=lr, weight_decay=0.01),
+            "lr_schedule": LRSchedule(warmup_steps=min(100, max(0, steps // 10)))}
 
 
 def finetuning_of(cfg: TrainConfig, init_from: str | None = None) -> FineTuning | None:

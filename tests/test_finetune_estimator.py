@@ -194,5 +194,14 @@ def test_cli_plan_writes_finetune_section(cli, tmp_path):
 
     p = load_plan(plan)
     assert p.finetune.mode == "qlora" and p.finetune.init_from == "/ckpt/Llama-3.1-70B"
+    # torchtune's LoRA recipe defaults, not pre-training's
+    assert (p.training.optimizer.lr, p.training.optimizer.weight_decay) == (3e-4, 0.01)
+    assert p.training.lr_schedule.warmup_steps == 100
+    rel = tmp_path / "rel.yaml"  # a relative --init-from is stored absolute: the ranks start elsewhere
+    out = cli("plan", "--model", "llama3-8b", "--nodes", "1", "--finetune", "full", "--init-from", "ckpt/l8b",
+              "-o", str(rel), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    p = load_plan(rel)
+    assert p.finetune.init_from == str(tmp_path / "ckpt" / "l8b") and p.training.optimizer.lr == 2e-5
     again = cli("estimate", "--plan", str(plan), "--json")
     assert json.loads(again.stdout)["config"]["finetune"] == "qlora"
