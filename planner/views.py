@@ -92,10 +92,11 @@ def hardware_row(res: SearchResult, tokens: float | None, current: bool = False)
 
 def compare_hardware(model, stack, hardware: list, world: int, gpus_per_node: int | None, seq_len: int,
                      global_batch: int, memory_margin: float, objective: str, tokens: float | None,
-                     current: str | None = None) -> list[dict]:
+                     current: str | None = None, space=None) -> list[dict]:
     """The same model at about the same GPU count on each accelerator in `hardware` (ids or profiles): the best
     plan on each (`hardware_row`), or why none fits (a search error included). `gpus_per_node` overrides the
-    profile's for the `current` accelerator only; the others use their own node size."""
+    profile's for the `current` accelerator only; the others use their own node size. `space` (a SearchSpace:
+    pins, the fine-tuning mode) applies to every accelerator."""
     from meshplan.estimator.errors import MeshplanError
     from meshplan.estimator.hardware import load_hardware
     from meshplan.planner.search import plan_search
@@ -107,7 +108,8 @@ def compare_hardware(model, stack, hardware: list, world: int, gpus_per_node: in
         gpn = gpus_per_node if is_current and gpus_per_node else hw.gpus_per_node
         nodes = max(1, world // gpn)
         try:
-            res = plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch, memory_margin, objective)
+            res = plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch, memory_margin, objective,
+                              space=space)
         except MeshplanError as exc:
             rows.append({**_row(hw, nodes, gpn, is_current), "why_not": str(exc)})
             continue

@@ -17,15 +17,17 @@ try:
 except ImportError:  # started from a checkout that was not pip-installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES  # noqa: E402
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, LORA_TARGETS, PP_SCHEDULES  # noqa: E402
 from meshplan.estimator.errors import MeshplanError  # noqa: E402
 from meshplan.estimator.limits import MAX_TOKENS  # noqa: E402
 from meshplan.planner.search import OBJECTIVES, explain_empty  # noqa: E402
 from meshplan.ui.web import cache  # noqa: E402
 from meshplan.ui.web.compute import Job, price_of, time_to_train  # noqa: E402
 from meshplan.ui.web.inputs import (  # noqa: E402
+    FINETUNE_MODES,
     HW_OVERRIDES,
     custom_hardware,
+    finetune_pins,
     global_batch_sequences,
     parse_model_upload,
 )
@@ -43,6 +45,7 @@ DEFAULTS = {
     "model_src": "preset", "model": "llama3-70b", "hardware": "h100-sxm", "nodes": 8, "seq_len": 8192,
     "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
     "margin": 0.9, "objective": "throughput", "rows": 50, "hw_custom": False,
+    "ft_mode": "none", "lora_rank": 16, "lora_alpha": 32.0, "lora_targets": list(LORA_TARGETS), "offload": "auto",
 }
 VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision tree": views_tree,
                 "Time & cost": views_time_cost, "Compare": views_compare, "Export": views_export,
@@ -76,7 +79,7 @@ st.markdown(
 for k, v in DEFAULTS.items():
     st.session_state.setdefault(k, v)
 # widgets inside views that are not drawn on every run keep their values across view switches
-for k in ("rows", "compare", "cmp_hw", "plan_path", "preview"):
+for k in ("rows", "compare", "cmp_hw", "plan_path", "preview", "init_from"):
     if k in st.session_state:
         st.session_state[k] = st.session_state[k]
 
@@ -161,7 +164,26 @@ sb.number_input("Token budget (billion tokens, 0: none)", min_value=0.0, step=10
 sb.slider("Memory margin (share of usable HBM a plan may use)", 0.5, 1.0, step=0.01, key="margin")
 sb.selectbox("Objective", list(OBJECTIVES), key="objective")
 
+sb.subheader("Training")
+sb.selectbox("Mode", list(FINETUNE_MODES), key="ft_mode", format_func=FINETUNE_MODES.get,
+             help="pre-training from a random start, or fine-tuning a pretrained checkpoint: every weight (full), "
+                  "low-rank adapters on frozen bf16 weights (LoRA) or on NF4-quantized ones (QLoRA)")
+if st.session_state["ft_mode"] in ("lora", "qlora"):
+    c1, c2 = sb.columns(2)
+    c1.number_input("LoRA rank", min_value=1, max_value=4096, step=8, key="lora_rank")
+    c2.number_input("LoRA alpha", min_value=0.0, step=8.0, key="lora_alpha", format="%g")
+    sb.multiselect("Adapted linears", list(LORA_TARGETS), key="lora_targets",
+                   help="attention q, k, v, o and MLP w1 (gate), w3 (up), w2 (down); torchtune adapts all seven")
+sb.radio("FSDP CPU offload", ["auto", "off", "on"], key="offload", horizontal=True,
+         help="params, grads and AdamW state on the host, the optimizer step on the CPU (FSDP2 CPUOffloadPolicy). "
+              "auto: the planner tries it for fine-tuning where FSDP shards alone, and takes it only where it pays")
+
 pins: dict = {}
+try:
+    pins |= finetune_pins(st.session_state["ft_mode"], st.session_state["lora_rank"],
+                          st.session_state["lora_alpha"], st.session_state["lora_targets"], st.session_state["offload"])
+except MeshplanError as exc:
+    input_error = input_error or str(exc)
 with sb.expander("Advanced: pin parts of the search"):
     st.caption("Leave a field empty to search every valid value.")
     for key, choices in PIN_CHOICES.items():
@@ -233,7 +255,7 @@ else:
     est = cache.config_estimate(key, cfg_json)
     mem, thr = est["memory"], est["throughput"]
     ttt = time_to_train(tokens, thr["tokens_per_sec_per_gpu"], job.world, price)
-    m = st.columns(6)
+    m = st.columns(7)
     m[0].metric("peak / GPU", f"{mem['peak_gib']:.1f} GiB",
                 f"{res.limit_gib - mem['peak_gib']:.1f} GiB headroom", delta_color="off", delta_arrow="off",
                 help=f"worst rank: {mem['worst_rank']}; limit {res.limit_gib:.1f} GiB")
@@ -246,6 +268,18 @@ else:
     m[5].metric("cost", f"${ttt['cost_usd']:,.0f}" if ttt and ttt["cost_usd"] is not None else "—",
                 f"{ttt['gpu_hours'] / 1e3:,.0f}k GPU-h" if ttt else None, delta_color="off", delta_arrow="off",
                 help=f"at ${price:.2f} per GPU-hour" if price else "the profile has no price")
+    offloaded = mem.get("host_ram_offloaded_gib_per_node", 0.0)
+    m[6].metric("host RAM / node", f"{mem['host_ram_gib_per_node']:,.0f} GiB",
+                f"{offloaded:,.0f} GiB offloaded" if offloaded else f"of {hw.host_ram_gib_per_node:,.0f} GiB",
+                delta_color="off", delta_arrow="off",
+                help=f"the node has {hw.host_ram_gib_per_node:,.0f} GiB; pinned offloaded state, the processes and "
+                     "the checkpoint each rank loads")
+    ft = st.session_state["ft_mode"]
+    if ft != "none":
+        what = FINETUNE_MODES[ft] + (f" r{st.session_state['lora_rank']}" if ft in ("lora", "qlora") else "")
+        trainable = est["model"]["trainable_params"]
+        st.caption(f"{what}: {trainable:,} trainable parameters ({trainable / model.params:.2%} of "
+                   f"{model.params:,}); set the pretrained checkpoint folder in Export.")
     for w in est["warnings"]:  # the chosen plan fits; what is left are notes on headroom and host RAM
         st.markdown(f":orange[:material/warning: {w}]")
 

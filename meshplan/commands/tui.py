@@ -25,7 +25,8 @@ def check_terminal() -> None:
 
 def form_values(model: str, hardware: str, nodes: int, gpus_per_node: int | None, seq_len: int,
                 global_batch_size: int | None, global_batch_tokens: int | None, tokens: str | None,
-                memory_margin: float, objective: str) -> dict[str, str]:
+                memory_margin: float, objective: str, finetune: str = "none", cpu_offload: str = "auto",
+                lora_rank: int = 16) -> dict[str, str]:
     """The command's options as the text of the TUI's form fields (the form checks them, inline)."""
     if global_batch_size and global_batch_tokens:
         raise MeshplanError("give either --global-batch-size (sequences) or --global-batch-tokens, not both")
@@ -40,6 +41,7 @@ def form_values(model: str, hardware: str, nodes: int, gpus_per_node: int | None
         "gpus_per_node": str(gpus_per_node) if gpus_per_node else "", "seq_len": str(seq_len), "batch": batch,
         "tokens": "" if tokens is None or tokens.strip().lower() in ("", "0", "none") else tokens.strip(),
         "margin": f"{memory_margin:g}",
+        "train": "pretrain" if finetune == "none" else finetune, "offload": cpu_offload, "lora_rank": str(lora_rank),
     }
 
 
@@ -56,6 +58,11 @@ def tui_cmd(
     tokens: str = typer.Option("2T", "--tokens", help="token budget for time-to-train and cost: 2T, 2e12, none"),
     memory_margin: float = typer.Option(0.9, "--memory-margin", help="fraction of usable HBM a plan may use"),
     objective: str = typer.Option("throughput", "--objective", help="throughput | time | cost"),
+    finetune: str = typer.Option("none", "--finetune", help="none (pre-training) | full | lora | qlora: fine-tune a "
+                                 "pretrained checkpoint (the form's train field)"),
+    lora_rank: int = typer.Option(16, "--lora-rank", help="LoRA / QLoRA adapter rank"),
+    cpu_offload: str = typer.Option("auto", "--cpu-offload", help="auto | on | off: FSDP2 CPU offload (auto: the "
+                                    "planner's choice, tried for fine-tuning)"),
     theme: str = typer.Option("dark", "--theme", help="dark | light (d toggles it in the app)"),
 ) -> None:
     """Plan in the terminal: the form, ranked plans with memory bars (per pipeline stage), throughput,
@@ -66,6 +73,8 @@ def tui_cmd(
     The options fill the form; values the form rejects are shown there, not as errors here.
 
     Example: meshplan tui --model llama3-70b --hardware h100-sxm --nodes 8 --tokens 2T
+
+    Fine-tuning: meshplan tui --model llama3-70b --nodes 2 --seq-len 4096 --global-batch-size 32 --finetune lora
     """
     if theme not in THEMES:
         raise MeshplanError(f"--theme must be one of {', '.join(THEMES)}, got {theme!r}")
@@ -74,7 +83,7 @@ def tui_cmd(
     if importlib.util.find_spec("textual") is None:
         raise MeshplanError("the terminal UI needs textual: pip install 'meshplan[ui]'")
     values = form_values(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
-                         tokens, memory_margin, objective)
+                         tokens, memory_margin, objective, finetune, cpu_offload, lora_rank)
     check_terminal()
     from meshplan.ui.tui.app import MeshplanApp
 

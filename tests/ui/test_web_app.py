@@ -224,3 +224,50 @@ def test_downloads_follow_the_chosen_plan_and_plan_path(web_app, web_downloads):
     assert "/shared/plans/run.yaml" in web_downloads["llama3-70b-64gpu-torchrun.sh"].decode()
     code = at.code[0].value
     assert code.startswith("# meshplan plan")
+
+
+def test_fine_tuning_inputs_drive_the_search_host_ram_and_exports(web_app, web_downloads):
+    """A person's path: Llama 3 70B on 2 nodes, 32 x 4096 tokens; full fine-tuning only fits with CPU offload
+    (the table says so and host RAM per node shows the offloaded state), LoRA fits without it, its trainable
+    parameters are stated; Export takes the checkpoint folder into the plan and the torchtitan config."""
+    at = web_app(model="llama3-70b", nodes=2, seq_len=4096, batch_unit="sequences", batch_seqs=32, ft_mode="full")
+    no_errors(at)
+    df = ranked(at)
+    assert df.cpu_offload.iloc[0] and "CPU offload" in df.configuration.iloc[0]
+    assert at.metric[6].label == "host RAM / node" and "offloaded" in at.metric[6].proto.delta
+    assert (df.host_gib_per_node > 300).all()  # the offloaded fp32 state of 70B over 2 nodes
+    at.selectbox(key="ft_mode").set_value("lora").run()
+    no_errors(at)
+    df = ranked(at)
+    assert not df.cpu_offload.iloc[0] and df.peak_gib.iloc[0] < 78.65 * 0.9
+    assert any("207,093,760 trainable parameters (0.29%" in c.value for c in at.caption), [c.value for c in at.caption]
+    at.number_input(key="lora_rank").set_value(64).run()
+    no_errors(at)
+    assert any("828,375,040 trainable" in c.value for c in at.caption)
+    at.radio(key="offload").set_value("on").run()  # pinned on: every plan offloads
+    no_errors(at)
+    assert ranked(at).cpu_offload.all()
+    at.session_state["view"] = "Decision tree"
+    at.run()
+    no_errors(at)
+    assert any("LoRA fits at" in m.value for m in at.markdown), "the tree opens with the mode comparison"
+    at.selectbox(key="ft_mode").set_value("full").run()
+    at.radio(key="offload").set_value("auto").run()
+    at.session_state["view"] = "Export"
+    at.run()
+    no_errors(at)
+    at.text_input(key="init_from").set_value("ckpt/llama").run()
+    assert any("absolute path" in e.value for e in at.error)
+    at.text_input(key="init_from").set_value("/shared/ckpt/Llama-3.1-70B").run()
+    no_errors(at)
+    plan = Plan.model_validate(yaml.safe_load(web_downloads["llama3-70b-16gpu.yaml"]))
+    assert plan.finetune.mode == "full" and plan.finetune.init_from == "/shared/ckpt/Llama-3.1-70B"
+    assert plan.parallel.cpu_offload and plan.training.optimizer.lr == 2e-5
+    toml = web_downloads["llama3-70b-16gpu.toml"].decode()
+    assert 'initial_load_path = "/shared/ckpt/Llama-3.1-70B"' in toml and "enable_cpu_offload = true" in toml
+
+
+def test_lora_targets_cannot_be_empty(web_app):
+    at = web_app(model="llama3-8b", nodes=1, ft_mode="lora", lora_targets=[])
+    assert any("at least one target linear" in e.value for e in at.error)
+    assert not at.exception

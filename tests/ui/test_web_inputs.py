@@ -79,6 +79,19 @@ def test_search_space_from_pins():
         search_space({"bogus": [1]})
 
 
+def test_training_inputs_as_pins():
+    from meshplan.ui.web.inputs import finetune_pins
+
+    assert finetune_pins("none", 16, 32.0, [], "auto") == {}
+    sp = search_space(finetune_pins("qlora", 8, 16.0, ["q", "v"], "on"))
+    assert (sp.finetune, sp.lora_rank, sp.lora_alpha, sp.lora_targets) == ("qlora", 8, 16.0, ("q", "v"))
+    assert sp.cpu_offload == [True] and sp.finetune_fields()["lora_targets"] == ("q", "v")
+    assert search_space(finetune_pins("full", 16, 32.0, [], "off")).cpu_offload == [False]
+    for bad in (("lora", []), ("bogus", ["q"])):
+        with pytest.raises(MeshplanError):
+            finetune_pins(bad[0], 16, 32.0, bad[1], "auto")
+
+
 def test_custom_hardware_overrides():
     hw = load_hardware("h100-sxm")
     assert custom_hardware(hw, {"hbm_total_gib": hw.hbm_total_gib}) is hw

@@ -271,7 +271,7 @@ class MainScreen(Screen):
         detail.show({
             "rank": rank, "summary": short_config(res.config(i)), "estimate": logic.estimate_of(result, i),
             "train": logic.train(result, i), "tokens": result.inputs.tokens, "price": result.price,
-            "limit_gib": res.limit_gib, "margin": res.memory_margin,
+            "limit_gib": res.limit_gib, "margin": res.memory_margin, "host_limit_gib": res.hw.host_ram_gib_per_node,
         })
 
     @on(DataTable.RowSelected, "#table")
@@ -416,10 +416,11 @@ class MainScreen(Screen):
         plan = logic.build_plan(self.result, i)
         summary = f"{plan.name}: {short_config(self.result.res.config(i))}"
 
-        def writer(directory: str, partition: str, time: str) -> list[Path]:
-            paths = logic.export_files(self.result, i, directory, partition, time)
+        def writer(directory: str, partition: str, time: str) -> tuple[list[Path], dict[str, str]]:
+            skipped: dict[str, str] = {}
+            paths = logic.export_files(self.result, i, directory, partition, time, skipped)
             self.exported[(self.result.inputs, i)] = str(paths[0])
-            return paths
+            return paths, skipped
 
         def done(paths):
             if paths:

@@ -21,7 +21,13 @@ FIELDS = {
     "batch": ("batch", "4Mi tok"),
     "tokens": ("tokens", "2T"),
     "margin": ("margin", "0.9"),
+    "train": ("train", "pretrain"),
+    "offload": ("offload", "auto"),
+    "lora_rank": ("LoRA r", "16"),
 }
+# the training field: pre-training, or fine-tuning a pretrained checkpoint (TrainConfig's `finetune` names)
+TRAIN_MODES = {"pretrain": "none", "full": "full", "lora": "lora", "qlora": "qlora"}
+OFFLOAD_CHOICES = ("auto", "on", "off")  # FSDP CPU offload: the planner's choice, or pinned
 DEFAULTS = {k: v[1] for k, v in FIELDS.items()}
 # The hardware comparison: these profiles plus the one in the form, at the same number of GPUs.
 # Export: format -> file suffix (the same names the web app's downloads use).
@@ -91,6 +97,16 @@ class Inputs:
     batch_tokens: bool
     tokens: float | None
     margin: float
+    train: str = "pretrain"  # a TRAIN_MODES key
+    offload: str = "auto"  # an OFFLOAD_CHOICES value
+    lora_rank: int = 16
+
+    def space_fields(self) -> dict:
+        """The training inputs as SearchSpace fields (pre-training with the planner's offload choice: none)."""
+        out: dict = {"finetune": TRAIN_MODES[self.train], "lora_rank": self.lora_rank}
+        if self.offload != "auto":
+            out["cpu_offload"] = [self.offload == "on"]
+        return out
 
     def sequences(self) -> int:
         if not self.batch_tokens:
@@ -164,7 +180,17 @@ def parse_form(raw: dict[str, str]) -> tuple[Inputs | None, dict[str, str]]:
     take("seq_len", lambda t: _int(t, "seq_len", 1, MAX_SEQ_LEN))
     take("batch", batch)
     take("tokens", tokens)
+    def choice(name, options):
+        def fn(text):
+            if text.lower() not in options:
+                raise FieldError(name, f"{FIELDS[name][0]}: one of {', '.join(options)}, got {text!r}")
+            return text.lower()
+        return fn
+
     take("margin", margin)
+    take("train", choice("train", tuple(TRAIN_MODES)))
+    take("offload", choice("offload", OFFLOAD_CHOICES))
+    take("lora_rank", lambda t: _int(t, "lora_rank", 1, 4096))
     if errors:
         return None, errors
     inp = Inputs(**out)

@@ -52,6 +52,10 @@ class Result:
         r = self.res
         moe = r.model.moe
         kind = f" · MoE {moe.experts}e top-{moe.top_k}" if moe else ""
+        ft = r.finetune or {}
+        if ft:
+            kind += " · " + {"full": "full FT", "lora": "LoRA", "qlora": "QLoRA"}[ft["finetune"]]
+            kind += f" r{ft['lora_rank']}" if ft["finetune"] != "full" else ""
         return (f"{r.model.name}{kind} · {self.nodes}x{r.gpus_per_node} {r.hw.id} · seq {r.seq_len} · gbs "
                 f"{r.global_batch} · {len(r.ranked):,}/{r.evaluated:,} fit")
 
@@ -81,10 +85,17 @@ def run(inp: Inputs) -> Result:
     model, hw, stack = load_inputs(inp)
     gpn = inp.gpus_per_node or hw.gpus_per_node
     res = plan_search(model, hw, stack, inp.nodes * gpn, gpn, inp.seq_len, inp.sequences(), inp.margin,
-                      inp.objective)
+                      inp.objective, space=space_of(inp))
     if len(res.ranked) == 0:
         raise MeshplanError(explain_empty(res))
     return Result(inp, res, decision_tree(res))
+
+
+def space_of(inp: Inputs):
+    """The search space of the form's training fields (the mode, LoRA's rank, CPU offload pinned or not)."""
+    from meshplan.planner.space import SearchSpace
+
+    return SearchSpace(**inp.space_fields())
 
 
 def names() -> tuple[list[str], list[str]]:
@@ -228,7 +239,7 @@ def hardware_rows(inp: Inputs, hardware: list[str]) -> list[dict]:
     world = inp.nodes * (inp.gpus_per_node or hw0.gpus_per_node)
     profiles = [hw0 if hid in (hw0.id, inp.hardware) else hid for hid in hardware]
     return compare_hardware(model, stack, profiles, world, inp.gpus_per_node, inp.seq_len, inp.sequences(),
-                            inp.margin, inp.objective, inp.tokens, current=hw0.id)
+                            inp.margin, inp.objective, inp.tokens, current=hw0.id, space=space_of(inp))
 
 
 # ---- exports and the launch preview --------------------------------------------------------------------
@@ -245,11 +256,12 @@ def build_plan(result: Result, i: int):
 
 
 def export_files(result: Result, i: int, directory: str | Path, partition: str | None = None,
-                 time: str | None = None) -> list[Path]:
+                 time: str | None = None, skipped: dict[str, str] | None = None) -> list[Path]:
     """Write the plan YAML, the torchtitan config and the launch scripts into `directory` (created).
 
     Every file is rendered before anything is written (or the folder created), so a bad value (a Slurm
-    partition with shell characters, say) writes nothing; each file is then written atomically."""
+    partition with shell characters, say) writes nothing; each file is then written atomically. A torchtitan
+    format that cannot carry the plan (LoRA on 0.2.2, say) is left out, its one-line reason put in `skipped`."""
     from meshplan.planner.export import SCRIPT_FORMATS, render
     from meshplan.planner.plan_file import plan_yaml, write_atomic
 
@@ -263,7 +275,14 @@ def export_files(result: Result, i: int, directory: str | Path, partition: str |
     plan_path = folder / f"{plan.name}.yaml"
     files = [(plan_path, plan_yaml(plan), 0o644)]
     for fmt, suffix in EXPORTS.items():
-        out = render(plan, fmt, str(plan_path.resolve()), partition=partition or None, time=time or None)
+        try:
+            out = render(plan, fmt, str(plan_path.resolve()), partition=partition or None, time=time or None)
+        except MeshplanError as exc:
+            if not fmt.startswith("torchtitan"):
+                raise
+            if skipped is not None:
+                skipped[fmt] = str(exc)
+            continue
         files.append((folder / f"{plan.name}{suffix}", out, 0o755 if fmt in SCRIPT_FORMATS else 0o644))
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,16 @@ from textual.widgets import DataTable, Input, Label, Select, Static, Tree
 from textual.worker import get_current_worker
 
 from meshplan.planner.labels import OBJECTIVES
-from meshplan.ui.tui.form import DEFAULTS, FIELDS, Inputs, fmt_days, fmt_money, fmt_tokens
+from meshplan.ui.tui.form import (
+    DEFAULTS,
+    FIELDS,
+    OFFLOAD_CHOICES,
+    TRAIN_MODES,
+    Inputs,
+    fmt_days,
+    fmt_money,
+    fmt_tokens,
+)
 from meshplan.ui.tui.widgets import CursorTable, Panel, cell, fill, warn_style
 
 
@@ -229,11 +238,13 @@ class HardwarePane(Vertical):
             self.post_message(self.Chosen(row["hardware"], row["nodes"]))
 
 
-class FormPane(Horizontal):
+class FormPane(Vertical):
     """The form: model, hardware, nodes, ... in three columns (FIELDS); it parses nothing itself (the screen
     runs parse_form on `values()`) and loads the preset and profile names in a thread after the first frame."""
 
-    COLUMNS = ((0, 1, 2), (3, 4, 5), (6, 7, 8))  # FIELDS by form column
+    # FIELDS by block and column: the planning inputs in three columns, then the training row (tab goes through
+    # the first block column by column, then along the training row)
+    BLOCKS = (((0, 1, 2), (3, 4, 5), (6, 7, 8)), ((9,), (10,), (11,)))
 
     def __init__(self, initial: dict[str, str], **kwargs):
         super().__init__(**kwargs)
@@ -244,21 +255,24 @@ class FormPane(Horizontal):
 
     def compose(self) -> ComposeResult:
         keys = list(FIELDS)
-        for n, col in enumerate(self.COLUMNS):
-            with Vertical(classes=f"col col{n}"):
-                for k in col:
-                    name = keys[k]
-                    with Horizontal(classes="row"):
-                        yield Label(FIELDS[name][0], classes="label")
-                        yield self._field(name)
+        for b, block in enumerate(self.BLOCKS):
+            with Horizontal(classes=f"block block{b}"):
+                for n, col in enumerate(block):
+                    with Vertical(classes=f"col col{n}"):
+                        for k in col:
+                            name = keys[k]
+                            with Horizontal(classes="row"):
+                                yield Label(FIELDS[name][0], classes="label")
+                                yield self._field(name)
 
     def on_mount(self) -> None:
         self.load_names()
 
     def _field(self, name: str):
         value = self.initial.get(name, DEFAULTS[name])
-        if name == "objective":
-            return Select([(o, o) for o in OBJECTIVES], value=value if value in OBJECTIVES else OBJECTIVES[0],
+        choices = {"objective": OBJECTIVES, "train": tuple(TRAIN_MODES), "offload": OFFLOAD_CHOICES}.get(name)
+        if choices:
+            return Select([(o, o) for o in choices], value=value if value in choices else choices[0],
                           allow_blank=False, id=f"f-{name}", compact=True, classes="field")
         if name == "hardware":
             return Select([(value, value)], value=value, allow_blank=False, id=f"f-{name}", compact=True,

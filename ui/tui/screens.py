@@ -94,7 +94,7 @@ class ExportScreen(ModalScreen[list[Path] | None]):
 
     BINDINGS = [Binding("escape", "close", "close")]
 
-    def __init__(self, summary: str, default_dir: str, writer: Callable[[str, str, str], list[Path]]):
+    def __init__(self, summary: str, default_dir: str, writer: Callable[[str, str, str], tuple[list[Path], dict[str, str]]]):
         super().__init__()
         self.summary, self.default_dir, self.writer = summary, default_dir, writer
         self.written: list[Path] | None = None
@@ -124,9 +124,9 @@ class ExportScreen(ModalScreen[list[Path] | None]):
     def write(self) -> None:
         msg = self.query_one("#export-msg", Static)
         try:
-            paths = self.writer(self.query_one("#export-dir", Input).value,
-                                self.query_one("#export-partition", Input).value.strip(),
-                                self.query_one("#export-time", Input).value.strip())
+            paths, skipped = self.writer(self.query_one("#export-dir", Input).value,
+                                         self.query_one("#export-partition", Input).value.strip(),
+                                         self.query_one("#export-time", Input).value.strip())
         except (ValueError, OSError) as exc:  # MeshplanError is a ValueError
             msg.set_class(True, "error")
             msg.update(Text(f"✗ {exc}"))
@@ -137,6 +137,8 @@ class ExportScreen(ModalScreen[list[Path] | None]):
         text = Text(f"✓ wrote {len(paths)} files to {folder}:", style="green")
         for p in paths:
             text.append(f"\n  {p.name}", style="")
+        for fmt, why in skipped.items():  # said, not silently dropped
+            text.append(f"\n  not written: {fmt}: {why}", style="yellow")
         msg.update(text)
 
     def action_close(self) -> None:

@@ -117,7 +117,14 @@ def detail_text(info: dict, width: int, dark: bool = True) -> Text:
     peak, usable, limit = mem["peak_gib"], mem["usable_gib"], info["limit_gib"]
     out.append(f"memory {peak:.1f} GiB", "bold")
     out.append(f" · {LIMIT_MARK} limit {limit:.1f} ({info['margin']:.0%}) · {USABLE_MARK} usable {usable:.1f}"
-               f" · headroom {limit - peak:.1f} GiB")
+               f" · headroom {limit - peak:.1f}")
+    if "host_limit_gib" in info:  # host RAM per node beside the GPU's: pinned offloaded state, processes, loading
+        out.append("\n")
+        out.append(f"host RAM {mem['host_ram_gib_per_node']:,.0f} GiB/node", "bold")
+        out.append(f" of {info['host_limit_gib']:,.0f}")
+        offloaded = mem.get("host_ram_offloaded_gib_per_node", 0.0)
+        if offloaded:
+            out.append(f" · {offloaded:,.0f} GiB offloaded state (FSDP CPU offload)")
     stages = mem.get("per_stage") or []
     label_w = 9 if stages else 8
     bar_w = max(10, width - label_w - 6)

@@ -51,10 +51,11 @@ def config_estimate(key: str, cfg_json: str) -> dict:
 
 
 @st.cache_data(max_entries=ENTRIES, show_spinner=False)
-def exports(key: str, cfg_json: str, tokens: float | None, plan_path: str | None) -> dict:
+def exports(key: str, cfg_json: str, tokens: float | None, plan_path: str | None,
+            init_from: str | None = None) -> dict:
     job = Job.from_key(key)
     cfg = json.loads(cfg_json)
-    return compute.exports(job, cfg, config_estimate(key, cfg_json), tokens, plan_path)
+    return compute.exports(job, cfg, config_estimate(key, cfg_json), tokens, plan_path, init_from)
 
 
 @st.cache_data(max_entries=4, show_spinner=False)

@@ -114,6 +114,7 @@ def config_columns(res: SearchResult, idx: np.ndarray) -> pd.DataFrame:
         "ac": np.asarray(AC_MODES, dtype=object)[c.ac[idx]],
         "float8": np.asarray(FLOAT8_RECIPES, dtype=object)[c.float8[idx]],
         "compile": c.compile[idx].astype(bool), "async_tp": c.async_tp[idx].astype(bool),
+        "cpu_offload": c.cpu_offload[idx].astype(bool),
     })
 
 
@@ -129,7 +130,7 @@ def summaries(cols: pd.DataFrame) -> pd.Series:
     s = s + ", mbs " + cols.micro_batch_size.astype(str) + ", AC " + cols.ac
     s = s + np.where(cols.float8 != "none", ", fp8 " + cols.float8, "")
     s = s + np.where(cols.compile, ", compile", "") + np.where(cols.async_tp, ", async TP", "")
-    return s
+    return s + np.where(cols.cpu_offload, ", CPU offload", "")
 
 
 def ranked_frame(res: SearchResult, top: int, tokens: float | None, price: float | None) -> pd.DataFrame:
@@ -146,6 +147,7 @@ def ranked_frame(res: SearchResult, top: int, tokens: float | None, price: float
     df["tokens_per_sec_per_gpu"] = np.round(res.tps[idx], 1)
     df["mfu_pct"] = np.round(res.mfu[idx] * 100, 2)
     df["step_time_s"] = np.round(res.step_s[idx], 3)
+    df["host_gib_per_node"] = np.round(res.host_gib[idx], 1)
     if tokens:
         seconds = tokens / (res.tps[idx] * res.world)
         df["days"] = np.round(seconds / 86400, 2)
@@ -266,18 +268,22 @@ def time_to_train(tokens: float | None, tps: float, gpus: int, price: float | No
     return train_time(tokens, tps, gpus, price)
 
 
-def exports(job: Job, cfg: dict, est: dict, tokens: float | None, plan_path: str | None = None) -> dict:
+def exports(job: Job, cfg: dict, est: dict, tokens: float | None, plan_path: str | None = None,
+            init_from: str | None = None) -> dict:
     """Download files for one configuration: {key: (label, file name, text, mime)} and {format: error}.
 
     Keys: `plan` (the plan YAML), every format of `planner.export`. Scripts point at `plan_path`
-    (default: the plan's file name, next to the script).
+    (default: the plan's file name, next to the script); a fine-tuning plan starts from `init_from` (an absolute
+    path as the nodes see it: the page's server runs elsewhere).
     """
     from meshplan.estimator.config import TrainConfig
     from meshplan.planner.export import render
     from meshplan.planner.plan_file import make_plan, plan_yaml
 
+    if init_from is not None and not init_from.startswith("/"):
+        raise MeshplanError(f"the checkpoint folder must be an absolute path as the nodes see it, got {init_from!r}")
     plan = make_plan(job.model_spec(), job.model_source, job.hw(), TrainConfig(**cfg), est, stack=job.stack,
-                     tokens=int(tokens) if tokens else None)
+                     tokens=int(tokens) if tokens else None, init_from=init_from)
     name = f"{plan.name}.yaml"
     files = {"plan": ("plan (YAML)", name, plan_yaml(plan), "application/x-yaml")}
     errors = {}

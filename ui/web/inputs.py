@@ -87,16 +87,41 @@ def global_batch_sequences(value: int, unit: str, seq_len: int) -> int:
     return int(value // seq_len)
 
 
+FINETUNE_MODES = {"none": "pre-training", "full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}
+
+
+def finetune_pins(mode: str, rank: int, alpha: float, targets: list[str], offload: str) -> dict:
+    """The page's training inputs as search pins: the fine-tuning mode with its LoRA settings, and CPU offload
+    (`auto`: the planner's choice, searched where fine-tuning needs it; `on` / `off`: pinned)."""
+    if mode not in FINETUNE_MODES:
+        raise MeshplanError(f"unknown training mode '{mode}'")
+    pins: dict = {}
+    if mode != "none":
+        pins["finetune"] = {"finetune": mode, "lora_rank": int(rank), "lora_alpha": float(alpha),
+                            "lora_targets": list(targets)}
+        if mode != "full" and not targets:
+            raise MeshplanError("LoRA needs at least one target linear: pick some of q, k, v, o, w1, w2, w3")
+    if offload in ("on", "off"):
+        pins["cpu_offload"] = [offload == "on"]
+    elif offload != "auto":
+        raise MeshplanError(f"CPU offload is auto, on or off, not '{offload}'")
+    return pins
+
+
 def search_space(pins: dict) -> SearchSpace:
-    """A SearchSpace from the page's advanced pins: each key maps to a list of allowed values (empty: any)."""
+    """A SearchSpace from the page's pins: each key maps to a list of allowed values (empty: any); `finetune`
+    holds the training mode and its LoRA settings (see `finetune_pins`)."""
     allowed = {
         "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule", "vpp", "micro_batch_size", "ac", "float8", "compile",
-        "async_tp",
+        "async_tp", "cpu_offload",
     }
     kwargs: dict = {}
     for key, values in pins.items():
         if key == "allow_tp_across_nodes":
             kwargs[key] = bool(values)
+            continue
+        if key == "finetune":
+            kwargs |= {k: tuple(v) if k == "lora_targets" else v for k, v in values.items()}
             continue
         if key not in allowed:
             raise MeshplanError(f"unknown search pin '{key}'")

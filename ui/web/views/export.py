@@ -18,7 +18,15 @@ def render(ctx: Context) -> None:
         plan_path = st.text_input("Plan path as the nodes see it (baked into the scripts; empty: next to the "
                                   "script)", key="plan_path", placeholder="e.g. /shared/plans/plan.yaml"
                                   ).strip() or None
-        ex = cache.exports(ctx.key, ctx.cfg_json, ctx.tokens, plan_path)
+        init_from = None
+        if ctx.job.pin_dict().get("finetune"):
+            init_from = st.text_input("Pretrained checkpoint folder (init_from: config.json + *.safetensors, "
+                                      "absolute, as the nodes see it)", key="init_from",
+                                      placeholder="e.g. /shared/ckpt/Llama-3.1-70B").strip() or None
+            if init_from is not None and not init_from.startswith("/"):
+                st.error(f"The checkpoint folder must be an absolute path, got {init_from!r}.", icon=":material/error:")
+                return
+        ex = cache.exports(ctx.key, ctx.cfg_json, ctx.tokens, plan_path, init_from)
         files = ex["files"]
         cols = st.columns(3)
         for k, (fkey, (label, fname, text, mime)) in enumerate(files.items()):

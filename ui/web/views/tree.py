@@ -15,3 +15,5 @@ def render(ctx: Context) -> None:
                "checkpointing last. Each step shows the best plan "
                "allowed so far; hover a node for details, the grey crosses are the closest rejected plans.")
     st.plotly_chart(figures.decision_tree_figure(steps), key="tree_chart", config={"displaylogo": False})
+    with st.expander("The steps in words", expanded=steps[0]["key"] == "finetune"):
+        st.markdown("\n".join(f"- **{s['label']}**: {s['reason']}" for s in steps))
