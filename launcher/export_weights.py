@@ -77,17 +77,15 @@ def base_weights(cfg: Any, names: list[str]) -> dict[str, Any]:
 def export_weights(run_dir: str | Path, out_dir: str | Path, *, merge: bool = False, step: int | None = None,
                    dtype: str = "bfloat16") -> dict[str, Any]:
     """Write the run's weights (or adapters) to `out_dir`; returns what was written."""
-    import torch
-
-    from meshplan.launcher.core import hf_weights
+    from meshplan.launcher.core import hf_export, hf_weights
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(dtype)
+    torch_dtype = {name: t for t, name in hf_export.EXPORT_DTYPES.items()}.get(dtype)
     if torch_dtype is None:
         raise InputError(f"dtype must be bfloat16, float16 or float32, got {dtype!r}", field="dtype")
     cfg = run_config(run_dir)
     step_dir = checkpoint_dir(cfg, run_dir, step)
-    state = hf_weights.load_dcp_model_state(step_dir)
+    state = hf_export.load_dcp_model_state(step_dir)
     lora = None
     if cfg.finetune in ("lora", "qlora"):
         lora = {"rank": cfg.lora_rank, "alpha": cfg.lora_alpha, "targets": list(cfg.lora_targets)}
@@ -100,7 +98,7 @@ def export_weights(run_dir: str | Path, out_dir: str | Path, *, merge: bool = Fa
     base_config = None
     if cfg.init_from and (Path(cfg.init_from) / "config.json").is_file():
         base_config = json.loads((Path(cfg.init_from) / "config.json").read_text())
-    hf_weights.export_hf(state, cfg.model, out_dir, lora=lora if (lora and not merge) or merge else None,
+    hf_export.export_hf(state, cfg.model, out_dir, lora=lora,
                          merge=merge, dtype=torch_dtype, base_config=base_config,
                          base_model_name_or_path=cfg.init_from, max_position_embeddings=cfg.seq_len)
     files = sorted(p.name for p in out_dir.iterdir())

@@ -132,7 +132,7 @@ def test_truncated_checkpoint_is_one_line_and_exits_nonzero(pretrained, tmp_path
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "model.safetensors" in errors[0] and "truncated" in errors[0], proc.stderr[-2000:]
     # no worker traceback (torchrun's agent reports the failed worker in its own words after the line)
-    assert "hf_weights.py" not in proc.stderr and "HFWeightsError" not in proc.stderr
+    assert "hf_weights.py" not in proc.stderr and "hf_export.py" not in proc.stderr and "HFWeightsError" not in proc.stderr
     # the launcher refuses a folder without config.json before starting anything
     plan_dir = tmp_path / "plan"
     plan_dir.mkdir()

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints in and out of the training core (`launcher/core/hf_weights.py`): real safetensors
-files written here, real torchrun launches (gloo) where ranks hold shards."""
+"""Hugging Face checkpoints in and out of the training core (`launcher/core/hf_weights.py`, `hf_export.py`): real
+safetensors files written here, real torchrun launches (gloo) where ranks hold shards."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from meshplan.estimator.hf_config import from_hf_config
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.launcher.core import hf_export as hx
 from meshplan.launcher.core import hf_weights as hw
 from meshplan.launcher.core.model import build_meta_model
 
@@ -286,7 +287,7 @@ def core_state(spec: ModelSpec, seed: int = 1) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("spec", [LLAMA, QWEN2, QWEN3_TIED], ids=["llama", "qwen2", "qwen3-tied"])
 def test_export_round_trip(tmp_path, spec):
     state = core_state(spec)
-    out = hw.export_hf(state, spec, tmp_path / "hf", dtype=torch.float32)
+    out = hx.export_hf(state, spec, tmp_path / "hf", dtype=torch.float32)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     written = load_file(str(out / "model.safetensors"))
     assert sorted(written) == sorted(hf_tensors(spec))
@@ -303,7 +304,7 @@ def test_export_round_trip(tmp_path, spec):
 
 def test_export_shards_by_size_with_an_index(tmp_path):
     state = core_state(LLAMA)
-    out = hw.export_hf(state, LLAMA, tmp_path / "hf", max_shard_bytes=40_000)
+    out = hx.export_hf(state, LLAMA, tmp_path / "hf", max_shard_bytes=40_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     files = sorted(p.name for p in out.glob("*.safetensors"))
     assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
@@ -338,7 +339,7 @@ LORA_SHAPES = {"attention.wq": (64, 64), "attention.wv": (32, 64), "feed_forward
 
 def test_export_lora_adapters_only_in_peft_format(tmp_path):
     state = lora_state(LLAMA, 4, LORA_SHAPES)
-    out = hw.export_hf(state, LLAMA, tmp_path / "lora", lora=LORA, base_model_name_or_path="org/tiny")
+    out = hx.export_hf(state, LLAMA, tmp_path / "lora", lora=LORA, base_model_name_or_path="org/tiny")
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     adapters = load_file(str(out / "adapter_model.safetensors"))
     assert len(adapters) == 2 * 3 * LLAMA.layers
@@ -355,7 +356,7 @@ def test_export_lora_adapters_only_in_peft_format(tmp_path):
 
 def test_export_lora_merged_equals_w_plus_scaled_ba(tmp_path):
     state = lora_state(LLAMA, 4, LORA_SHAPES)
-    out = hw.export_hf(state, LLAMA, tmp_path / "merged", lora=LORA, merge=True, dtype=torch.float32)
+    out = hx.export_hf(state, LLAMA, tmp_path / "merged", lora=LORA, merge=True, dtype=torch.float32)
     assert not (out / "adapter_model.safetensors").exists() and (out / "config.json").exists()
     w = load_file(str(out / "model.safetensors"))
     for i in range(LLAMA.layers):
@@ -370,25 +371,25 @@ def test_export_lora_merged_equals_w_plus_scaled_ba(tmp_path):
 def test_export_refusals_leave_nothing_behind(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
-    assert "not empty" in error_of(hw.export_hf, core_state(LLAMA), LLAMA, tmp_path / "full")
+    assert "not empty" in error_of(hx.export_hf, core_state(LLAMA), LLAMA, tmp_path / "full")
     state = core_state(LLAMA)
     del state["layers.1.feed_forward.w3.weight"]
-    assert "layers.1.feed_forward.w3.weight" in error_of(hw.export_hf, state, LLAMA, tmp_path / "out")
-    assert "LoRA" in error_of(hw.export_hf, lora_state(LLAMA, 4, LORA_SHAPES), LLAMA, tmp_path / "out")
+    assert "layers.1.feed_forward.w3.weight" in error_of(hx.export_hf, state, LLAMA, tmp_path / "out")
+    assert "LoRA" in error_of(hx.export_hf, lora_state(LLAMA, 4, LORA_SHAPES), LLAMA, tmp_path / "out")
     missing = lora_state(LLAMA, 4, LORA_SHAPES)
     del missing["layers.1.attention.wv.lora_b.weight"]
-    assert "layers.1.attention.wv.lora_b.weight" in error_of(hw.export_hf, missing, LLAMA, tmp_path / "out",
+    assert "layers.1.attention.wv.lora_b.weight" in error_of(hx.export_hf, missing, LLAMA, tmp_path / "out",
                                                              lora=LORA)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no out/, no out.tmp-*
 
 
 def test_export_copies_the_base_config(tmp_path):
     base = hf_config(LLAMA, rope_theta=500000.0, bos_token_id=1, torch_dtype="float32")
-    out = hw.export_hf(core_state(LLAMA), LLAMA, tmp_path / "hf", base_config=base)
+    out = hx.export_hf(core_state(LLAMA), LLAMA, tmp_path / "hf", base_config=base)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg == {**base, "torch_dtype": "bfloat16"}
     other = hf_config(ModelSpec(**{**TINY2, "ffn_hidden": 256}))
-    msg = error_of(hw.export_hf, core_state(LLAMA), LLAMA, tmp_path / "o", base_config=other)
+    msg = error_of(hx.export_hf, core_state(LLAMA), LLAMA, tmp_path / "o", base_config=other)
     assert "ffn_hidden 256" in msg
 
 
@@ -450,15 +451,15 @@ def test_core_checkpoint_reads_back_whole_and_exports(tmp_path):
     cfg = config(run, model=TINY2, dp_shard=2, steps=2, checkpoint_interval=1)
     proc = train(2, cfg, tmp_path / "run.json")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    state = hw.load_dcp_model_state(run / "checkpoints" / "step-00000002")
+    state = hx.load_dcp_model_state(run / "checkpoints" / "step-00000002")
     assert sorted(state) == sorted(hw.core_names(LLAMA))
     for name, value in state.items():
         assert tuple(value.shape) == hw.core_shape(name, LLAMA) and value.dtype == torch.float32, name
         assert torch.isfinite(value).all()
-    first = hw.load_dcp_model_state(run / "checkpoints" / "step-00000001")
+    first = hx.load_dcp_model_state(run / "checkpoints" / "step-00000001")
     assert not torch.equal(first["layers.0.attention.wq.weight"], state["layers.0.attention.wq.weight"])
-    out = hw.export_hf(state, LLAMA, tmp_path / "hf", dtype=torch.float32)  # and on to Hugging Face and back
+    out = hx.export_hf(state, LLAMA, tmp_path / "hf", dtype=torch.float32)  # and on to Hugging Face and back
     model = plain_model(LLAMA)
     hw.load_into([model], hw.HFCheckpoint(out), LLAMA)
     assert all(torch.equal(p, state[n]) for n, p in model.named_parameters())
-    assert "not a DCP checkpoint" in error_of(hw.load_dcp_model_state, run)
+    assert "not a DCP checkpoint" in error_of(hx.load_dcp_model_state, run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from meshplan.estimator.errors import MeshplanError
 from meshplan.ui.web import cache
 from meshplan.ui.web.compute import EXPORT_FORMATS
 from meshplan.ui.web.views.context import Context
@@ -23,10 +24,11 @@ def render(ctx: Context) -> None:
             init_from = st.text_input("Pretrained checkpoint folder (init_from: config.json + *.safetensors, "
                                       "absolute, as the nodes see it)", key="init_from",
                                       placeholder="e.g. /shared/ckpt/Llama-3.1-70B").strip() or None
-            if init_from is not None and not init_from.startswith("/"):
-                st.error(f"The checkpoint folder must be an absolute path, got {init_from!r}.", icon=":material/error:")
-                return
-        ex = cache.exports(ctx.key, ctx.cfg_json, ctx.tokens, plan_path, init_from)
+        try:
+            ex = cache.exports(ctx.key, ctx.cfg_json, ctx.tokens, plan_path, init_from)
+        except MeshplanError as exc:  # a relative checkpoint folder, say
+            st.error(str(exc), icon=":material/error:")
+            return
         files = ex["files"]
         cols = st.columns(3)
         for k, (fkey, (label, fname, text, mime)) in enumerate(files.items()):
