@@ -33,7 +33,7 @@ class SearchResult:
     world: int
     gpus_per_node: int
     seq_len: int
-    global_batch: int
+    global_batch: int  # the target (sequences); each configuration's own is configs.global_batch
     memory_margin: float
     objective: str
     configs: ConfigArrays
@@ -75,7 +75,7 @@ class SearchResult:
             "pp_schedule": PP_SCHEDULES[int(c.schedule[i])],
             "vpp": int(c.vpp[i]),
             "seq_len": self.seq_len,
-            "global_batch_size": self.global_batch,
+            "global_batch_size": int(c.global_batch[i]),
             "micro_batch_size": int(c.micro_batch[i]),
             "ac": AC_MODES[int(c.ac[i])],
             "float8": FLOAT8_RECIPES[int(c.float8[i])],
@@ -160,6 +160,10 @@ def plan_search(
         raise InputError(f"memory_margin must be in (0, 1], got {memory_margin}", field="memory_margin")
     if objective not in OBJECTIVES:
         raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}", field="objective")
+    space = space if space is not None else SearchSpace()
+    if not 0 <= space.batch_tolerance < 1:
+        raise InputError(f"the batch tolerance is a fraction in [0, 1), got {space.batch_tolerance}",
+                         field="batch_tolerance")
     configs, reason = enumerate_space(model, hw, world, gpus_per_node, seq_len, global_batch, space)
     n = len(reason)
     peak = np.full(n, np.nan)
@@ -188,7 +192,7 @@ def plan_search(
         global_batch=global_batch, memory_margin=memory_margin, objective=objective, configs=configs,
         reason=reason, peak_gib=peak, tps=tps, step_s=step, mfu=mfu, ranked=ranked,
         pareto=pareto_front(tps, peak, fits), host_gib=host,
-        finetune=(space.finetune_fields() or None) if space is not None else None, space=space,
+        finetune=space.finetune_fields() or None, space=space,
     )
 
 

@@ -1,10 +1,16 @@
 """The search space: every configuration of one model on one cluster, as arrays, with the reason each
 rejected configuration breaks a rule.
 
-Degrees are enumerated so that dp_replicate x dp_shard x cp x tp x pp equals the world size; a mixture-of-experts
-model adds the expert-parallel degree (a divisor of its experts and of dp_shard x cp x tp, torchtitan's rule). The
-other knobs (schedule, stages per rank, micro-batch, AC, Float8, compile, async TP) are crossed with them.
-Rule violations are kept, not dropped, so a user can see why a configuration is not on the list.
+Degrees are enumerated so that dp_replicate x dp_shard x cp x tp x pp equals the world size, from the divisors of
+the world (so 3, 5, 6, 12 or 24 nodes plan as well as powers of two: PP 3 or 5, HSDP over 3 replicas); a
+mixture-of-experts model adds the expert-parallel degree (a divisor of its experts and of dp_shard x cp x tp,
+torchtitan's rule). The other knobs (schedule, stages per rank, micro-batch, AC, Float8, compile, async TP) are
+crossed with them.
+
+The global batch is a target: each layout takes the nearest batch (in sequences) that its dp x micro-batch divides
+and its pipeline can fill, within `batch_tolerance` of the target (:func:`nearest_batch`); the search result says
+which batch each configuration trains with. Rule violations are kept, not dropped, so a user can see why a
+configuration is not on the list.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ REASON_KEYS[rules.MEMORY] = "memory"
 REASON_KEYS[rules.HOST_MEMORY] = "host_memory"
 
 
+DEFAULT_BATCH_TOLERANCE = 0.1  # a 512-sequence target may train 461..563 (504 on dp 24, 510 on dp 30)
+
+
 @dataclass
 class SearchSpace:
     """Which values each knob may take; a field left None takes every valid value."""
@@ -55,6 +64,8 @@ class SearchSpace:
     async_tp: list[bool] | None = None
     cpu_offload: list[bool] | None = None  # None: off; fine-tuning also on where FSDP shards alone
     allow_tp_across_nodes: bool = False
+    # the global batch may move this far (a fraction) from the target so that the layout divides it; 0: exact
+    batch_tolerance: float = DEFAULT_BATCH_TOLERANCE
     pins: dict = field(default_factory=dict)
     # fine-tuning: one mode for the whole search (TrainConfig's names and defaults)
     finetune: str = "none"
@@ -91,6 +102,34 @@ def _divisors(n: int) -> list[int]:
     return small + large[::-1]
 
 
+def _replicas(dp: int) -> list[int]:
+    """dp_replicate candidates for `dp` data-parallel ranks: powers of two, dp itself, and any divisor leaving a
+    power-of-two shard group (3 replicas of 8 on 3 nodes)."""
+    return [d for d in _divisors(dp) if d & (d - 1) == 0 or d == dp or (dp // d) & (dp // d - 1) == 0]
+
+
+def nearest_batch(target: int, dp: int, micro_batch: int, pp: int, interleaved: bool, tolerance: float) -> int:
+    """The global batch (sequences) nearest `target` that dp x micro-batch divides, with at least `pp` microbatches
+    per step and, for Interleaved1F1B, whole rounds of them; within `tolerance` (a fraction) of the target. Ties go
+    to the smaller batch. Returns `target` itself when none qualifies (the rules then say why)."""
+    unit = max(dp * micro_batch, 1)
+    lo = max(1, -(-int(target * (1 - tolerance)) // unit))
+    hi = int(target * (1 + tolerance)) // unit
+    k0 = min(max(round(target / unit), lo), hi) if lo <= hi else 0
+    if k0 == 0:
+        return target
+    for step in range(0, hi - lo + 2):
+        for k in sorted({k0 - step, k0 + step}, key=lambda k: (abs(k * unit - target), k)):
+            if not lo <= k <= hi:
+                continue
+            if pp > 1 and (k < pp or (interleaved and k % max(1, k // pp))):
+                continue
+            return k * unit
+        if k0 - step < lo and k0 + step > hi:
+            break
+    return target
+
+
 def enumerate_space(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -103,9 +142,13 @@ def enumerate_space(
     """All configurations (ConfigArrays) and a reason code per configuration (0 = passes every rule)."""
     sp = space or SearchSpace()
     big = max(world, gpus_per_node)
-    tps = sp.tp or [t for t in _pow2_upto(min(big, 64)) if t <= world]
-    pps = sp.pp or [p for p in _pow2_upto(min(world, 128)) if p <= max(model.layers, 1) * 2]
-    cps = sp.cp or [c for c in _pow2_upto(min(world, 32))]
+    divisors = _divisors(world)
+    # TP: powers of two (the rules say why one does not divide the heads), other divisors only where they do
+    tps = sp.tp or [t for t in divisors if t <= min(big, 64)
+                    and (t & (t - 1) == 0 or (model.heads % t == 0 and model.kv_heads % t == 0))]
+    pps = sp.pp or [p for p in divisors if p <= min(max(model.layers, 1), 128)]
+    # CP: powers of two (a sequence that does not split shows the rule), other divisors only where it does split
+    cps = sp.cp or sorted(set(_pow2_upto(min(world, 32))) | {c for c in divisors if c <= 32 and seq_len % (2 * c) == 0})
     experts = model.moe.experts if model.moe is not None else 1
     ep_all = sp.ep or _divisors(experts)
     structural = []  # (dr, ds, cp, tp, pp, ep)
@@ -113,7 +156,7 @@ def enumerate_space(
         if world % (tp * pp * cp):
             continue
         dp = world // (tp * pp * cp)
-        drs = sp.dp_replicate or sorted({d for d in _divisors(dp) if d & (d - 1) == 0 or d == dp})
+        drs = sp.dp_replicate or _replicas(dp)
         for dr in drs:
             if dp % dr:
                 continue
@@ -136,9 +179,12 @@ def enumerate_space(
     mbs_all = sp.micro_batch_size or [1, 2, 4, 8, 16]
 
     rows = []
+    tol = max(float(sp.batch_tolerance), 0.0)
+    interleaved = PP_SCHEDULES.index("Interleaved1F1B")
     for dr, ds, cp, tp, pp, ep in structural:
-        local = global_batch // (dr * ds) if global_batch % (dr * ds) == 0 else 0
-        mbs_opts = [m for m in mbs_all if local == 0 or m <= local] or [1]
+        # micro-batches up to the local batch (at the most the tolerance allows)
+        local = int(global_batch * (1 + tol)) // (dr * ds)
+        mbs_opts = [m for m in mbs_all if m <= max(local, 1)] or [1]
         scheds = sched_opts if pp > 1 else [(PP_SCHEDULES.index("1F1B"), 1)]
         atps = [int(a) for a in (sp.async_tp if sp.async_tp is not None else [False, True])] if tp > 1 else [0]
         # CPU offload is FSDP's alone: for fine-tuning it is a second option where no other dimension shards
@@ -146,14 +192,15 @@ def enumerate_space(
         fsdp_only = tp == 1 and pp == 1 and ep == 1 and sp.finetune != "none"
         offs = [int(o) for o in sp.cpu_offload] if sp.cpu_offload is not None else ([0, 1] if fsdp_only else [0])
         for (sc, v), mb in itertools.product(scheds, mbs_opts):
-            rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs))
+            gb = nearest_batch(global_batch, dr * ds, mb, pp, sc == interleaved, tol)
+            rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs, gb))
     # cross the per-structure rows with AC x float8 x compile (x async TP, x CPU offload) in numpy
     base = []
-    for dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs in rows:
+    for dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs, gb in rows:
         for a, off in itertools.product(atps, offs):
-            base.append((dr, ds, cp, tp, pp, v, sc, mb, a, ep, off))
+            base.append((dr, ds, cp, tp, pp, v, sc, mb, a, ep, off, gb))
     if not base:
-        base = [(1, world, 1, 1, 1, 1, 1, 1, 0, 1, 0)]
+        base = [(1, world, 1, 1, 1, 1, 1, 1, 0, 1, 0, global_batch)]
     b = np.asarray(base, dtype=np.int64)
     knobs = np.asarray(list(itertools.product(ac_codes, f8_codes, comp)), dtype=np.int64)
     nb, nk = len(b), len(knobs)
@@ -164,7 +211,7 @@ def enumerate_space(
     arrays = ConfigArrays(
         dp_replicate=col(0), dp_shard=col(1), cp=col(2), tp=col(3), pp=col(4), vpp=col(5), schedule=col(6),
         micro_batch=col(7), async_tp=col(8), ac=knobs[ki, 0], float8=knobs[ki, 1], compile=knobs[ki, 2],
-        seq_len=np.full(n, seq_len, dtype=np.int64), global_batch=np.full(n, global_batch, dtype=np.int64),
+        seq_len=np.full(n, seq_len, dtype=np.int64), global_batch=col(11),
         gpus_per_node=np.full(n, gpus_per_node, dtype=np.int64), ep=col(9), cpu_offload=col(10),
         finetune=np.full(n, FINETUNE_MODES.index(sp.finetune), dtype=np.int64),
         lora_rank=np.full(n, sp.lora_rank, dtype=np.int64),

@@ -305,7 +305,24 @@ def _ac_step(res: SearchResult) -> dict:
     detail = ep_detail(res, w)
     if detail:  # the chosen plan's expert parallelism in words, whichever step brought it
         step["reason"] += f". Chosen plan: {detail}"
+    note = batch_note(res, w)
+    if note:
+        step["reason"] += f". {note}"
     return step
+
+
+def batch_note(res: SearchResult, i: int) -> str:
+    """Why configuration `i` trains another global batch than the target (empty when it trains the target)."""
+    cfg = res.config(i)
+    gb = cfg["global_batch_size"]
+    if gb == res.global_batch:
+        return ""
+    dp = cfg["dp_replicate"] * cfg["dp_shard"]
+    tol = res.space.batch_tolerance if res.space is not None else 0.0
+    return (f"The global batch is {gb:,} sequences, not the {res.global_batch:,} asked for ({gb / res.global_batch - 1:+.1%}): "
+            f"the nearest that dp {dp} x micro-batch {cfg['micro_batch_size']} divides"
+            + (f" with at least pp {cfg['pp']} microbatches" if cfg["pp"] > 1 else "")
+            + f" (tolerance ±{tol:.0%})")
 
 
 def tree_text(steps: list[dict]) -> str:

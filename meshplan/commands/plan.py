@@ -20,7 +20,7 @@ from meshplan.estimator.stack import load_stack
 from meshplan.planner.capacity import train_time
 from meshplan.planner.plan_file import check_name, check_output_path, make_plan, save_plan, write_atomic
 from meshplan.planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
-from meshplan.planner.space import SearchSpace
+from meshplan.planner.space import DEFAULT_BATCH_TOLERANCE, SearchSpace
 from meshplan.planner.tree import decision_tree, tree_text
 from meshplan.planner.views import sweep_csv
 
@@ -47,16 +47,33 @@ def _str_list(text: str | None, name: str, allowed: tuple[str, ...]) -> list[str
     return values
 
 
+def cluster_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for `gpus` GPUs on nodes of at most `gpus_per_node`: one partial node when they fit
+    on one, else the fewest nodes that hold them with the same count on each (torchrun's --nproc-per-node is one
+    number), e.g. 12 GPUs on 8-GPU nodes -> 2 x 6, 20 -> 4 x 5."""
+    if gpus <= gpus_per_node:
+        return 1, gpus
+    for n in range(-(-gpus // gpus_per_node), gpus + 1):
+        if gpus % n == 0 and gpus // n <= gpus_per_node:
+            return n, gpus // n
+    return gpus, 1
+
+
 def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | None, seq_len: int,
                global_batch_size: int | None, global_batch_tokens: int | None, memory_margin: float,
-               objective: str, stack_name: str, space: SearchSpace, show_progress: bool) -> SearchResult:
-    """Load inputs, check the batch arguments, and run the search (with a progress bar on big spaces)."""
+               objective: str, stack_name: str, space: SearchSpace, show_progress: bool,
+               gpus: int | None = None) -> SearchResult:
+    """Load inputs, check the batch arguments, and run the search (with a progress bar on big spaces). `gpus`
+    (a GPU count) replaces `nodes`: partial nodes, see :func:`cluster_shape`."""
     if nodes < 1:
         raise MeshplanError(f"--nodes must be at least 1, got {nodes}")
     check_size(nodes, "nodes", MAX_NODES)
     check_size(seq_len, "seq_len", MAX_SEQ_LEN)
     model, hw, stack = load_model(model_name), load_hardware(hardware), load_stack(stack_name)
     gpn = gpus_per_node or hw.gpus_per_node
+    if gpus is not None:
+        check_size(gpus, "gpus", MAX_NODES * gpn)
+        nodes, gpn = cluster_shape(gpus, gpn)
     if global_batch_size and global_batch_tokens:
         raise MeshplanError("give either --global-batch-size (sequences) or --global-batch-tokens, not both")
     if global_batch_size is None:
@@ -82,13 +99,19 @@ def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | 
 def plan_cmd(
     model: str = typer.Option("llama3-70b", "--model", "-m", help="preset name, meshplan model YAML, or HF config.json"),
     hardware: str = typer.Option("h100-sxm", "--hardware", help="hardware profile id or YAML path"),
-    nodes: int = typer.Option(8, "--nodes", help="number of nodes"),
+    nodes: int = typer.Option(8, "--nodes", help="number of nodes (any count: 3, 5, 12 and 24 plan too)"),
+    gpus: int = typer.Option(None, "--gpus", min=1, help="a GPU count instead of --nodes: partial nodes (4 -> 1 x 4, "
+                             "12 -> 2 x 6 on 8-GPU nodes)"),
     gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="[default: the hardware profile's]"),
     seq_len: int = typer.Option(8192, "--seq-len", min=1, help="tokens per sequence"),
-    global_batch_size: int = typer.Option(None, "--global-batch-size", min=1, help="sequences per optimizer step"),
+    global_batch_size: int = typer.Option(None, "--global-batch-size", min=1, help="target sequences per optimizer step"),
     global_batch_tokens: int = typer.Option(
-        None, "--global-batch-tokens", min=1, help="tokens per optimizer step [default: 4Mi tokens]"
+        None, "--global-batch-tokens", min=1, help="target tokens per optimizer step [default: 4Mi tokens]"
     ),
+    batch_tolerance: float = typer.Option(
+        DEFAULT_BATCH_TOLERANCE, "--batch-tolerance", min=0.0, max=0.99,
+        help="how far (a fraction) the global batch may move from the target so a layout divides it; each plan "
+             "takes the nearest its dp x micro-batch divides and says so; 0: exact"),
     tokens: float = typer.Option(
         None, "--tokens", min=1, callback=token_budget, help="token budget: adds time-to-train and cost"
     ),
@@ -135,7 +158,7 @@ def plan_cmd(
         ac=_str_list(ac, "ac", ("none", "selective", "full")),
         float8=_str_list(float8, "float8", ("none", "tensorwise", "rowwise", "mxfp8")),
         cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
-        allow_tp_across_nodes=allow_tp_across_nodes,
+        allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance,
     )
     ftf = ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, False)
     space.finetune, space.lora_rank, space.lora_alpha = ftf["finetune"], ftf["lora_rank"], ftf["lora_alpha"]
@@ -144,7 +167,7 @@ def plan_cmd(
         space.finetune = "full"  # starting from a checkpoint: every weight trains unless --finetune says otherwise
     res = run_search(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
                      memory_margin, objective, stack, space,
-                     show_progress=not as_json and Console(stderr=True).is_terminal)
+                     show_progress=not as_json and Console(stderr=True).is_terminal, gpus=gpus)
     if csv_path is not None:
         write_atomic(csv_path, sweep_csv(res))
     if len(res.ranked) == 0:
@@ -174,17 +197,26 @@ def plan_cmd(
     render(res, plans, tree, tokens, output)
 
 
+def batch_span(res: SearchResult) -> str:
+    """' (target, ±10 %)' when the search lets the batch move, '' when it is exact."""
+    tol = res.space.batch_tolerance if res.space is not None else 0.0
+    return f" (a target: each layout takes the nearest it divides, within ±{tol:.0%})" if tol > 0 else ""
+
+
 def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float | None, output: Path | None) -> None:
     console = Console()
     console.print(
         f"[bold]{res.model.name}[/] on {res.world // res.gpus_per_node} x {res.gpus_per_node} {res.hw.id}, "
-        f"seq {res.seq_len}, global batch {res.global_batch} sequences ({res.global_batch * res.seq_len:,} tokens): "
+        f"seq {res.seq_len}, global batch {res.global_batch} sequences ({res.global_batch * res.seq_len:,} tokens)"
+        f"{batch_span(res)}: "
         f"{res.evaluated:,} configurations, {len(res.ranked):,} fit, {res.rejected:,} rejected "
         f"({', '.join(f'{k} {v:,}' for k, v in res.reason_counts().items())})"
     )
     price = res.hw.price.usd_per_gpu_hour if res.hw.price else None
     table = Table(title=f"top {len(plans)} (peak <= {res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f} GiB usable)")
-    for col in ("#", "configuration", "peak GiB", "tok/s/GPU", "MFU", "step s"):
+    batches = [p["config"]["global_batch_size"] for p in plans]
+    moved = any(b != res.global_batch for b in batches)
+    for col in ("#", "configuration", "peak GiB", "tok/s/GPU", "MFU", "step s") + (("batch",) if moved else ()):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     if tokens:
         table.add_column("days", justify="right")
@@ -194,6 +226,8 @@ def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float
         row = [str(k), short_config(p["config"]), f"{e['memory']['peak_gib']:.1f}",
                f"{e['throughput']['tokens_per_sec_per_gpu']:,.0f}", f"{e['throughput']['mfu'] * 100:.1f}%",
                f"{e['throughput']['step_time_s']:.2f}"]
+        if moved:
+            row.append(f"{p['config']['global_batch_size']:,}")
         if tokens:
             t = train_time(tokens, e["throughput"]["tokens_per_sec_per_gpu"], res.world, price)
             row += [f"{t['days']:.1f}", f"{t['cost_usd']:,.0f}" if t["cost_usd"] is not None else "-"]
