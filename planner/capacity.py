@@ -17,7 +17,7 @@ from meshplan.estimator.stack import StackProfile
 from meshplan.planner.search import plan_search, short_config
 from meshplan.planner.space import SearchSpace
 
-DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # common cluster sizes, not only powers of two
 # Capacity compares many clusters, so it searches the knobs that decide memory and speed and fixes
 # the ones that only ever help on the stacks modelled here (compile on, async TP on wherever TP > 1).
 CAPACITY_SPACE = dict(compile=[True], async_tp=[True], micro_batch_size=[1, 2, 4], vpp=[2])
@@ -103,22 +103,25 @@ def capacity_options(
     return options
 
 
-def answers(options: list[Option], deadline_days: float | None, budget_usd: float | None) -> dict:
-    """The three questions: cheapest meeting the deadline, fastest within budget, smallest that fits."""
-    fit = [o for o in options if o.fits]
+def answers(options: list, deadline_days: float | None, budget_usd: float | None) -> dict:
+    """The three questions: cheapest meeting the deadline, fastest within budget, smallest that fits. `options` are
+    Options or dicts with the same fields (the UIs' `planner.views.node_scan` rows); answers are dicts."""
+    rows = [o.as_dict() if isinstance(o, Option) else o for o in options]
+    fit = [o for o in rows if o["fits"]]
     out: dict = {"smallest_fitting": {}, "cheapest_within_deadline": None, "fastest_within_budget": None}
-    for hw in sorted({o.hardware for o in options}):
-        mine = [o for o in fit if o.hardware == hw]
-        out["smallest_fitting"][hw] = min(mine, key=lambda o: o.gpus).as_dict() if mine else None
-    priced = [o for o in fit if o.cost_usd is not None]
+    for hw in sorted({o["hardware"] for o in rows}):
+        mine = [o for o in fit if o["hardware"] == hw]
+        out["smallest_fitting"][hw] = min(mine, key=lambda o: o["gpus"]) if mine else None
+    priced = [o for o in fit if o["cost_usd"] is not None]
     if deadline_days is not None:
-        ok = [o for o in priced if o.days <= deadline_days]
-        out["cheapest_within_deadline"] = min(ok, key=lambda o: (o.cost_usd, o.days)).as_dict() if ok else None
+        ok = [o for o in priced if o["days"] <= deadline_days]
+        out["cheapest_within_deadline"] = min(ok, key=lambda o: (o["cost_usd"], o["days"])) if ok else None
     else:
-        out["cheapest"] = min(priced, key=lambda o: (o.cost_usd, o.days)).as_dict() if priced else None
+        out["cheapest"] = min(priced, key=lambda o: (o["cost_usd"], o["days"])) if priced else None
     if budget_usd is not None:
-        ok = [o for o in priced if o.cost_usd <= budget_usd]
-        out["fastest_within_budget"] = min(ok, key=lambda o: (o.days, o.cost_usd)).as_dict() if ok else None
+        ok = [o for o in priced if o["cost_usd"] <= budget_usd]
+        out["fastest_within_budget"] = min(ok, key=lambda o: (o["days"], o["cost_usd"])) if ok else None
     else:
-        out["fastest"] = min(fit, key=lambda o: (o.days, o.cost_usd or 0)).as_dict() if fit else None
+        timed = [o for o in fit if o["days"] is not None]
+        out["fastest"] = min(timed, key=lambda o: (o["days"], o["cost_usd"] or 0)) if timed else None
     return out

@@ -11,6 +11,7 @@ import numpy as np
 
 from meshplan.estimator import rules
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.planner.capacity import DEFAULT_NODES
 from meshplan.planner.search import SearchResult
 
 SWEEP_COLUMNS = ["dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size", "ac",
@@ -115,3 +116,79 @@ def compare_hardware(model, stack, hardware: list, world: int, gpus_per_node: in
             continue
         rows.append(hardware_row(res, tokens, current=is_current))
     return rows
+
+
+# ---- the capacity question: one job scanned over node counts and accelerators ------------------------------
+SCAN_NODES = DEFAULT_NODES  # the node counts both UIs scan by default (as `meshplan capacity`)
+
+
+def node_scan(model, stack, hardware: list, node_counts, seq_len: int, global_batch: int, memory_margin: float,
+              objective: str, tokens: float | None, space=None, current: tuple[str, int] | None = None,
+              known=None, progress=None) -> list[dict]:
+    """The best plan (`hardware_row`) of the job on every accelerator in `hardware` (profiles) at every node count
+    (each profile's own node size): the rows of the capacity charts and answers. `known` is the sweep already run
+    for `current` = (hardware id, nodes), reused so that cluster's row equals the plan views' numbers; the other
+    clusters search with torch.compile on unless `space` pins it (it wins on every stack modelled, and halves the
+    work). `progress(done, total)` after each cluster."""
+    import dataclasses
+
+    from meshplan.estimator.errors import MeshplanError
+    from meshplan.planner.search import plan_search
+    from meshplan.planner.space import SearchSpace
+
+    base = space if space is not None else SearchSpace()
+    fast = base if base.compile is not None else dataclasses.replace(base, compile=[True])
+    rows, total, done = [], len(hardware) * len(node_counts), 0
+    for hw in hardware:
+        for nodes in node_counts:
+            is_current = current is not None and (hw.id, nodes) == tuple(current)
+            try:
+                res = known if is_current and known is not None else plan_search(
+                    model, hw, stack, nodes * hw.gpus_per_node, hw.gpus_per_node, seq_len, global_batch,
+                    memory_margin, objective, space=fast)
+                rows.append(hardware_row(res, tokens, current=is_current))
+            except MeshplanError as exc:
+                rows.append({**_row(hw, nodes, hw.gpus_per_node, is_current), "why_not": str(exc)})
+            done += 1
+            if progress:
+                progress(done, total)
+    return rows
+
+
+def memory_by_seq(model, hw, stack, cfg: dict, seq_lens, memory_margin: float) -> list[dict]:
+    """The peak memory (GiB) of one configuration at each sequence length in `seq_lens`, the global batch held in
+    tokens (fewer, longer sequences), with why a length cannot run that configuration (a rule) where it cannot."""
+    from meshplan.estimator.config import TrainConfig
+    from meshplan.estimator.report import GIB_DECIMALS, estimate
+    from meshplan.estimator.rules import check
+
+    tokens = cfg["global_batch_size"] * cfg["seq_len"]
+    dp_mb = cfg["dp_replicate"] * cfg["dp_shard"] * cfg["micro_batch_size"]
+    out = []
+    for s in seq_lens:
+        gb = max(dp_mb, round(tokens / s / dp_mb) * dp_mb)
+        c = {**cfg, "seq_len": int(s), "global_batch_size": int(gb)}
+        why = check(model, hw, c)
+        point = {"seq_len": int(s), "global_batch_size": int(gb), "peak_gib": None, "why_not": why or "",
+                 "limit_gib": hw.usable_hbm_gib * memory_margin, "current": int(s) == cfg["seq_len"]}
+        if why is None:
+            est = estimate(model, hw, TrainConfig(**c), stack, memory_margin)
+            point["peak_gib"] = round(est["memory"]["peak_gib"], GIB_DECIMALS)
+        out.append(point)
+    return out
+
+
+def scan_answers(rows: list[dict], deadline_days: float | None, budget_usd: float | None,
+                 current_nodes: int | None = None, current_hw: str | None = None) -> dict:
+    """The capacity answers over `node_scan` rows (planner.capacity.answers) plus, where the current cluster does
+    not fit, the smallest node count of its accelerator that does ("add nodes")."""
+    from meshplan.planner.capacity import answers
+
+    out = answers(rows, deadline_days, budget_usd)
+    out["add_nodes"] = None
+    if current_hw is not None and current_nodes is not None:
+        here = [r for r in rows if r["hardware"] == current_hw and r["nodes"] == current_nodes]
+        bigger = [r for r in rows if r["hardware"] == current_hw and r["fits"] and r["nodes"] > current_nodes]
+        if here and not here[0]["fits"] and bigger:
+            out["add_nodes"] = min(bigger, key=lambda r: r["nodes"])
+    return out

@@ -21,6 +21,7 @@ from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, LORA_TARGETS, PP
 from meshplan.estimator.errors import MeshplanError  # noqa: E402
 from meshplan.estimator.limits import MAX_TOKENS  # noqa: E402
 from meshplan.planner.search import OBJECTIVES, explain_empty  # noqa: E402
+from meshplan.planner.tree import batch_note  # noqa: E402
 from meshplan.ui.web import cache  # noqa: E402
 from meshplan.ui.web.compute import Job, price_of, time_to_train  # noqa: E402
 from meshplan.ui.web.inputs import (  # noqa: E402
@@ -32,7 +33,9 @@ from meshplan.ui.web.inputs import (  # noqa: E402
     parse_model_upload,
 )
 from meshplan.ui.web.text import hardware_facts, model_facts  # noqa: E402
+from meshplan.ui.web.url import Url  # noqa: E402
 from meshplan.ui.web.views import assumptions as views_assumptions  # noqa: E402
+from meshplan.ui.web.views import capacity as views_capacity  # noqa: E402
 from meshplan.ui.web.views import compare as views_compare  # noqa: E402
 from meshplan.ui.web.views import export as views_export  # noqa: E402
 from meshplan.ui.web.views import plans as views_plans  # noqa: E402
@@ -46,9 +49,10 @@ DEFAULTS = {
     "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
     "margin": 0.9, "objective": "throughput", "rows": 50, "hw_custom": False,
     "ft_mode": "none", "lora_rank": 16, "lora_alpha": 32.0, "lora_targets": list(LORA_TARGETS), "offload": "auto",
+    "deadline_days": 0.0, "budget_usd": 0.0,
 }
 VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision tree": views_tree,
-                "Time & cost": views_time_cost, "Compare": views_compare, "Export": views_export,
+                "Time & cost": views_time_cost, "Capacity": views_capacity, "Compare": views_compare, "Export": views_export,
                 "Assumptions": views_assumptions}
 VIEWS = list(VIEW_MODULES)
 PIN_CHOICES = {
@@ -78,6 +82,11 @@ st.markdown(
 )
 for k, v in DEFAULTS.items():
     st.session_state.setdefault(k, v)
+URL = Url(lambda: cache.presets(), lambda: cache.hardware_ids(), OBJECTIVES, FINETUNE_MODES)
+if "_url_problems" not in st.session_state:  # a link's values fill the sidebar once, on the first run
+    url_values, st.session_state["_url_problems"] = URL.read(st.query_params.to_dict())
+    for k, v in url_values.items():
+        st.session_state[k] = float(v) if isinstance(DEFAULTS.get(k), float) else v
 # widgets inside views that are not drawn on every run keep their values across view switches
 for k in ("rows", "compare", "cmp_hw", "plan_path", "preview", "init_from"):
     if k in st.session_state:
@@ -164,6 +173,13 @@ sb.number_input("Token budget (billion tokens, 0: none)", min_value=0.0, step=10
 sb.slider("Memory margin (share of usable HBM a plan may use)", 0.5, 1.0, step=0.01, key="margin")
 sb.selectbox("Objective", list(OBJECTIVES), key="objective")
 
+sb.subheader("Capacity")
+c1, c2 = sb.columns(2)
+c1.number_input("Deadline (days, 0: none)", min_value=0.0, step=5.0, key="deadline_days", format="%g",
+                help="finish the token budget within this many days: the Capacity view finds the cheapest cluster")
+c2.number_input("Budget (US$, 0: none)", min_value=0.0, step=100_000.0, key="budget_usd", format="%g",
+                help="spend at most this much: the Capacity view finds the fastest cluster within it")
+
 sb.subheader("Training")
 sb.selectbox("Mode", list(FINETUNE_MODES), key="ft_mode", format_func=FINETUNE_MODES.get,
              help="pre-training from a random start, or fine-tuning a pretrained checkpoint: every weight (full), "
@@ -193,6 +209,16 @@ with sb.expander("Advanced: pin parts of the search"):
             pins[key] = sorted(chosen, key=choices.index)
     if st.checkbox("Allow TP across nodes", key="pin_allow_tp_across_nodes"):
         pins["allow_tp_across_nodes"] = True
+
+# the URL follows the inputs (a link reproduces this view); an uploaded model cannot travel in a link
+url_state = {k: st.session_state.get(k) for k in URL.params}
+if st.session_state["model_src"] != "preset":
+    url_state.pop("model")
+url_query = URL.write(url_state, {**DEFAULTS, "gpn": base_hw.gpus_per_node})
+if st.query_params.to_dict() != url_query:
+    st.query_params.from_dict(url_query)
+for problem in st.session_state.get("_url_problems", []):
+    sb.warning(problem, icon=":material/link_off:")
 
 # ---- the sweep ---------------------------------------------------------------------------------------
 if input_error:
@@ -226,7 +252,8 @@ price = price_of(hw)
 st.title(f"{model.name} on {job.nodes} × {job.gpus_per_node} {hw.id}")
 counts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in res.reason_counts().items())
 st.caption(
-    f"{job.world} GPUs, seq {seq_len:,}, global batch {gbs:,} sequences ({gbs * seq_len:,} tokens), "
+    f"{job.world} GPUs, seq {seq_len:,}, global batch {gbs:,} sequences ({gbs * seq_len:,} tokens; a target each "
+    f"layout meets within ±{res.space.batch_tolerance:.0%}), "
     f"memory margin {job.memory_margin:.0%} of {hw.usable_hbm_gib:.1f} GiB usable: **{res.evaluated:,}** "
     f"configurations evaluated, **{len(res.ranked):,} fit**, {res.rejected:,} rejected ({counts or 'none'})."
 )
@@ -241,7 +268,8 @@ table = cache.ranked(key, max(top, 1), tokens, price) if len(res.ranked) else No
 
 chosen = est = cfg_json = mem = thr = None
 if len(res.ranked) == 0:
-    st.error(explain_empty(res), icon=":material/memory:")
+    st.error(explain_empty(res) + ". The Capacity view scans node counts for the smallest cluster that fits.",
+             icon=":material/memory:")
 else:
     if st.session_state.get("chosen") not in range(1, top + 1):
         st.session_state["chosen"] = 1
@@ -280,6 +308,9 @@ else:
         trainable = est["model"]["trainable_params"]
         st.caption(f"{what}: {trainable:,} trainable parameters ({trainable / model.params:.2%} of "
                    f"{model.params:,}); set the pretrained checkpoint folder in Export.")
+    moved = batch_note(res, chosen)
+    if moved:
+        st.caption(moved)
     for w in est["warnings"]:  # the chosen plan fits; what is left are notes on headroom and host RAM
         st.markdown(f":orange[:material/warning: {w}]")
 

@@ -15,7 +15,7 @@ from meshplan.estimator.model_spec import preset_names
 from meshplan.planner.plan_file import Plan
 
 require_module("streamlit")
-VIEWS = ["Plans & memory", "Sweep", "Decision tree", "Time & cost", "Compare", "Export", "Assumptions"]
+VIEWS = ["Plans & memory", "Sweep", "Decision tree", "Time & cost", "Capacity", "Compare", "Export", "Assumptions"]
 
 
 def ranked(at):
@@ -50,7 +50,8 @@ def test_hardware_profiles_run(web_app, hardware):
 
 def test_every_view_renders(web_app):
     at = web_app(model="llama3-8b", nodes=2)
-    charts = {"Plans & memory": 2, "Sweep": 1, "Decision tree": 1, "Time & cost": 1, "Compare": 2, "Export": 0,
+    charts = {"Plans & memory": 2, "Sweep": 1, "Decision tree": 1, "Time & cost": 1, "Capacity": 2, "Compare": 2,
+              "Export": 0,
               "Assumptions": 0}
     for view in VIEWS:
         at.session_state["view"] = view

@@ -91,3 +91,32 @@ def preset(name: str) -> object:
 @st.cache_data(show_spinner=False)
 def hardware(name: str) -> object:
     return load_hardware(name)
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def node_scan(key: str, hw_ids: tuple[str, ...], node_counts: tuple[int, ...], tokens: float | None) -> list[dict]:
+    """The job on every accelerator in `hw_ids` at every node count (planner.views.node_scan); the sidebar's own
+    cluster reuses its sweep, so its row equals the plan views' numbers."""
+    from meshplan.estimator.stack import load_stack
+    from meshplan.planner.views import node_scan as shared_scan
+    from meshplan.ui.web.inputs import search_space
+
+    job = Job.from_key(key)
+    current = job.hw()
+    profiles = [current if h in (current.id, current.id.removesuffix("-custom")) else hardware(h) for h in hw_ids]
+    # the sidebar's own node size applies to its accelerator; the others use their own
+    profiles = [p.model_copy(update={"gpus_per_node": job.gpus_per_node}) if p is current else p for p in profiles]
+    return shared_scan(job.model_spec(), load_stack(job.stack), profiles, node_counts, job.seq_len, job.global_batch,
+                       job.memory_margin, job.objective, tokens, space=search_space(job.pin_dict()),
+                       current=(current.id, job.nodes), known=sweep(key))
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def memory_by_seq(key: str, cfg_json: str, seq_lens: tuple[int, ...]) -> list[dict]:
+    """The chosen plan's peak memory at other sequence lengths (planner.views.memory_by_seq)."""
+    from meshplan.estimator.stack import load_stack
+    from meshplan.planner.views import memory_by_seq as shared
+
+    job = Job.from_key(key)
+    return shared(job.model_spec(), job.hw(), load_stack(job.stack), json.loads(cfg_json), seq_lens,
+                  job.memory_margin)

@@ -307,3 +307,78 @@ def _usd(v: float) -> str:
         if abs(v) >= div:
             return f"${v / div:.3g}{unit}"
     return f"${v:,.0f}"
+
+
+SCAN_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#eeca3b"]
+
+
+def capacity_figure(rows: Sequence[dict], deadline_days: float | None = None, budget_usd: float | None = None,
+                    title: str = "") -> go.Figure:
+    """Throughput per GPU, days and cost against node count (one line per accelerator; log-2 node axis), with the
+    deadline and the budget as dashed lines. Clusters where nothing fits are left out of the lines."""
+    have_days = any(r.get("days") is not None for r in rows)
+    panels = [("tokens_per_sec_per_gpu", "tokens / s / GPU")]
+    if have_days:
+        panels += [("days", "days to train the budget"), ("cost_usd", "cost (US$)")]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels], horizontal_spacing=0.07)
+    hws = list(dict.fromkeys(r["hardware"] for r in rows))
+    for k, hw in enumerate(hws):
+        mine = sorted((r for r in rows if r["hardware"] == hw and r["fits"]), key=lambda r: r["nodes"])
+        for col, (key, _) in enumerate(panels, 1):
+            pts = [r for r in mine if r.get(key) is not None]
+            fig.add_trace(go.Scatter(
+                x=[r["nodes"] for r in pts], y=[r[key] for r in pts], mode="lines+markers", name=hw, meta=key,
+                legendgroup=hw, showlegend=col == 1, line=dict(color=SCAN_COLORS[k % len(SCAN_COLORS)]),
+                marker=dict(size=[11 if r["current"] else 7 for r in pts],
+                            symbol=["diamond" if r["current"] else "circle" for r in pts]),
+                hovertext=[f"{hw}: {r['nodes']} nodes ({r['gpus']} GPUs)<br>{html.escape(r['configuration'])}<br>"
+                           f"{r['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
+                           + (f", {r['days']:,.1f} days" if r.get("days") is not None else "")
+                           + (f", {_usd(r['cost_usd'])}" if r.get("cost_usd") is not None else "") for r in pts],
+                hovertemplate="%{hovertext}<extra></extra>",
+            ), row=1, col=col)
+    for col, (key, _) in enumerate(panels, 1):
+        fig.update_xaxes(type="log", title_text="nodes", row=1, col=col,
+                         tickvals=sorted({r["nodes"] for r in rows}), ticktext=[str(n) for n in sorted({r["nodes"] for r in rows})])
+        if key == "days" and deadline_days:
+            fig.add_hline(y=deadline_days, line_dash="dash", line_color=LIMIT_COLOR, row=1, col=col,
+                          annotation_text=f"deadline {deadline_days:g} d", annotation_position="top left")
+        if key == "cost_usd" and budget_usd:
+            fig.add_hline(y=budget_usd, line_dash="dash", line_color=LIMIT_COLOR, row=1, col=col,
+                          annotation_text=f"budget {_usd(budget_usd)}", annotation_position="top left")
+        if key in ("days", "cost_usd"):
+            fig.update_yaxes(type="log", row=1, col=col)
+    fig = _layout(fig, title, 420)
+    fig.update_layout(margin=dict(t=80 if title else 40))
+    return fig
+
+
+def seq_memory_figure(points: Sequence[dict], usable_gib: float, title: str = "") -> go.Figure:
+    """Peak memory per GPU against sequence length for one configuration (the global batch held in tokens), with
+    the planner's limit and the usable HBM; lengths the configuration cannot run are marked on the axis."""
+    ok = [p for p in points if p["peak_gib"] is not None]
+    fig = go.Figure()
+    limit = points[0]["limit_gib"] if points else 0.0
+    fig.add_trace(go.Scatter(
+        x=[p["seq_len"] for p in ok], y=[p["peak_gib"] for p in ok], mode="lines+markers", name="peak GiB",
+        marker=dict(size=[12 if p["current"] else 7 for p in ok],
+                    color=[FIT_COLOR if p["peak_gib"] <= limit else STATUS_COLORS["oom"] for p in ok]),
+        hovertext=[f"seq {p['seq_len']:,}: {p['peak_gib']:.1f} GiB (global batch {p['global_batch_size']:,} sequences)"
+                   for p in ok], hovertemplate="%{hovertext}<extra></extra>",
+    ))
+    bad = [p for p in points if p["peak_gib"] is None]
+    if bad:
+        fig.add_trace(go.Scatter(
+            x=[p["seq_len"] for p in bad], y=[0] * len(bad), mode="markers", name="cannot run",
+            marker=dict(symbol="x", color=GREY, size=9),
+            hovertext=[_wrap(f"seq {p['seq_len']:,}: {p['why_not']}", 80) for p in bad],
+            hovertemplate="%{hovertext}<extra></extra>",
+        ))
+    fig.add_hline(y=limit, line_dash="dash", line_color=LIMIT_COLOR, annotation_text=f"limit {limit:.1f} GiB",
+                  annotation_position="top left")
+    fig.add_hline(y=usable_gib, line_dash="dot", line_color=USABLE_COLOR,
+                  annotation_text=f"usable {usable_gib:.1f} GiB", annotation_position="bottom left")
+    fig.update_xaxes(type="log", title_text="sequence length (tokens)", tickvals=[p["seq_len"] for p in points],
+                     ticktext=[f"{p['seq_len'] // 1024}k" if p["seq_len"] >= 1024 else str(p["seq_len"]) for p in points])
+    fig.update_yaxes(title_text="peak GiB per GPU", rangemode="tozero")
+    return _layout(fig, title, 380)
