@@ -108,3 +108,10 @@ def test_plan_cli_on_3_nodes_and_partial_nodes(cli, tmp_path):
     assert all(p["config"]["global_batch_size"] == 512 for p in json.loads(r.stdout)["plans"])
     r = cli("plan", "--model", "llama3-8b", "--batch-tolerance", "1.5")
     assert r.returncode != 0 and "Traceback" not in r.stderr and "--batch-tolerance" in r.stderr
+
+
+def test_plan_that_fits_nowhere_says_how_many_nodes_it_takes(cli):
+    r = cli("plan", "--model", "llama3-70b", "--nodes", "2")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "no configuration of llama3-70b fits on 16 x h100-sxm" in r.stderr
+    assert "it fits from 3 nodes (24 GPUs): dp 1x6" in r.stderr

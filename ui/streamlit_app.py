@@ -268,7 +268,8 @@ table = cache.ranked(key, max(top, 1), tokens, price) if len(res.ranked) else No
 
 chosen = est = cfg_json = mem = thr = None
 if len(res.ranked) == 0:
-    st.error(explain_empty(res) + ". The Capacity view scans node counts for the smallest cluster that fits.",
+    hint = cache.add_nodes_hint(key)
+    st.error(explain_empty(res) + (f"; {hint} (the Capacity view scans them all)" if hint else ""),
              icon=":material/memory:")
 else:
     if st.session_state.get("chosen") not in range(1, top + 1):

@@ -22,7 +22,7 @@ from meshplan.planner.plan_file import check_name, check_output_path, make_plan,
 from meshplan.planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
 from meshplan.planner.space import DEFAULT_BATCH_TOLERANCE, SearchSpace
 from meshplan.planner.tree import decision_tree, tree_text
-from meshplan.planner.views import sweep_csv
+from meshplan.planner.views import add_nodes_hint, sweep_csv
 
 
 def _int_list(text: str | None, name: str) -> list[int] | None:
@@ -171,7 +171,8 @@ def plan_cmd(
     if csv_path is not None:
         write_atomic(csv_path, sweep_csv(res))
     if len(res.ranked) == 0:
-        raise MeshplanError(explain_empty(res))
+        hint = add_nodes_hint(res)
+        raise MeshplanError(explain_empty(res) + (f"; {hint}" if hint else ""))
     tree = decision_tree(res)
     best = int(res.ranked[0])
     plans = []

@@ -109,3 +109,12 @@ def test_export_dialog_light_80x24(snap_compare):
 
 def test_help_80x24(snap_compare):
     assert snap_compare(MeshplanApp(), terminal_size=(80, 24), run_before=shot(["question_mark"]))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_nodes(snap_compare, size):
+    def budget(screen):
+        screen.query_one("#cap-deadline").value = "60"
+        screen.query_one("#cap-budget").value = "3M"
+
+    assert snap_compare(MeshplanApp({"nodes": "2"}), terminal_size=size, run_before=shot(["n"], budget))

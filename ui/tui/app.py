@@ -29,10 +29,10 @@ from meshplan.ui.tui.form import (
     fmt_money,
     parse_form,
 )
-from meshplan.ui.tui.panes import ComparePane, FormPane, HardwarePane, TreePane
+from meshplan.ui.tui.panes import CapacityPane, ComparePane, FormPane, HardwarePane, TreePane
 from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, cell, fill
 
-TABS = ("plans", "tree", "compare", "hardware")
+TABS = ("plans", "tree", "compare", "hardware", "capacity")
 THEMES = {"dark": "textual-dark", "light": "textual-light"}
 HINT = "f edits the form · enter applies it · esc back to the results · ? help"
 
@@ -51,13 +51,15 @@ class MainScreen(Screen):
         Binding("t", "tab('tree')", "tree", show=False),
         Binding("c", "tab('compare')", "compare", show=False),
         Binding("h", "tab('hardware')", "hardware", show=False),
+        Binding("n", "tab('capacity')", "nodes", show=False),
         Binding("d", "toggle_theme", "light/dark", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
     ]
     LETTER_ACTIONS = {"form", "sort", "reverse", "mark", "export", "launch", "zoom", "tab", "toggle_theme", "help",
                       "quit"}
-    ZOOM = {"plans": "#detail-box", "tree": "#dtree", "compare": "#compare-box", "hardware": "#hw-table"}
+    ZOOM = {"plans": "#detail-box", "tree": "#dtree", "compare": "#compare-box", "hardware": "#hw-table",
+            "capacity": "#cap-table"}
 
     def __init__(self, values: dict[str, str]):
         super().__init__()
@@ -87,6 +89,8 @@ class MainScreen(Screen):
                 yield ComparePane(id="compare-box")
             with TabPane("[u]H[/u]ardware", id="hardware"):
                 yield HardwarePane()
+            with TabPane("[u]N[/u]odes", id="capacity"):
+                yield CapacityPane()
         yield Footer(show_command_palette=False)
 
     def on_mount(self) -> None:
@@ -186,6 +190,8 @@ class MainScreen(Screen):
             return
         kept = " — previous results kept" if self.result is not None else ""
         self.set_status(Text(f"✗ {message}{kept}"), "error", field)
+        if field is None and self.query_one("#tabs", TabbedContent).active == "capacity":
+            self.query_one(CapacityPane).scan(inp, None)  # nothing fits: the scan says where it starts to
 
     def set_status(self, message: str | Text, kind: str, field: str | None = None) -> None:
         """The outcome of the last search: the message under the form and the field it blames."""
@@ -206,6 +212,8 @@ class MainScreen(Screen):
         self.query_one(HardwarePane).reset()
         if self.query_one("#tabs", TabbedContent).active == "hardware":
             self.compare_hardware()
+        if self.query_one("#tabs", TabbedContent).active == "capacity":
+            self.query_one(CapacityPane).scan(result.inputs, result)
 
     # ---- the ranked table --------------------------------------------------------------------------
 
@@ -345,12 +353,15 @@ class MainScreen(Screen):
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == "hardware":
             self.compare_hardware()
+        if event.pane.id == "capacity":
+            self.query_one(CapacityPane).scan(self.attempted, self.result)
         self.refresh_bindings()
 
     # ---- actions -----------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        in_form = isinstance(self.focused, Input | Select) and self.focused.has_class("field")
+        in_form = isinstance(self.focused, Input | Select) and (self.focused.has_class("field")
+                                                                 or self.focused.has_class("cap-field"))
         if action == "results":
             return in_form or self.maximized is not None
         if in_form and action in self.LETTER_ACTIONS:
@@ -383,7 +394,7 @@ class MainScreen(Screen):
         self.query_one("#f-model", Input).focus()
 
     def _main_widget(self, tab: str):
-        return self.query_one({"plans": "#table", "tree": "#dtree", "compare": "#compare-box",
+        return self.query_one({"plans": "#table", "tree": "#dtree", "compare": "#compare-box", "capacity": "#cap-table",
                                "hardware": "#hw-table"}[tab])
 
     def action_tab(self, tab: str) -> None:
@@ -392,6 +403,8 @@ class MainScreen(Screen):
         self.set_focus(self._main_widget(tab))
         if tab == "hardware":
             self.compare_hardware()
+        if tab == "capacity":
+            self.query_one(CapacityPane).scan(self.attempted, self.result)
 
     def action_help(self) -> None:
         self.app.action_help()

@@ -7,6 +7,7 @@ paints its first frame before they load (they load in a worker thread right afte
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,7 +88,10 @@ def run(inp: Inputs) -> Result:
     res = plan_search(model, hw, stack, inp.nodes * gpn, gpn, inp.seq_len, inp.sequences(), inp.margin,
                       inp.objective, space=space_of(inp))
     if len(res.ranked) == 0:
-        raise MeshplanError(explain_empty(res))
+        from meshplan.planner.views import add_nodes_hint
+
+        hint = add_nodes_hint(res)
+        raise MeshplanError(explain_empty(res) + (f"; {hint} (n: the Nodes tab)" if hint else ""))
     return Result(inp, res, decision_tree(res))
 
 
@@ -326,3 +330,34 @@ def gpus_per_node(hardware: list[str]) -> dict[str, int]:
     from meshplan.estimator.hardware import load_hardware
 
     return {h: load_hardware(h).gpus_per_node for h in hardware}
+
+
+def capacity_rows(inp: Inputs, result: Result | None) -> list[dict]:
+    """The form's job on its accelerator at every node count the UIs scan (planner.views.node_scan, as the web
+    app's Capacity view); the current cluster's row is `result`'s own sweep when it has one (None: nothing fit)."""
+    from meshplan.planner.views import SCAN_NODES, node_scan
+
+    model, hw, stack = load_inputs(inp)
+    gpn = inp.gpus_per_node or hw.gpus_per_node
+    hw = hw.model_copy(update={"gpus_per_node": gpn})
+    nodes = tuple(sorted({*SCAN_NODES, inp.nodes}))
+    return node_scan(model, stack, [hw], nodes, inp.seq_len, inp.sequences(), inp.margin, inp.objective,
+                     inp.tokens, space=space_of(inp), current=(hw.id, inp.nodes),
+                     known=result.res if result is not None and result.inputs == inp else None)
+
+
+def parse_limit(text: str, what: str) -> float | None:
+    """A deadline (days) or budget (US$) as typed: empty or 0 -> None; `2M`, `3e6`, `$1,500k` are read as numbers.
+    Raises ValueError with a one-line message."""
+    from meshplan.ui.tui.form import parse_number
+
+    t = text.strip().lstrip("$").strip()
+    if not t or t in ("0", "-", "none"):
+        return None
+    try:
+        v = parse_number(t)
+    except ValueError:
+        raise ValueError(f"{what}: {text.strip()!r} is not a number (empty: none)") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{what}: must be a positive number (empty: none)")
+    return v

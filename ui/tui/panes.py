@@ -330,3 +330,135 @@ class FormPane(Vertical):
             select.value = current
         self.update_gpn_placeholder()
 
+
+
+class CapacityPane(Vertical):
+    """The capacity question: the same job on its accelerator at every node count, the cheapest cluster within a
+    deadline, the fastest within a budget, and how many nodes it takes to fit (planner.views.node_scan and
+    scan_answers, the numbers of the web app's Capacity view)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.key: tuple | None = None
+        self.rows: list[dict] = []
+        self.inputs: Inputs | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="cap-limits"):
+            yield Label("deadline days", classes="label")
+            yield Input("", placeholder="none", id="cap-deadline", compact=True, classes="cap-field")
+            yield Label("budget $", classes="label")
+            yield Input("", placeholder="none", id="cap-budget", compact=True, classes="cap-field")
+        yield Static("", id="cap-answers")
+        yield CursorTable(id="cap-table", cursor_type="row", zebra_stripes=True)
+
+    def scan(self, inp: Inputs | None, result) -> None:
+        """Start the node scan for the form's inputs (`result`: their sweep, or None when nothing fit), unless it is
+        already on screen."""
+        if inp is None or (inp,) == self.key:
+            return
+        self.key, self.inputs = (inp,), inp
+        self.query_one("#cap-answers", Static).update(Text(
+            f"scanning {inp.model} on 1..64 nodes of {inp.hardware}…", style="italic"))
+        self.worker(inp, result)
+
+    @work(thread=True, exclusive=True, group="capacity")
+    def worker(self, inp: Inputs, result) -> None:
+        from meshplan.estimator.errors import MeshplanError
+        from meshplan.ui.tui import logic
+
+        worker = get_current_worker()
+        try:
+            rows, error = logic.capacity_rows(inp, result), None
+        except (MeshplanError, ValueError, ArithmeticError, OSError) as exc:
+            rows, error = [], str(exc) if isinstance(exc, MeshplanError) else f"{type(exc).__name__}: {exc}"
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self.show, inp, rows, error)
+
+    def limits(self) -> tuple[float | None, float | None, str | None]:
+        """(deadline days, budget US$, one-line error or None) from the two inputs."""
+        from meshplan.ui.tui.logic import parse_limit
+
+        try:
+            return (parse_limit(self.query_one("#cap-deadline", Input).value, "deadline"),
+                    parse_limit(self.query_one("#cap-budget", Input).value, "budget"), None)
+        except ValueError as exc:
+            return None, None, str(exc)
+
+    def show(self, inp: Inputs, rows: list[dict], error: str | None) -> None:
+        if self.key != (inp,):
+            return
+        if error:
+            self.query_one("#cap-answers", Static).update(Text(f"✗ {error}", style="red"))
+            return
+        self.rows = rows
+        self.answer()
+
+    @on(Input.Changed, ".cap-field")
+    def _limits_changed(self) -> None:
+        if self.rows:
+            self.answer()
+
+    def answer(self) -> None:
+        """The answers and the table for the current deadline and budget (no new search)."""
+        from meshplan.planner.views import scan_answers
+
+        deadline, budget, error = self.limits()
+        for name in ("deadline", "budget"):
+            self.query_one(f"#cap-{name}", Input).set_class(bool(error and error.startswith(name)), "error")
+        inp, rows = self.inputs, self.rows
+        current = next((r for r in rows if r["current"]), None)
+        ans = scan_answers(rows, deadline, budget, current["nodes"] if current else None,
+                           current["hardware"] if current else None)
+        money = inp.tokens is not None
+        lines = [Text(f"✗ {error} — previous answers kept", style="red")] if error else []
+
+        def cluster(r: dict) -> str:
+            extra = f", {fmt_days(r['days'])}, {fmt_money(r['cost_usd'])}" if money else ""
+            return f"{r['nodes']} nodes ({r['gpus']} GPUs){extra}, {r['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
+
+        if ans["add_nodes"]:
+            lines.append(Text(f"add nodes: {inp.model} does not fit on {inp.nodes}; it fits from "
+                              + cluster(ans["add_nodes"]), style="bold yellow"))
+        if not money:
+            lines.append(Text("no token budget in the form (tokens): days and cost need one", style="italic"))
+        else:
+            if deadline:
+                r = ans["cheapest_within_deadline"]
+                lines.append(Text(f"cheapest within {deadline:g} days: " + (cluster(r) if r else "none scanned")))
+            elif ans.get("cheapest"):
+                lines.append(Text("cheapest: " + cluster(ans["cheapest"])))
+            if budget:
+                r = ans["fastest_within_budget"]
+                lines.append(Text(f"fastest within {fmt_money(budget)}: " + (cluster(r) if r else "none scanned")))
+            elif ans.get("fastest"):
+                lines.append(Text("fastest: " + cluster(ans["fastest"])))
+        self.query_one("#cap-answers", Static).update(Text("\n").join(lines))
+        longest = max((r["days"] for r in rows if r["fits"] and r["days"]), default=0.0)
+        labels = ("nodes", "GPUs", "GiB", "tok/s/GPU", *(("days", "cost", "time") if money else ()), "best configuration")
+        columns = [(label, Text(label, justify="left" if label in ("time", "best configuration") else "right"))
+                   for label in labels]
+        fill(self.query_one("#cap-table", DataTable), columns,
+             [(str(r["nodes"]), self._cells(r, money, deadline, budget, longest)) for r in rows])
+
+    @staticmethod
+    def _cells(r: dict, money: bool, deadline: float | None, budget: float | None, longest: float) -> list[Text]:
+        cells = [Text(("★ " if r["current"] else "") + str(r["nodes"]), style="bold" if r["current"] else "",
+                      justify="right"), cell(str(r["gpus"]))]
+        if not r["fits"]:
+            cells += [cell("-"), cell("-"), *((cell("-"), cell("-"), Text("")) if money else ())]
+            return [*cells, Text("does not fit: " + r["why_not"], style="red")]
+        cells += [cell(f"{r['peak_gib']:.1f}"), cell(f"{r['tokens_per_sec_per_gpu']:,.0f}")]
+        if money:
+            late = deadline is not None and r["days"] > deadline
+            dear = budget is not None and r["cost_usd"] is not None and r["cost_usd"] > budget
+            cells += [Text(fmt_days(r["days"]), style="red" if late else "", justify="right"),
+                      Text(fmt_money(r["cost_usd"]), style="red" if dear else "", justify="right"),
+                      Text("█" * max(1, round(12 * r["days"] / longest)) if longest else "", style="cyan")]
+        return [*cells, Text(r["compact"])]
+
+    @on(DataTable.RowSelected, "#cap-table")
+    def _selected(self, event: DataTable.RowSelected) -> None:
+        row = next((r for r in self.rows if str(r["nodes"]) == event.row_key.value), None)
+        if row is not None and not row["current"]:
+            self.post_message(HardwarePane.Chosen(row["hardware"], row["nodes"]))

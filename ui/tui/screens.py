@@ -27,7 +27,8 @@ HELP = (
         ("objective", "throughput | time | cost"),
         ("nodes", "number of nodes; GPUs/node empty: the hardware profile's"),
         ("seq len", "tokens per sequence"),
-        ("batch", "global batch in sequences (512), or in tokens with a unit: 4Mi tok, 4194304 tokens"),
+        ("batch", "global batch in sequences (512), or in tokens with a unit: 4Mi tok, 4194304 tokens; a target: "
+                  "each layout trains the nearest batch it divides, within 10 % (3 nodes: 510 or 504)"),
         ("tokens", "token budget for time-to-train and cost: 2T, 2e12, 500B (empty: none)"),
         ("margin", "fraction of usable HBM a plan may use: 0.9 or 90%"),
     ]),
@@ -41,6 +42,9 @@ HELP = (
                     "configuration, the alternatives it rejected and why"),
         ("c  Compare", "the marked plans side by side (the top 3 when fewer than 2 are marked)"),
         ("h  Hardware", "the same model at the same GPU count on other accelerators; enter switches to one"),
+        ("n  Nodes", "the capacity question: the job on its accelerator at 1..64 nodes (★ yours); type a deadline "
+                     "in days and a budget in US$ (2M, 3e6) for the cheapest and the fastest cluster that meet "
+                     "them; 'add nodes' says where the model starts to fit; enter switches the form to a node count"),
     ]),
     ("Actions", [
         ("e", "export the chosen plan to a directory: plan YAML, torchtitan TOML and 0.3 command line, "

@@ -120,3 +120,11 @@ def memory_by_seq(key: str, cfg_json: str, seq_lens: tuple[int, ...]) -> list[di
     job = Job.from_key(key)
     return shared(job.model_spec(), job.hw(), load_stack(job.stack), json.loads(cfg_json), seq_lens,
                   job.memory_margin)
+
+
+@st.cache_data(max_entries=ENTRIES, show_spinner=False)
+def add_nodes_hint(key: str) -> str:
+    """Where the sweep of `key`, in which nothing fits, starts to fit (planner.views.add_nodes_hint)."""
+    from meshplan.planner.views import add_nodes_hint as shared
+
+    return shared(sweep(key))
