@@ -22,7 +22,7 @@ from meshplan.estimator.stack import StackProfile
 from meshplan.planner.labels import OBJECTIVES, short_config
 from meshplan.planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
 
-CHUNK = 250_000
+CHUNK = 16_384  # configurations per estimator call: cache-sized arrays (250,000 spilled the cache; 16k measured 1.5-2x faster)
 
 
 @dataclass

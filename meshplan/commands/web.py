@@ -67,7 +67,10 @@ def check_port_free(port: int, address: str | None = None) -> None:
 
 def web_cmd(
     port: int = typer.Option(8501, "--port", "-p", help="TCP port to serve on"),
-    address: str = typer.Option(None, "--address", help="interface to listen on, e.g. 127.0.0.1 [default: all]"),
+    address: str = typer.Option(
+        "127.0.0.1", "--address",
+        help="interface to listen on: this machine only by default (reach a login node with ssh -L 8501:localhost:8501); "
+             "0.0.0.0 serves every interface"),
 ) -> None:
     """Open meshplan in the browser: ranked plans, memory per GPU and per pipeline stage, the sweep, the
     decision tree, time-to-train and cost across hardware, side-by-side comparison, and downloads of the
@@ -81,7 +84,7 @@ def web_cmd(
         raise MeshplanError("the web app needs streamlit and plotly: pip install 'meshplan[ui]'")
     cmd = streamlit_command(port, address)
     check_port_free(port, address)
-    typer.echo(f"meshplan web: serving on http://{address or 'localhost'}:{port} (Ctrl-C stops)", err=True)
+    typer.echo(f"meshplan web: serving on http://{address or '0.0.0.0'}:{port} (Ctrl-C stops)", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     # Streamlit replaces this process (same pid): a signal sent to `meshplan web` (SIGTERM from a job

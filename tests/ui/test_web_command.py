@@ -75,3 +75,21 @@ def test_web_is_registered_in_the_cli():
 
     assert "web" in COMMANDS, "register it in meshplan/cli.py's COMMANDS"
     assert load_command("web").name == "web"
+
+
+def test_web_listens_on_this_machine_only_unless_asked(monkeypatch):
+    from typer.testing import CliRunner
+
+    from meshplan.cli import app
+
+    require_module("streamlit")
+    require_module("plotly")
+    seen = []
+    monkeypatch.setattr(web.os, "execv", lambda path, argv: seen.append(argv))
+    port = free_port()
+    result = CliRunner().invoke(app, ["web", "--port", str(port)])
+    assert result.exit_code == 0, result.output
+    opts = dict(zip(seen[0][5::2], seen[0][6::2], strict=True))
+    assert opts["--server.address"] == "127.0.0.1"
+    CliRunner().invoke(app, ["web", "--port", str(port), "--address", "0.0.0.0"])
+    assert dict(zip(seen[1][5::2], seen[1][6::2], strict=True))["--server.address"] == "0.0.0.0"
