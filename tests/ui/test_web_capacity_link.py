@@ -30,8 +30,10 @@ def test_a_link_reproduces_the_view_and_the_url_follows_the_inputs():
     assert dict(at.query_params) == {"model": "llama3-8b", "nodes": "2"}
     at.sidebar.number_input(key="nodes").set_value(3)
     at.sidebar.number_input(key="deadline_days").set_value(30.0)
+    at.sidebar.number_input(key="budget_usd").set_value(3e6)
     at.run()
-    assert dict(at.query_params) == {"model": "llama3-8b", "nodes": "3", "deadline_days": "30"}
+    assert dict(at.query_params) == {"model": "llama3-8b", "nodes": "3", "deadline_days": "30",
+                                     "budget_usd": "3000000"}
     assert at.title[0].value.startswith("llama3-8b on 3 × 8")
 
 
@@ -63,7 +65,8 @@ def test_capacity_view_answers_deadline_budget_and_add_nodes(web_app):
 def test_capacity_row_of_your_cluster_equals_the_plan_views(web_app):
     at = web_app(model="llama3-8b", nodes=2, view="Capacity", cap_nodes=[1, 2, 4])
     assert not at.exception and not at.error
-    table = next(d.value for d in at.dataframe if "meets deadline" in d.value.columns)
+    table = next(d.value for d in at.dataframe if "best configuration" in d.value.columns)
+    assert "meets deadline" not in table.columns  # no deadline asked: no column
     mine = table[table["nodes"] == 2].iloc[0]
     assert f"{mine['tok/s/GPU']:,.0f}" == at.metric[1].value.replace(",", ",")
     assert len(at.get("plotly_chart")) == 2  # the scan and the chosen plan's memory against sequence length

@@ -347,7 +347,12 @@ def capacity_figure(rows: Sequence[dict], deadline_days: float | None = None, bu
             fig.add_hline(y=budget_usd, line_dash="dash", line_color=LIMIT_COLOR, row=1, col=col,
                           annotation_text=f"budget {_usd(budget_usd)}", annotation_position="top left")
         if key in ("days", "cost_usd"):
-            fig.update_yaxes(type="log", row=1, col=col)
+            # an explicit range: a line's annotation otherwise stretches plotly's log autorange to 1e60
+            vals = [r[key] for r in rows if r["fits"] and r.get(key)]
+            vals += [v for v in ((deadline_days,) if key == "days" else (budget_usd,)) if v]
+            if vals:
+                fig.update_yaxes(type="log", row=1, col=col,
+                                 range=[np.log10(min(vals)) - 0.1, np.log10(max(vals)) + 0.15])
     fig = _layout(fig, title, 420)
     fig.update_layout(margin=dict(t=80 if title else 40))
     return fig
@@ -369,7 +374,7 @@ def seq_memory_figure(points: Sequence[dict], usable_gib: float, title: str = ""
     bad = [p for p in points if p["peak_gib"] is None]
     if bad:
         fig.add_trace(go.Scatter(
-            x=[p["seq_len"] for p in bad], y=[0] * len(bad), mode="markers", name="cannot run",
+            x=[p["seq_len"] for p in bad], y=[limit] * len(bad), mode="markers", name="cannot run",
             marker=dict(symbol="x", color=GREY, size=9),
             hovertext=[_wrap(f"seq {p['seq_len']:,}: {p['why_not']}", 80) for p in bad],
             hovertemplate="%{hovertext}<extra></extra>",
@@ -380,5 +385,8 @@ def seq_memory_figure(points: Sequence[dict], usable_gib: float, title: str = ""
                   annotation_text=f"usable {usable_gib:.1f} GiB", annotation_position="bottom left")
     fig.update_xaxes(type="log", title_text="sequence length (tokens)", tickvals=[p["seq_len"] for p in points],
                      ticktext=[f"{p['seq_len'] // 1024}k" if p["seq_len"] >= 1024 else str(p["seq_len"]) for p in points])
-    fig.update_yaxes(title_text="peak GiB per GPU", rangemode="tozero")
+    # log: 16 GiB at 1k and 700 GiB at 128k both read; an explicit range (the lines' labels stretch the autorange)
+    vals = [p["peak_gib"] for p in ok] + [limit, usable_gib]
+    fig.update_yaxes(title_text="peak GiB per GPU (log)", type="log",
+                     range=[np.log10(min(vals)) - 0.1, np.log10(max(vals)) + 0.15])
     return _layout(fig, title, 380)

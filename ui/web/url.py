@@ -103,5 +103,7 @@ class Url:
             v = state[key]
             if key in defaults and v == defaults[key]:
                 continue
-            out[key] = f"{v:g}" if isinstance(v, float) else str(v)
+            if isinstance(v, float):  # 3000000.0 -> "3000000", 0.85 -> "0.85" (never "3e+06" in a link)
+                v = int(v) if v.is_integer() and abs(v) < 1e15 else v
+            out[key] = str(v)
         return out

@@ -75,8 +75,9 @@ def render(ctx: Context) -> None:
             "best configuration": r["configuration"] or "does not fit", "peak GiB": r["peak_gib"],
             "tok/s/GPU": r["tokens_per_sec_per_gpu"], "days": r["days"],
             "cost $": round(r["cost_usd"]) if r["cost_usd"] is not None else None,
-            "meets deadline": (r["days"] <= deadline) if deadline and r["days"] is not None else None,
-            "within budget": (r["cost_usd"] <= budget) if budget and r["cost_usd"] is not None else None,
+            **({"meets deadline": r["days"] is not None and r["days"] <= deadline} if deadline and ctx.tokens else {}),
+            **({"within budget": r["cost_usd"] is not None and r["cost_usd"] <= budget} if budget and ctx.tokens
+               else {}),
         } for r in rows]),
         hide_index=True, key="capacity_table",
         column_config={
