@@ -3,18 +3,20 @@ out), under Streamlit's AppTest."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from needs import require_module
 
 from meshplan.planner.views import memory_by_seq, node_scan, scan_answers
+
+APP = Path(__file__).resolve().parents[2] / "ui" / "streamlit_app.py"
 
 require_module("streamlit")
 
 
 def link_app(**query):
     from streamlit.testing.v1 import AppTest
-
-    from tests.ui.conftest import APP
 
     at = AppTest.from_file(str(APP), default_timeout=120)
     for k, v in query.items():
