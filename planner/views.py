@@ -198,6 +198,7 @@ def add_nodes_hint(res) -> str:
     """Where a sweep in which nothing fits starts to fit: the smallest node count of `SCAN_NODES` above it (same
     accelerator, node size, batch and search space) with its best plan, as one sentence; '' when none does or
     something fits already."""
+    from meshplan.planner.labels import short_config
     from meshplan.planner.search import plan_search
 
     if len(res.ranked):
@@ -207,8 +208,6 @@ def add_nodes_hint(res) -> str:
         other = plan_search(res.model, res.hw, res.stack, n * res.gpus_per_node, res.gpus_per_node, res.seq_len,
                             res.global_batch, res.memory_margin, res.objective, space=res.space)
         if len(other.ranked):
-            from meshplan.planner.labels import short_config
-
             i = int(other.ranked[0])
             return (f"it fits from {n} nodes ({other.world} GPUs): {short_config(other.config(i))} at "
                     f"{other.peak_gib[i]:.1f} GiB, {other.tps[i]:,.0f} tok/s/GPU")

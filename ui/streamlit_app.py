@@ -82,7 +82,7 @@ st.markdown(
 )
 for k, v in DEFAULTS.items():
     st.session_state.setdefault(k, v)
-URL = Url(lambda: cache.presets(), lambda: cache.hardware_ids(), OBJECTIVES, FINETUNE_MODES)
+URL = Url(cache.presets, cache.hardware_ids, OBJECTIVES, FINETUNE_MODES)
 if "_url_problems" not in st.session_state:  # a link's values fill the sidebar once, on the first run
     url_values, st.session_state["_url_problems"] = URL.read(st.query_params.to_dict())
     for k, v in url_values.items():

@@ -103,9 +103,9 @@ def node_scan(key: str, hw_ids: tuple[str, ...], node_counts: tuple[int, ...], t
 
     job = Job.from_key(key)
     current = job.hw()
-    profiles = [current if h in (current.id, current.id.removesuffix("-custom")) else hardware(h) for h in hw_ids]
-    # the sidebar's own node size applies to its accelerator; the others use their own
-    profiles = [p.model_copy(update={"gpus_per_node": job.gpus_per_node}) if p is current else p for p in profiles]
+    # the sidebar's accelerator with its own node size (and custom values); the others as profiled
+    mine = current.model_copy(update={"gpus_per_node": job.gpus_per_node})
+    profiles = [mine if h in (current.id, current.id.removesuffix("-custom")) else hardware(h) for h in hw_ids]
     return shared_scan(job.model_spec(), load_stack(job.stack), profiles, node_counts, job.seq_len, job.global_batch,
                        job.memory_margin, job.objective, tokens, space=search_space(job.pin_dict()),
                        current=(current.id, job.nodes), known=sweep(key))
