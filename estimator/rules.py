@@ -196,8 +196,7 @@ def violations(
     for rule in RULES:
         if (rule.needs_hw and hw is None) or (rule.policy and not policies):
             continue
-        bad = np.broadcast_to(np.asarray(rule.bad(model, c, hw), dtype=bool), reason.shape)
-        reason[(reason == 0) & bad] = rule.code
+        reason = np.where((reason == 0) & rule.bad(model, c, hw), rule.code, reason)  # a scalar `bad` broadcasts
     return reason
 
 

@@ -49,8 +49,10 @@ def targets_of(mask: np.ndarray) -> list[tuple[str, np.ndarray]]:
 
 def adapter_params_per_layer(model: ModelSpec, lay: Layout) -> np.ndarray:
     """LoRA parameters of one block: r x (in + out) per targeted linear (0 without LoRA)."""
-    shapes = linear_shapes(model)
     total = np.zeros_like(lay.tp)
+    if not lay.lora.any():  # no row trains adapters: skip the per-linear walk (a single estimate's fast path)
+        return total
+    shapes = linear_shapes(model)
     for name, on in targets_of(lay.c.lora_targets):
         if name in shapes:  # w3 only exists in a gated MLP
             k, n = shapes[name]
@@ -99,6 +101,8 @@ def lora_saved_delta(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndar
     With op-SAC (torchtitan's policy: every matmul output saved except every second one, counted in forward order)
     the adapters' matmuls join the count: base, A, B of each targeted linear, which moves the parity of what
     follows; the difference of the saved outputs of the two sequences is what LoRA adds."""
+    if not lay.lora.any():
+        return np.zeros_like(lay.tp), np.zeros_like(lay.tp)
     seq = mm_sequence(model)
     h, F, q = float(model.hidden), float(model.ffn_hidden), float(model.q_dim)
     r = lay.lora_rank
@@ -190,6 +194,8 @@ def lora_gemm_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay:
     """Forward + backward seconds of one block's LoRA matmuls per microbatch: x A^T (in -> r) and its B^T (r -> out)
     on each targeted linear, in bf16 (skinny: r is their narrow dimension)."""
     total = np.zeros_like(lay.tp)
+    if not lay.lora.any():
+        return total
     shapes = linear_shapes(model)
     for name, on in targets_of(lay.c.lora_targets):
         if name not in shapes:

@@ -223,6 +223,8 @@ def worst_stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: R
         return stage_memory(model, stack, lay, rp, act, k), k
     worst = stage_memory(model, stack, lay, rp, act, np.zeros_like(p))
     worst_stage = np.zeros_like(p)
+    if (p <= 1).all():  # no pipeline anywhere: the one stage is the worst
+        return worst, worst_stage
     for k in (np.minimum(1.0, p - 1), p - 1):
         cand = stage_memory(model, stack, lay, rp, act, k)
         worse = cand.allocated_bytes > worst.allocated_bytes
