@@ -73,3 +73,62 @@ def compact_config(cfg: dict) -> str:
     if cfg.get("cpu_offload"):
         parts.append("+off")
     return " ".join(parts)
+
+
+# compact_config's words by kind, in its order, and how a label without that word reads when most labels have it
+_KINDS = (("dp", ("fsdp", "hsdp"), None), ("tp", ("tp",), "tp1"), ("cp", ("cp",), "cp1"), ("ep", ("ep",), "ep1"),
+          ("pp", ("pp",), "pp1"), ("mb", ("mb",), None), ("ac", ("AC:",), None), ("fp8", ("fp8:",), "bf16"),
+          ("c", ("+c",), "-c"), ("atp", ("+atp",), "-atp"), ("off", ("+off",), "-off"))
+
+
+def _kind(word: str) -> str:
+    for kind, prefixes, _ in _KINDS:
+        if kind in ("c", "atp", "off"):
+            if word == prefixes[0]:
+                return kind
+        elif word.startswith(prefixes):
+            return kind
+    return word  # an unknown word is its own kind
+
+
+def differences(labels: list[str]) -> tuple[list[str], list[str]]:
+    """(the default words, each label with only what differs from them), for a column too narrow for whole labels.
+
+    A kind of word (AC mode, Float8 recipe, compile, tp degree, ...) that at least half the labels share at one value
+    becomes a default: it goes to the header once and leaves the cells, and a label that differs says how (`AC:sel`;
+    `-c` without compile, `bf16` without Float8, `tp1` without TP where most have it). The data-parallel word always
+    stays, so no cell is empty; distinct labels stay distinct. Fewer than two labels come back whole."""
+    if len(labels) < 2:
+        return [], list(labels)
+    rows = []
+    for label in labels:
+        words: dict[str, str] = {}
+        for w in label.split():
+            words[_kind(w)] = w
+        rows.append(words)
+    order = {kind: n for n, (kind, _, _) in enumerate(_KINDS)}
+    kinds = sorted(dict.fromkeys(k for r in rows for k in r), key=lambda k: order.get(k, len(order)))
+    absent = {kind: missing for kind, _, missing in _KINDS}
+    default: dict[str, str | None] = {}
+    for kind in kinds:
+        if kind == "dp":
+            continue
+        values = [r.get(kind) for r in rows]
+        top = max(set(values), key=lambda v: (values.count(v), v or ""))
+        if values.count(top) * 2 >= len(values) and (top is not None or absent.get(kind)):
+            default[kind] = top
+    cells = []
+    for r in rows:
+        out = []
+        for kind in kinds:
+            value = r.get(kind)
+            if kind in default and value == default[kind]:
+                continue
+            if value is None:
+                if default.get(kind) is not None:
+                    out.append(absent.get(kind) or f"-{kind}")
+                continue
+            out.append(value)
+        cells.append(" ".join(out))
+    return [v for v in default.values() if v is not None], cells
+

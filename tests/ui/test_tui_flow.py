@@ -75,7 +75,8 @@ async def _test_whole_flow(tmp_path):
         assert res.model.name == "llama3-8b" and res.world == 16
         assert "llama3-8b" in text_of(app, "#title") and "2x8" in text_of(app, "#title")
         assert table.row_count == min(len(res.ranked), 500)
-        assert str(table.get_row_at(0)[-1]) == screen.result.compact[int(res.ranked[0])]
+        # the cell shows the label less the defaults the header names (tests/ui/test_tui_table_tools.py)
+        assert set(str(table.get_row_at(0)[-1]).split()) <= set(screen.result.compact[int(res.ranked[0])].split())
 
         # select a plan: the detail follows the cursor
         await pilot.press("escape")
@@ -265,7 +266,7 @@ async def _test_hardware_comparison_switches_hardware():
         table.move_cursor(row=ids.index("h200-sxm"))
         await pilot.press("enter")
         await settle(pilot)
-        assert str(screen.query_one("#f-hardware", Select).value) == "h200-sxm"
+        assert screen.query_one("#f-hardware", Input).value == "h200-sxm"
         assert screen.result.res.hw.id == "h200-sxm"
         assert screen.query_one("#tabs", TabbedContent).active == "plans"
 

@@ -46,7 +46,9 @@ class MainScreen(Screen):
         Binding("space", "mark", "mark"),
         Binding("e", "export", "export"),
         Binding("l", "launch", "launch"),
-        Binding("z", "zoom", "zoom"),
+        Binding("z", "zoom", "zoom", show=False),
+        Binding("slash", "filter", "filter"),
+        Binding("y", "copy", "copy cmd", show=False),
         Binding("p", "tab('plans')", "plans", show=False),
         Binding("t", "tab('tree')", "tree", show=False),
         Binding("c", "tab('compare')", "compare", show=False),
@@ -57,7 +59,7 @@ class MainScreen(Screen):
         Binding("q", "quit", "quit"),
     ]
     LETTER_ACTIONS = {"form", "sort", "reverse", "mark", "export", "launch", "zoom", "tab", "toggle_theme", "help",
-                      "quit"}
+                      "quit", "filter", "copy"}
     ZOOM = {"plans": "#detail-box", "tree": "#dtree", "compare": "#compare-box", "hardware": "#hw-table",
             "capacity": "#cap-table"}
 
@@ -71,6 +73,8 @@ class MainScreen(Screen):
         self.rows: list[int] = []  # sweep indices in table order
         self.exported: dict[tuple, str] = {}  # (search inputs, sweep index) -> the plan file written for it
         self.status: tuple = ("searching…", "busy", None)
+        self.sort_keys: list[str] = list(SORTS)
+        self.query_text = ""  # the plans filter (/): words every shown configuration contains
 
     # ---- layout ------------------------------------------------------------------------------------
 
@@ -80,6 +84,8 @@ class MainScreen(Screen):
         yield Static("", id="message")
         with TabbedContent(id="tabs", initial="plans"):
             with TabPane("[u]P[/u]lans", id="plans"):
+                yield Input(placeholder="filter: words every plan shows contain (tp2 +atp, pp, fp8:row); esc clears",
+                            id="filter", compact=True)
                 yield CursorTable(id="table", cursor_type="row", zebra_stripes=True)
                 with Panel(id="detail-box"):
                     yield PlanDetail(id="detail")
@@ -141,6 +147,8 @@ class MainScreen(Screen):
     @on(Input.Changed, ".field")
     def _changed(self, event: Input.Changed) -> None:
         name = event.input.id.removeprefix("f-")
+        if name == "hardware":
+            self.update_gpn_placeholder()
         if event.input.has_class("error"):  # clear the mark as soon as the value parses
             _, errors = parse_form({**self.form_values()})
             if name not in errors:
@@ -148,8 +156,6 @@ class MainScreen(Screen):
 
     @on(Select.Changed, ".field")
     def _select_changed(self, event: Select.Changed) -> None:
-        if event.select.id == "f-hardware":
-            self.update_gpn_placeholder()
         if self.is_mounted and self.attempted is not None:
             self.submit()
 
@@ -218,36 +224,43 @@ class MainScreen(Screen):
     # ---- the ranked table --------------------------------------------------------------------------
 
     def fill_table(self, keep: int | None = None) -> None:
+        from meshplan.planner.labels import differences
         from meshplan.ui.tui import logic
 
         result = self.result
         money = result.inputs.tokens is not None
-        columns = [(key, Text(self._sort_label(key), justify="right")) for key in ("rank", "peak", "tps", "mfu", "step")]
+        keys = ["rank", "peak", "tps", "mfu", "step"]
         if money:
-            columns.append(("days", Text("train", justify="right")))
+            keys.append("days")
             if result.price is not None:
-                columns.append(("cost", Text("cost", justify="right")))
-        columns.append(("config", Text(self._sort_label("config"))))
-        self.rows = logic.sorted_indices(result, self.sort_key, self.sort_reverse)
+                keys.append("cost")
+        self.rows = logic.sorted_indices(result, self.sort_key, self.sort_reverse, query=self.query_text)
+        data = [logic.row(result, i) for i in self.rows]
+        # the words most plans share go to the header once, so the cells keep what tells plans apart
+        common, labels = differences([r["config"] for r in data])
         rows = []
-        for i in self.rows:
-            r = logic.row(result, i)
+        for i, r, label in zip(self.rows, data, labels, strict=True):
             cells = [self._rank_cell(i, r["rank"]), cell(f"{r['peak_gib']:.1f}"), cell(f"{r['tps']:,.0f}"),
                      cell(f"{r['mfu']:.1%}"), cell(f"{r['step_s']:.2f}")]
             if money:
                 cells.append(cell(fmt_days(r["days"])))
                 if result.price is not None:
                     cells.append(cell(fmt_money(r["cost_usd"])))
-            cells.append(Text(r["config"]))
+            cells.append(Text(label))
             rows.append((str(i), cells))
+        self.sort_keys = [*keys, "config"]  # s cycles through the columns on screen
+        columns = [(key, Text(self._sort_label(key), justify="right")) for key in keys]
+        head = "default: " + " ".join(common) if common else SORTS["config"][0]
+        columns.append(("config", Text(self._sort_label("config", head))))
         table = self.query_one("#table", DataTable)
         fill(table, columns, rows, extra={"rank": 1})  # room for the compare mark
         if keep is not None and keep in self.rows:
             table.move_cursor(row=self.rows.index(keep), animate=False)
+        self.update_filter_note()
         self.update_detail()
 
-    def _sort_label(self, key: str) -> str:
-        label = SORTS[key][0]
+    def _sort_label(self, key: str, label: str | None = None) -> str:
+        label = label or SORTS[key][0]
         if key != self.sort_key:
             return label
         return label + (" ↑" if SORTS[key][1] != self.sort_reverse else " ↓")
@@ -304,7 +317,7 @@ class MainScreen(Screen):
         self.fill_table(keep=self.selected())
 
     def action_sort(self) -> None:
-        keys = list(SORTS)
+        keys = self.sort_keys
         self.set_sort(keys[(keys.index(self.sort_key) + 1) % len(keys)], False)
 
     def action_reverse(self) -> None:
@@ -361,12 +374,14 @@ class MainScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         in_form = isinstance(self.focused, Input | Select) and (self.focused.has_class("field")
-                                                                 or self.focused.has_class("cap-field"))
+                                                                 or self.focused.has_class("cap-field")
+                                                                 or self.focused.id == "filter")
         if action == "results":
-            return in_form or self.maximized is not None
+            return in_form or self.maximized is not None or bool(self.query_text) or self.focused is self.query_one(
+                "#filter", Input)
         if in_form and action in self.LETTER_ACTIONS:
             return False
-        if action in ("sort", "reverse", "mark"):
+        if action in ("sort", "reverse", "mark", "copy"):
             return self.query_one("#tabs", TabbedContent).active == "plans"
         return True
 
@@ -374,6 +389,10 @@ class MainScreen(Screen):
         self.refresh_bindings()
 
     def action_results(self) -> None:
+        if self.focused is self.query_one("#filter", Input) or (self.query_text and self.maximized is None
+                                                                and self.focused is self.query_one("#table")):
+            self.clear_filter()
+            return
         if self.maximized is not None:
             self.minimize()
         self.set_focus(self._main_widget(self.query_one("#tabs", TabbedContent).active))
@@ -415,6 +434,65 @@ class MainScreen(Screen):
     async def action_quit(self) -> None:
         self.app.exit()
 
+    # ---- filter and copy ---------------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        """Show the plans filter and type into it (the Plans view)."""
+        if self.result is None:
+            return
+        self.action_tab("plans")
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.query_text = event.value.strip()
+        if self.result is not None:
+            self.fill_table(keep=self.selected())
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = bool(self.query_text)  # stays on screen while it filters
+        self.query_one("#table", DataTable).focus()
+
+    def clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""  # Changed refills the table
+        box.display = False
+        self.query_one("#table", DataTable).focus()
+
+    def update_filter_note(self) -> None:
+        if not self.query_text or self.result is None:
+            return
+        matched, total = self.result.estimates.get("_matched", len(self.rows)), len(self.result.res.ranked)
+        if matched:
+            self.set_message(f"{matched:,} of {total:,} fitting plans contain “{self.query_text}” · esc clears the "
+                             "filter", "info")
+        else:
+            self.set_message(Text(f"✗ no fitting plan contains “{self.query_text}” (words match the configuration "
+                                  "column or the detail's text, e.g. tp2, pp4, fp8:row, +atp) · esc clears"), "error")
+
+    def action_copy(self) -> None:
+        """Copy the chosen plan's launch command to the terminal's clipboard (OSC 52: works over ssh where the
+        terminal allows it)."""
+        from meshplan.ui.tui import logic
+
+        i = self.selected()
+        if i is None:
+            self.notify("no plan to copy yet", severity="warning")
+            return
+        exported = self.exported.get((self.result.inputs, i))
+        if exported is None:
+            rank = logic.row(self.result, i)["rank"]
+            self.notify(f"plan #{rank} is not exported yet: e writes its files, then y copies its launch command",
+                        severity="warning", timeout=4)
+            return
+        command = logic.launch_command(exported, "torchrun")
+        self.app.copy_to_clipboard(command)
+        self.notify(f"copied: {command}", timeout=4)
+
     def action_export(self) -> None:
         from meshplan.ui.tui.screens import ExportScreen
 
@@ -453,7 +531,7 @@ class MainScreen(Screen):
 
         result = self.result
         exported = self.exported.get((result.inputs, i))  # only this plan's own file, if it was exported
-        self.app.push_screen(LaunchScreen(lambda b: logic.launch_preview(result, i, b, exported)))
+        self.app.push_screen(LaunchScreen(lambda b: logic.launch_preview(result, i, b, exported), plan_file=exported))
 
 
 class MeshplanApp(App):

@@ -46,6 +46,8 @@ SORTS = {  # key -> (column label, ascending by default)
     "tps": ("tok/s", False),
     "mfu": ("MFU", False),
     "step": ("step s", True),
+    "days": ("train", True),
+    "cost": ("cost", True),
     "config": ("configuration", True),
 }
 

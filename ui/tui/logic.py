@@ -113,23 +113,44 @@ def names() -> tuple[list[str], list[str]]:
 # ---- the ranked table ----------------------------------------------------------------------------------
 
 
-def sorted_indices(result: Result, key: str, reverse: bool = False, limit: int = TABLE_ROWS) -> list[int]:
-    """Sweep indices of the fitting configurations in table order (`limit` first)."""
+def sorted_indices(result: Result, key: str, reverse: bool = False, limit: int = TABLE_ROWS,
+                   query: str = "") -> list[int]:
+    """Sweep indices of the fitting configurations in table order (`limit` first); with `query`, only those whose
+    configuration text (the table's compact label and the detail's words, case-insensitive) contains every word
+    of it."""
     import numpy as np
 
     res = result.res
     ranked = res.ranked
+    words = query.lower().split()
+    if words:
+        ranked = ranked[np.fromiter((all(w in searchable(result, int(i)) for w in words) for i in ranked),
+                                    dtype=bool, count=len(ranked))]
+    result.estimates["_matched"] = len(ranked)  # how many pass the filter (the table shows `limit` of them)
     if key == "rank":
         order = ranked
     elif key == "config":
         labels = np.array([compact(result, int(i)) for i in ranked])
         order = ranked[np.argsort(labels, kind="stable")]
     else:
-        values = {"peak": res.peak_gib, "tps": res.tps, "mfu": res.mfu, "step": res.step_s}[key][ranked]
+        # at a fixed world size and price, days and dollars to train follow 1 / throughput
+        values = {"peak": res.peak_gib, "tps": res.tps, "mfu": res.mfu, "step": res.step_s,
+                  "days": 1.0 / res.tps, "cost": 1.0 / res.tps}[key][ranked]
         order = ranked[np.argsort(values if SORTS[key][1] else -values, kind="stable")]
     if reverse:
         order = order[::-1]
     return [int(i) for i in order[:limit]]
+
+
+def searchable(result: Result, i: int) -> str:
+    """What the plans filter matches: the compact label and the words of the detail (lower case), cached."""
+    texts = result.estimates.setdefault("_search", {})
+    text = texts.get(i)
+    if text is None:
+        from meshplan.planner.labels import short_config
+
+        text = texts[i] = (compact(result, i) + " | " + short_config(result.res.config(i))).lower()
+    return text
 
 
 def compact(result: Result, i: int) -> str:
@@ -293,6 +314,13 @@ def export_files(result: Result, i: int, directory: str | Path, partition: str |
     except OSError as exc:
         raise MeshplanError(f"cannot create {folder}: {exc.strerror or exc}") from None
     return [write_atomic(path, body, mode=mode) for path, body, mode in files]
+
+
+def launch_command(plan_file: str, backend: str) -> str:
+    """The command that launches an exported plan file (what `y` copies), its path quoted for the shell."""
+    import shlex
+
+    return f"meshplan launch {shlex.quote(plan_file)} --backend {backend}"
 
 
 def launch_preview(result: Result, i: int, backend: str, plan_file: str | None = None) -> tuple[str, str]:

@@ -251,7 +251,6 @@ class FormPane(Vertical):
         self.initial = initial
         self.names: tuple[list[str], list[str]] = ([], [])  # model presets, hardware profiles
         self.hw_gpn: dict[str, int] = {}
-        self.hw_options: list[str] = [initial.get("hardware") or DEFAULTS["hardware"]]
 
     def compose(self) -> ComposeResult:
         keys = list(FIELDS)
@@ -274,9 +273,6 @@ class FormPane(Vertical):
         if choices:
             return Select([(o, o) for o in choices], value=value if value in choices else choices[0],
                           allow_blank=False, id=f"f-{name}", compact=True, classes="field")
-        if name == "hardware":
-            return Select([(value, value)], value=value, allow_blank=False, id=f"f-{name}", compact=True,
-                          classes="field")
         placeholder = {"gpus_per_node": "profile's", "tokens": "none", "batch": "sequences"}.get(name, "")
         return Input(value, placeholder=placeholder, id=f"f-{name}", compact=True, classes="field")
 
@@ -295,19 +291,14 @@ class FormPane(Vertical):
 
     def choose_hardware(self, hardware: str, nodes: int) -> None:
         """Put another accelerator (and its node count) in the form without triggering a search."""
-        select = self.query_one("#f-hardware", Select)
-        with select.prevent(Select.Changed):
-            if hardware not in self.hw_options:
-                self.hw_options.append(hardware)
-                select.set_options([(h, h) for h in self.hw_options])
-            select.value = hardware
+        self.query_one("#f-hardware", Input).value = hardware
         self.query_one("#f-nodes", Input).value = str(nodes)
         self.query_one("#f-gpus_per_node", Input).value = ""
         self.update_gpn_placeholder()
 
     def update_gpn_placeholder(self) -> None:
-        hw = str(self.query_one("#f-hardware", Select).value)
-        gpn = self.hw_gpn.get(hw)
+        hw = self.query_one("#f-hardware", Input).value.strip()
+        gpn = self.hw_gpn.get(hw)  # a profile file of your own: its value shows once the search loads it
         self.query_one("#f-gpus_per_node", Input).placeholder = f"{gpn} (profile)" if gpn else "profile's"
 
     @work(thread=True, group="names")
@@ -322,12 +313,7 @@ class FormPane(Vertical):
         self.names = (models, hardware)
         self.hw_gpn = gpn
         self.query_one("#f-model", Input).suggester = SuggestFromList(models, case_sensitive=False)
-        select = self.query_one("#f-hardware", Select)
-        current = str(select.value)
-        self.hw_options = list(dict.fromkeys([*hardware, current]))
-        with select.prevent(Select.Changed):
-            select.set_options([(h, h) for h in self.hw_options])
-            select.value = current
+        self.query_one("#f-hardware", Input).suggester = SuggestFromList(hardware, case_sensitive=False)
         self.update_gpn_placeholder()
 
 

@@ -21,9 +21,10 @@ HELP = (
         ("esc", "back to the results"),
         ("", "invalid values turn red and are explained under the form; the previous results stay on screen "
              "until a search succeeds"),
-        ("model", "a preset ({models}) or a path to a meshplan model YAML or Hugging Face config.json; "
-                  "→ accepts the suggested name"),
-        ("hardware", "{hardware} (enter opens the list)"),
+        ("model", "a preset ({models}), a path to a meshplan model YAML, a Hugging Face config.json or a "
+                  "downloaded model's folder holding one; → accepts the suggested name"),
+        ("hardware", "a profile ({hardware}; → accepts the suggested name) or a path to a hardware profile YAML "
+                     "of your own (copy one from data/hardware_profiles/)"),
         ("objective", "throughput | time | cost"),
         ("nodes", "number of nodes; GPUs/node empty: the hardware profile's"),
         ("seq len", "tokens per sequence"),
@@ -36,7 +37,9 @@ HELP = (
         ("p  Plans", "the ranked configurations that fit; ↑/↓ choose one: its memory per GPU (per pipeline "
                      "stage when pp > 1) against the limit │ and usable HBM ┃, throughput, MFU, step time, "
                      "time-to-train and cost show below"),
-        ("s / r", "sort by the next column / reverse the order"),
+        ("s / r", "sort by the next column / reverse the order (or click a column's header)"),
+        ("/", "filter the plans: words every shown configuration contains (tp2 +atp, pp4, fp8:row, hsdp); "
+              "enter keeps the filter, esc clears it"),
         ("space", "mark up to 3 plans for Compare"),
         ("t  Tree", "the decision tree; enter or space expands a step: why it is taken or not, its best "
                     "configuration, the alternatives it rejected and why"),
@@ -46,10 +49,36 @@ HELP = (
                      "in days and a budget in US$ (2M, 3e6) for the cheapest and the fastest cluster that meet "
                      "them; 'add nodes' says where the model starts to fit; enter switches the form to a node count"),
     ]),
+    ("Ranking", [
+        ("rule", "plans that fit rank by tokens/s/GPU in 1 % bands (the estimate is not finer than that); within "
+                 "a band, plans without CPU offload first, then lower peak memory, then higher exact throughput. "
+                 "At a fixed cluster, days and dollars to train order the same way; objective time or cost "
+                 "matter when clusters differ (the Nodes and Hardware views)"),
+        ("fits", "peak reserved memory of the worst rank <= margin x usable HBM, and host RAM per node within "
+                 "the node's"),
+    ]),
+    ("Columns and labels", [
+        ("#", "rank (● marked for Compare)"),
+        ("GiB", "peak reserved GPU memory of the worst rank (what torch.cuda.max_memory_reserved reports)"),
+        ("tok/s", "tokens per second per GPU;  MFU: model FLOPs utilisation;  step s: seconds per optimizer step"),
+        ("train, cost", "days and US$ to train the token budget at the profile's price per GPU-hour"),
+        ("all: …", "words every plan shown shares: the configuration cells keep only what tells plans apart; the "
+                   "detail below spells the chosen plan out"),
+        ("fsdp64", "FSDP2 sharding over 64 GPUs;  hsdp2x32: 2 replicas of 32-way FSDP (HSDP)"),
+        ("tp cp ep", "tensor, context and expert parallel degrees (tp8 cp2 ep8)"),
+        ("pp4/1f1b", "4 pipeline stages with the 1F1B schedule; gpipe = GPipe, i1f1bv2 = interleaved 1F1B with "
+                     "2 stages per rank"),
+        ("mb2", "micro-batch of 2 sequences"),
+        ("AC:", "activation checkpointing: no, sel (selective, per op), full (every block)"),
+        ("fp8:", "Float8 training (torchao): ten = tensorwise, row = rowwise, mxf = MXFP8"),
+        ("+c +atp +off", "torch.compile · async tensor parallel · FSDP2 CPU offload"),
+    ]),
     ("Actions", [
         ("e", "export the chosen plan to a directory: plan YAML, torchtitan TOML and 0.3 command line, "
               "torchrun, Slurm and mpirun scripts"),
         ("l", "preview the launch: what `meshplan launch PLAN --backend torchrun|slurm|mpirun --dry-run` prints"),
+        ("y", "copy the exported plan's launch command to the clipboard (OSC 52: your terminal's clipboard, over "
+              "ssh too where the terminal allows it); in the preview, for the backend shown"),
         ("d", "light / dark theme"),
         ("? / F1", "this help"),
         ("q / ctrl+q", "quit"),
@@ -156,12 +185,25 @@ class LaunchScreen(ModalScreen[None]):
         Binding("1", "backend('torchrun')", "torchrun"),
         Binding("2", "backend('slurm')", "slurm"),
         Binding("3", "backend('mpirun')", "mpirun"),
+        Binding("y", "copy", "copy command"),
         Binding("escape,q,l", "dismiss", "close"),
     ]
 
-    def __init__(self, preview: Callable[[str], tuple[str, str]], backend: str = "torchrun"):
+    def __init__(self, preview: Callable[[str], tuple[str, str]], backend: str = "torchrun",
+                 plan_file: str | None = None):
         super().__init__()
-        self.preview, self.backend = preview, backend
+        self.preview, self.backend, self.plan_file = preview, backend, plan_file
+
+    def action_copy(self) -> None:
+        """Copy the command that launches this plan with the backend shown (OSC 52), once it is exported."""
+        from meshplan.ui.tui.logic import launch_command
+
+        if self.plan_file is None:
+            self.notify("this plan is not exported yet: esc, then e writes its files", severity="warning")
+            return
+        command = launch_command(self.plan_file, self.backend)
+        self.app.copy_to_clipboard(command)
+        self.notify(f"copied: {command}", timeout=4)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="launch-dialog", classes="dialog"):
@@ -182,7 +224,8 @@ class LaunchScreen(ModalScreen[None]):
             cmd, text = f"meshplan launch PLAN --backend {backend} --dry-run", f"error: {exc}"
         head = Text("preview ", style="bold")
         head.append(f"$ {cmd}", style="bold green")
-        head.append("\nnothing is started or written; 1 torchrun · 2 slurm · 3 mpirun", style="dim")
+        head.append("\nnothing is started or written; 1 torchrun · 2 slurm · 3 mpirun · y copies the launch command",
+                    style="dim")
         self.query_one("#launch-cmd", Static).update(head)
         self.query_one("#launch-text", Static).update(text)
         self.query_one("#launch-body", VerticalScroll).scroll_home(animate=False)
