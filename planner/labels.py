@@ -91,13 +91,14 @@ def _kind(word: str) -> str:
     return word  # an unknown word is its own kind
 
 
-def differences(labels: list[str]) -> tuple[list[str], list[str]]:
+def differences(labels: list[str], sample: int = 40) -> tuple[list[str], list[str]]:
     """(the default words, each label with only what differs from them), for a column too narrow for whole labels.
 
     A kind of word (AC mode, Float8 recipe, compile, tp degree, ...) that at least half the labels share at one value
     becomes a default: it goes to the header once and leaves the cells, and a label that differs says how (`AC:sel`;
     `-c` without compile, `bf16` without Float8, `tp1` without TP where most have it). The data-parallel word always
-    stays, so no cell is empty; distinct labels stay distinct. Fewer than two labels come back whole."""
+    stays, so no cell is empty; distinct labels stay distinct. Fewer than two labels come back whole. The defaults
+    are read from the first `sample` labels (the top of a ranked table, what a screen shows) and apply to all."""
     if len(labels) < 2:
         return [], list(labels)
     rows = []
@@ -113,7 +114,7 @@ def differences(labels: list[str]) -> tuple[list[str], list[str]]:
     for kind in kinds:
         if kind == "dp":
             continue
-        values = [r.get(kind) for r in rows]
+        values = [r.get(kind) for r in rows[:sample]]
         top = max(set(values), key=lambda v: (values.count(v), v or ""))
         if values.count(top) * 2 >= len(values) and (top is not None or absent.get(kind)):
             default[kind] = top
