@@ -112,20 +112,24 @@ sb.caption("Plan distributed LLM training before spending a GPU-hour.")
 
 sb.subheader("Model")
 sb.radio("Model from", ["preset", "upload"], key="model_src", horizontal=True,
-         format_func=lambda s: {"preset": "preset", "upload": "config.json / YAML"}[s])
+         format_func=lambda s: {"preset": "preset", "upload": "config.json / YAML"}[s],
+         help="a built-in model, or your own: a Hugging Face config.json (dense or mixture-of-experts) or a meshplan "
+              "model YAML")
 model = model_source = None
 input_error = None
 waiting_for_upload = False
 if st.session_state["model_src"] == "preset":
-    sb.selectbox("Preset", cache.presets(), key="model")
+    sb.selectbox("Preset", cache.presets(), key="model",
+                 help="built-in architectures (data/models/): layers, widths, heads, vocabulary; the facts below")
     model_source = st.session_state["model"]
     try:
         model = cache.preset(model_source)
     except MeshplanError as exc:
-        input_error = str(exc)
+        input_error = ("model", str(exc))
 else:
     up = sb.file_uploader("Hugging Face config.json or meshplan model YAML", type=["json", "yaml", "yml"],
-                          key="upload", max_upload_size=1)
+                          key="upload", max_upload_size=1,
+                          help="at most 1 MB; read on this machine, never sent anywhere; a link cannot carry it")
     if up is None:
         waiting_for_upload = True
     else:
@@ -133,12 +137,15 @@ else:
             model = parse_model_upload(up.name, up.getvalue())
             model_source = up.name
         except MeshplanError as exc:
-            input_error = str(exc)
+            input_error = ("model", str(exc))
 if model is not None:
     sb.caption(model_facts(model))
+slots = {"model": sb.empty()}  # where a section's bad input is explained, under its fields
 
 sb.subheader("Hardware")
-sb.selectbox("Profile", cache.hardware_ids(), key="hardware", on_change=_hardware_changed)
+sb.selectbox("Profile", cache.hardware_ids(), key="hardware", on_change=_hardware_changed,
+             help="accelerator and node (data/hardware_profiles/): peak FLOP/s, HBM, links, host RAM, price; the "
+                  "sources are under Hardware facts")
 base_hw = cache.hardware(st.session_state["hardware"])
 st.session_state.setdefault("gpn", base_hw.gpus_per_node)
 sb.toggle("Custom values", key="hw_custom", help="override some numbers of the profile")
@@ -150,28 +157,45 @@ if st.session_state["hw_custom"]:
             else float(getattr(base_hw, field))
         st.session_state.setdefault(f"hw_{field}", float(default))
         # a 0 is kept (and rejected with a message), not silently replaced by the stock value
-        overrides[field] = sb.number_input(label, min_value=0.0, key=f"hw_{field}", format="%.2f")
+        overrides[field] = sb.number_input(label, min_value=0.0, key=f"hw_{field}", format="%.2f",
+                                           help=f"{label}: replaces the profile's value for this page only; "
+                                                "0 is refused with a message")
     try:
         hw = custom_hardware(base_hw, overrides)
     except MeshplanError as exc:
-        input_error = input_error or str(exc)
+        input_error = input_error or ("hardware", str(exc))
 with sb.expander("Hardware facts", expanded=False):
     for line in hardware_facts(hw):
         st.caption(line)
+slots["hardware"] = sb.empty()
 
 sb.subheader("Cluster and batch")
 c1, c2 = sb.columns(2)
-c1.number_input("Nodes", min_value=1, max_value=4096, step=1, key="nodes")
-c2.number_input("GPUs per node", min_value=1, max_value=72, step=1, key="gpn")
-sb.number_input("Sequence length (tokens)", min_value=128, max_value=1 << 20, step=1024, key="seq_len")
-sb.radio("Global batch in", ["tokens", "sequences"], key="batch_unit", horizontal=True)
+c1.number_input("Nodes", min_value=1, max_value=4096, step=1, key="nodes",
+                help="nodes in the cluster, 1..4096; any count (3, 6, 12, 24): degrees come from its divisors")
+c2.number_input("GPUs per node", min_value=1, max_value=72, step=1, key="gpn",
+                help="GPUs used on each node (the profile's by default; fewer for a partial node)")
+sb.number_input("Sequence length (tokens)", min_value=128, max_value=1 << 20, step=1024, key="seq_len",
+                help="tokens per training sequence, 128..1,048,576; long sequences bring context parallelism in")
+sb.radio("Global batch in", ["tokens", "sequences"], key="batch_unit", horizontal=True,
+         help="count the global batch in tokens per optimizer step (4,194,304 = 4Mi) or in sequences")
 if st.session_state["batch_unit"] == "tokens":
-    sb.number_input("Global batch (tokens per step)", min_value=1, step=1 << 20, key="batch_tokens")
+    sb.number_input("Global batch (tokens per step)", min_value=1, step=1 << 20, key="batch_tokens",
+                    help="tokens per optimizer step, a whole number of sequences; a target: each layout trains the "
+                         "nearest batch its data-parallel size divides, within 10 %")
 else:
-    sb.number_input("Global batch (sequences per step)", min_value=1, step=64, key="batch_seqs")
-sb.number_input("Token budget (billion tokens, 0: none)", min_value=0.0, step=100.0, key="tokens_b")
-sb.slider("Memory margin (share of usable HBM a plan may use)", 0.5, 1.0, step=0.01, key="margin")
-sb.selectbox("Objective", list(OBJECTIVES), key="objective")
+    sb.number_input("Global batch (sequences per step)", min_value=1, step=64, key="batch_seqs",
+                    help="sequences per optimizer step; a target: each layout trains the nearest batch its "
+                         "data-parallel size divides, within 10 %")
+sb.number_input("Token budget (billion tokens, 0: none)", min_value=0.0, step=100.0, key="tokens_b",
+                help="tokens to train, in billions (2 trillion = 2000): sets the days and dollars; 0 leaves them out")
+sb.slider("Memory margin (share of usable HBM a plan may use)", 0.5, 1.0, step=0.01, key="margin",
+          help="a plan fits when its peak reserved memory stays under this share of the usable HBM (0.9: 10 % "
+               "headroom for what the estimate misses)")
+sb.selectbox("Objective", list(OBJECTIVES), key="objective",
+             help="what ranks the plans that fit: throughput (tokens/s/GPU), time or cost to train the token budget; "
+                  "on one cluster the three agree, across node counts and hardware (Capacity) they differ")
+slots["cluster"] = sb.empty()
 
 sb.subheader("Capacity")
 c1, c2 = sb.columns(2)
@@ -186,8 +210,10 @@ sb.selectbox("Mode", list(FINETUNE_MODES), key="ft_mode", format_func=FINETUNE_M
                   "low-rank adapters on frozen bf16 weights (LoRA) or on NF4-quantized ones (QLoRA)")
 if st.session_state["ft_mode"] in ("lora", "qlora"):
     c1, c2 = sb.columns(2)
-    c1.number_input("LoRA rank", min_value=1, max_value=4096, step=8, key="lora_rank")
-    c2.number_input("LoRA alpha", min_value=0.0, step=8.0, key="lora_alpha", format="%g")
+    c1.number_input("LoRA rank", min_value=1, max_value=4096, step=8, key="lora_rank",
+                    help="r, the adapters' inner width (1..4096): memory and FLOPs of the adapters grow with it")
+    c2.number_input("LoRA alpha", min_value=0.0, step=8.0, key="lora_alpha", format="%g",
+                    help="the update's scale alpha / r: written into the exported plan; no effect on memory or speed")
     sb.multiselect("Adapted linears", list(LORA_TARGETS), key="lora_targets",
                    help="attention q, k, v, o and MLP w1 (gate), w3 (up), w2 (down); torchtune adapts all seven")
 sb.radio("FSDP CPU offload", ["auto", "off", "on"], key="offload", horizontal=True,
@@ -199,15 +225,19 @@ try:
     pins |= finetune_pins(st.session_state["ft_mode"], st.session_state["lora_rank"],
                           st.session_state["lora_alpha"], st.session_state["lora_targets"], st.session_state["offload"])
 except MeshplanError as exc:
-    input_error = input_error or str(exc)
+    input_error = input_error or ("training", str(exc))
+slots["training"] = sb.empty()
 with sb.expander("Advanced: pin parts of the search"):
     st.caption("Leave a field empty to search every valid value.")
     for key, choices in PIN_CHOICES.items():
         fmt = (lambda v: "on" if v else "off") if key in ("compile", "async_tp") else str
-        chosen = st.multiselect(PIN_LABELS[key], choices, key=f"pin_{key}", format_func=fmt)
+        chosen = st.multiselect(PIN_LABELS[key], choices, key=f"pin_{key}", format_func=fmt,
+                                help=f"search only these values of {PIN_LABELS[key]}; empty: every valid one")
         if chosen:
             pins[key] = sorted(chosen, key=choices.index)
-    if st.checkbox("Allow TP across nodes", key="pin_allow_tp_across_nodes"):
+    if st.checkbox("Allow TP across nodes", key="pin_allow_tp_across_nodes",
+                   help="off: TP stays inside a node, where its all-reduces ride NVLink; on: also search TP degrees "
+                        "larger than a node"):
         pins["allow_tp_across_nodes"] = True
 
 # the URL follows the inputs (a link reproduces this view); an uploaded model cannot travel in a link
@@ -221,35 +251,63 @@ for problem in st.session_state.get("_url_problems", []):
     sb.warning(problem, icon=":material/link_off:")
 
 # ---- the sweep ---------------------------------------------------------------------------------------
-if input_error:
-    st.title("meshplan")
-    fail(input_error)
 if waiting_for_upload:
     st.title("meshplan")
     st.info("Upload a Hugging Face config.json or a meshplan model YAML in the sidebar, or pick a preset.",
             icon=":material/upload_file:")
     st.stop()
-seq_len = int(st.session_state["seq_len"])
-tokens = float(st.session_state["tokens_b"]) * 1e9 or None
-if tokens is not None and tokens > MAX_TOKENS:  # someone typed 2e12 into a field counted in billions
-    st.title("meshplan")
-    fail(f"Token budget {tokens:.3g} is too large (at most {MAX_TOKENS:.0e}): the field counts billions of tokens, "
-         "so 2 trillion is 2000.")
+
+
+class Problem(Exception):
+    """A bad input: its message (one line) and the sidebar section it belongs to."""
+
+    def __init__(self, section: str, message: str):
+        super().__init__(message)
+        self.section = section
+
+
+def sweep_of_inputs() -> tuple:
+    """(job, key, result, tokens, seq_len, global batch) of the sidebar's inputs; Problem on a bad one."""
+    if input_error:
+        raise Problem(*input_error)
+    seq = int(st.session_state["seq_len"])
+    budget = float(st.session_state["tokens_b"]) * 1e9 or None
+    if budget is not None and budget > MAX_TOKENS:  # someone typed 2e12 into a field counted in billions
+        raise Problem("cluster", f"Token budget {budget:.3g} is too large (at most {MAX_TOKENS:.0e}): the field "
+                                 "counts billions of tokens, so 2 trillion is 2000.")
+    try:
+        unit = st.session_state["batch_unit"]
+        batch = global_batch_sequences(int(st.session_state["batch_tokens" if unit == "tokens" else "batch_seqs"]),
+                                       unit, seq)
+        new_job = Job.make(model, model_source, hw, int(st.session_state["nodes"]), int(st.session_state["gpn"]),
+                           seq, batch, float(st.session_state["margin"]), st.session_state["objective"], pins)
+        new_key = new_job.key()
+        with st.spinner("evaluating every configuration ..."):
+            return new_job, new_key, cache.sweep(new_key), budget, seq, batch
+    except MeshplanError as exc:
+        raise Problem("cluster", str(exc)) from None
+
+
+stale = None  # the message of a bad input while the page shows the last inputs that worked
 try:
-    unit = st.session_state["batch_unit"]
-    gbs = global_batch_sequences(int(st.session_state["batch_tokens" if unit == "tokens" else "batch_seqs"]),
-                                 unit, seq_len)
-    job = Job.make(model, model_source, hw, int(st.session_state["nodes"]), int(st.session_state["gpn"]), seq_len,
-                   gbs, float(st.session_state["margin"]), st.session_state["objective"], pins)
-    key = job.key()
-    with st.spinner("evaluating every configuration ..."):
-        res = cache.sweep(key)
-except MeshplanError as exc:
-    st.title("meshplan")
-    fail(str(exc))
+    job, key, res, tokens, seq_len, gbs = sweep_of_inputs()
+    st.session_state["_good"] = {"key": key, "tokens": tokens, "source": model_source}
+except Problem as exc:
+    good = st.session_state.get("_good")
+    slots[exc.section].error(str(exc), icon=":material/error:")
+    if good is None:  # nothing worked yet: there are no results to keep
+        st.title("meshplan")
+        fail(str(exc))
+    stale = str(exc)
+    key, tokens, model_source = good["key"], good["tokens"], good["source"]
+    job = Job.from_key(key)
+    model, hw, seq_len, gbs = job.model_spec(), job.hw(), job.seq_len, job.global_batch
+    res = cache.sweep(key)
 
 price = price_of(hw)
 st.title(f"{model.name} on {job.nodes} × {job.gpus_per_node} {hw.id}")
+if stale:
+    st.warning(f"Stale: these results are for the last inputs that worked. {stale}", icon=":material/history:")
 counts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in res.reason_counts().items())
 st.caption(
     f"{job.world} GPUs, seq {seq_len:,}, global batch {gbs:,} sequences ({gbs * seq_len:,} tokens; a target each "
@@ -277,7 +335,7 @@ else:
     labels = {int(r.rank): f"#{r.rank}  {r.configuration}  ·  {r.peak_gib:.1f} GiB  ·  "
                            f"{r.tokens_per_sec_per_gpu:,.0f} tok/s/GPU" for r in table.itertuples()}
     st.selectbox("Chosen plan (exports, memory bars and metrics follow it)", list(labels), key="chosen",
-                 format_func=labels.get)
+                 format_func=labels.get, help="any of the ranked plans (the Plans table's Rows sets how many)")
     chosen = int(table["index"].iloc[st.session_state["chosen"] - 1])
     cfg = res.config(chosen)
     cfg_json = json.dumps(cfg, sort_keys=True)

@@ -23,6 +23,10 @@ LIMIT_COLOR = STATUS_COLORS["limit"]
 FIT_COLOR = STATUS_COLORS["fits"]
 GREY = "rgba(140,140,140,0.35)"
 FONT = dict(family="Source Sans Pro, sans-serif", size=13)
+# Figures take their background and text colour from Streamlit's theme (light or dark); the few fixed colours are
+# mid-greys that read on both.
+NEUTRAL = "#8c8c8c"  # secondary text, faint edges
+OUTLINE = "#707070"  # marker outlines
 
 
 def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
@@ -55,7 +59,7 @@ def memory_bars(bars: Sequence[tuple[str, dict[str, float]]], usable_gib: float,
         # inside the bar's top: a chosen plan's peak sits near the margin and usable lines, which a label
         # above the bar would collide with
         x=labels, y=totals, mode="text", text=[f"{t:.1f}" for t in totals], textposition="bottom center",
-        textfont=dict(color="#1f1f1f"), showlegend=False, hoverinfo="skip", name="peak", meta="peak",
+        showlegend=False, hoverinfo="skip", name="peak", meta="peak",
     ))
     fig.add_hline(y=usable_gib, line=dict(color=USABLE_COLOR, width=2),
                   annotation=dict(text=f"usable HBM {usable_gib:.1f} GiB", font_color=USABLE_COLOR),
@@ -143,7 +147,7 @@ def sweep_scatter(points: pd.DataFrame, limit_gib: float, usable_gib: float, cho
         ch = points[points["index"] == chosen_index]
         fig.add_trace(go.Scatter(
             x=ch.peak_gib, y=ch.tps, mode="markers", name="chosen",
-            marker=dict(size=18, symbol="star", color=STATUS_COLORS["chosen"], line=dict(color="black", width=1.5)),
+            marker=dict(size=18, symbol="star", color=STATUS_COLORS["chosen"], line=dict(color=OUTLINE, width=1.5)),
             customdata=np.stack([ch["index"], ch["count"]], axis=1), text=list(ch["label"].map(html.escape)),
             hovertemplate="%{text}<br>%{x:.1f} GiB, %{y:,.0f} tok/s/GPU<extra>chosen</extra>",
         ))
@@ -216,7 +220,7 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
         for j, r in enumerate(s.get("rejected", [])[:3]):
             x = -0.09 * (j + 1)
             fig.add_trace(go.Scatter(x=[0, x], y=[ys[k], ys[k] - 0.25], mode="lines", hoverinfo="skip",
-                                     showlegend=False, line=dict(color="#dddddd", width=1)))
+                                     showlegend=False, line=dict(color=NEUTRAL, width=1)))
             alt_x.append(x)
             alt_y.append(ys[k] - 0.25)
             alt_text.append(f"rejected at step {k + 1}: {html.escape(r['summary'])}<br>"
@@ -228,7 +232,7 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
                                  text=alt_text, hovertemplate="%{text}<extra></extra>"))
     fig.add_trace(go.Scatter(
         x=xs, y=ys, mode="markers", name="step", showlegend=False,
-        marker=dict(size=22, color=colors, symbol=symbols, line=dict(color="#333333", width=1.5)),
+        marker=dict(size=22, color=colors, symbol=symbols, line=dict(color=OUTLINE, width=1.5)),
         text=hovers, hovertemplate="%{text}<extra></extra>", customdata=[s["key"] for s in steps],
     ))
     for k, s in enumerate(steps):
@@ -244,17 +248,16 @@ def decision_tree_figure(steps: Sequence[dict]) -> go.Figure:
             lines.append(html.escape(best["summary"]))
         elif s["key"] != "ac":
             head += "   nothing fits"
-        lines.append(f"<span style='color:#666'>{_wrap(s.get('reason', ''), 110)}</span>")
+        lines.append(f"<span style='color:{NEUTRAL}'>{_wrap(s.get('reason', ''), 110)}</span>")
         fig.add_annotation(x=0.05, y=ys[k], xanchor="left", yanchor="middle", showarrow=False, align="left",
                            text="<br>".join([head, *lines]))
     for name, color, symbol in (("taken", STATUS_COLORS["taken"], "circle"), ("fits, not worth it", "#c7e9c0", "circle-open"),
                                 ("nothing fits", STATUS_COLORS["oom"], "x")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                                 marker=dict(size=12, color=color, symbol=symbol, line=dict(color="#333", width=1))))
+                                 marker=dict(size=12, color=color, symbol=symbol, line=dict(color=OUTLINE, width=1))))
     fig.update_layout(
         xaxis=dict(visible=False, range=[-0.33, 1.7], fixedrange=False),
         yaxis=dict(visible=False, range=[-n + 0.4, 0.6]),
-        plot_bgcolor="white",
     )
     fig = _layout(fig, "", 105 * n + 80)
     fig.update_layout(legend=dict(y=1.02, yanchor="bottom"), margin=dict(t=40))

@@ -19,7 +19,8 @@ def render(ctx: Context) -> None:
         ranks = list(range(1, ctx.top + 1))
         st.session_state["compare"] = [r for r in st.session_state.get("compare", []) if r in ranks][:3]
         sel = st.multiselect("Plans to compare (2 or 3 ranks)", ranks, key="compare", max_selections=3,
-                             format_func=lambda r: f"#{r} {ctx.table['configuration'].iloc[r - 1]}")
+                             format_func=lambda r: f"#{r} {ctx.table['configuration'].iloc[r - 1]}",
+                             help="ranks from the Plans table, side by side: memory by category and step time")
         if len(sel) < 2:
             st.info("Pick two or three plans.")
         else:

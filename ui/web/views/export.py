@@ -17,13 +17,16 @@ def render(ctx: Context) -> None:
         st.markdown(f"Exports of the chosen plan **#{st.session_state['chosen']}**: "
                     f"{ctx.table['configuration'].iloc[st.session_state['chosen'] - 1]}")
         plan_path = st.text_input("Plan path as the nodes see it (baked into the scripts; empty: next to the "
-                                  "script)", key="plan_path", placeholder="e.g. /shared/plans/plan.yaml"
-                                  ).strip() or None
+                                  "script)", key="plan_path", placeholder="e.g. /shared/plans/plan.yaml",
+                                  help="where the plan YAML will sit on the cluster's shared filesystem; the "
+                                       "launch scripts read it from there").strip() or None
         init_from = None
         if ctx.job.pin_dict().get("finetune"):
             init_from = st.text_input("Pretrained checkpoint folder (init_from: config.json + *.safetensors, "
                                       "absolute, as the nodes see it)", key="init_from",
-                                      placeholder="e.g. /shared/ckpt/Llama-3.1-70B").strip() or None
+                                      placeholder="e.g. /shared/ckpt/Llama-3.1-70B",
+                                      help="a Hugging Face checkpoint folder on the nodes: each rank reads its own "
+                                           "slices of the safetensors").strip() or None
         try:
             ex = cache.exports(ctx.key, ctx.cfg_json, ctx.tokens, plan_path, init_from)
         except MeshplanError as exc:  # a relative checkpoint folder, say
@@ -37,7 +40,8 @@ def render(ctx: Context) -> None:
                                         icon=":material/download:", width="stretch")
         for fmt, err in ex["errors"].items():
             st.warning(f"{EXPORT_FORMATS[fmt][0]}: {err}")
-        preview = st.selectbox("Preview", list(files), key="preview", format_func=lambda f: files[f][1])
+        preview = st.selectbox("Preview", list(files), key="preview", format_func=lambda f: files[f][1],
+                               help="the text of one download, as it will be written")
         st.code(files[preview][2], language="toml" if preview == "torchtitan-toml" else
                 "yaml" if preview == "plan" else "bash", height=420)
     st.download_button(

@@ -15,7 +15,8 @@ def render(ctx: Context) -> None:
         head = st.columns([3, 1])
         head[0].markdown(f"**Ranked plans** (best first; top {ctx.top:,} of {len(ctx.res.ranked):,} that fit). "
                          "Click a column header to sort.")
-        head[1].number_input("rows shown", min_value=5, max_value=1000, step=25, key="rows")
+        head[1].number_input("rows shown", min_value=5, max_value=1000, step=25, key="rows",
+                             help="how many ranked plans the table and the chosen-plan list hold (5..1000)")
         show = ctx.table.drop(columns=["index"])
         pick = st.session_state["chosen"] - 1
 

@@ -15,8 +15,10 @@ def render(ctx: Context) -> None:
         st.info("Set a token budget in the sidebar to see days and cost.")
     options = list(dict.fromkeys([*COMPARE_HARDWARE, ctx.base_hw.id, *cache.hardware_ids()]))
     st.session_state.setdefault("cmp_hw", list(dict.fromkeys([*COMPARE_HARDWARE, ctx.base_hw.id])))
-    picked = st.multiselect("Compare hardware (same ctx.model, GPU count, batch and margin)", options,
-                            key="cmp_hw", max_selections=6)
+    picked = st.multiselect("Compare hardware (same model, GPU count, batch and margin)", options,
+                            key="cmp_hw", max_selections=6,
+                            help="up to 6 other accelerators at the same number of GPUs: the best plan on each, "
+                                 "its days and dollars")
     if picked:
         rows = cache.hardware_rows(ctx.key, tuple(picked), ctx.tokens)
         st.plotly_chart(figures.hardware_figure(rows, f"{ctx.model.name} on {ctx.job.world} GPUs"),
