@@ -8,7 +8,12 @@ Prints one line per figure (median and worst of --repeat runs) and its target; a
   * one `estimator.estimate()` call (target 1 ms),
   * the web app (Streamlit's AppTest, the script server-side): a rerun after the nodes input changes to a value not
     seen before (one new sweep) and after the chosen plan changes (cached sweep; target 300 ms after the sweep),
-  * the terminal UI (Textual's Pilot, headless): nodes changed in the form -> the new ranked table on screen.
+  * the terminal UI (Textual's Pilot, headless): nodes changed in the form -> the new ranked table on screen, and
+    the cursor moved to another plan -> its detail on screen,
+  * the web app in headless Chromium (`--chromium`; Debian's /usr/bin/chromium with Playwright): a fresh `meshplan
+    web` -> the page's first charts (cold start), another chosen plan -> its metrics on the page, and every URL
+    the page fetched that is not the local server (it should fetch none: the app works offline).
+    `--shots DIR` saves light and dark screenshots of the plans and the decision tree.
 """
 
 from __future__ import annotations
@@ -99,10 +104,124 @@ def tui(repeat: int) -> list[float]:
     return out
 
 
+def tui_select(repeat: int) -> list[float]:
+    """The cursor moved to another plan -> that plan's detail on screen (the sweep is done: the view alone)."""
+    from textual.widgets import DataTable
+
+    from meshplan.ui.tui.app import MeshplanApp
+
+    out: list[float] = []
+
+    async def run() -> None:
+        app = MeshplanApp()
+        async with app.run_test(size=(100, 32)) as pilot:
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            screen = app.get_screen_main()
+            table = screen.query_one("#table", DataTable)
+            table.focus()
+            for k in range(repeat * 4):
+                before = screen.selected()
+                t = time.perf_counter()
+                await pilot.press("down" if k % 8 < 4 else "up")
+                while screen.selected() == before:
+                    await pilot.pause(0.001)
+                out.append(time.perf_counter() - t)
+
+    asyncio.run(run())
+    return out
+
+
+SWITCH_JS = """(k) => new Promise(resolve => {
+    const metric = () => document.querySelectorAll('[data-testid=stMetricValue]')[1];
+    const before = metric().innerText;
+    const t0 = performance.now();
+    const check = () => (metric() && metric().innerText !== before)
+        ? resolve(performance.now() - t0) : requestAnimationFrame(check);
+    document.querySelectorAll('[role=option]')[k].click();
+    requestAnimationFrame(check);
+})"""
+
+
+def chromium(repeat: int, shots: Path | None) -> tuple[list[float], list[float], list[str]]:
+    """(cold start: a fresh server -> first charts, chosen plan changed -> new metrics, URLs not from the server)."""
+    import os
+    import signal
+    import socket
+    import tempfile
+    import urllib.request
+
+    from playwright.sync_api import sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    exe = Path(sys.executable).with_name("meshplan")
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen([str(exe), "web", "--port", str(port)], cwd=ROOT, stdout=log, stderr=log,
+                              start_new_session=True)
+    cold, switch, outside = [], [], []
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.2)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium",
+                                         args=["--headless=new", "--no-sandbox", "--disable-gpu"])
+            for k in range(max(1, repeat // 2)):
+                page = browser.new_page(viewport={"width": 1440, "height": 950})
+                page.set_default_timeout(120_000)
+                page.on("request", lambda r: outside.append(r.url) if not r.url.startswith((url, "data:", "blob:"))
+                        else None)
+                t = time.perf_counter()
+                page.goto(url + ("" if k == 0 else f"/?nodes={8 + k}"))  # k > 0: a sweep this server has not run
+                page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2")
+                cold.append(time.perf_counter() - t)
+                page.close()
+            page = browser.new_page(viewport={"width": 1440, "height": 950})
+            page.set_default_timeout(120_000)
+            page.goto(url)
+            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2")
+            main = page.get_by_test_id("stMain")
+            for k in range(repeat):
+                main.get_by_test_id("stSelectbox").first.click()
+                page.get_by_role("option").nth(2 + k).wait_for()
+                # timed inside the page: the option's click -> the tokens/s metric showing the new plan's value
+                # (Playwright's own click waits for actionability, and expect() polls at 100-1000 ms)
+                elapsed_ms = page.evaluate(SWITCH_JS, 2 + k)
+                switch.append(elapsed_ms / 1e3)
+            if shots is not None:
+                shots.mkdir(parents=True, exist_ok=True)
+                for scheme in ("light", "dark"):
+                    p = browser.new_page(viewport={"width": 1440, "height": 950}, color_scheme=scheme)
+                    p.set_default_timeout(120_000)
+                    p.goto(url)
+                    p.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 2")
+                    p.screenshot(path=str(shots / f"web-plans-{scheme}.png"))
+                    p.get_by_role("tab", name="Decision tree").click()
+                    p.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length >= 1")
+                    time.sleep(1.5)
+                    p.screenshot(path=str(shots / f"web-tree-{scheme}.png"), full_page=True)
+                    p.close()
+            browser.close()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    return cold, switch, outside
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
-    n = ap.parse_args().repeat
+    ap.add_argument("--chromium", action="store_true", help="also time the web app in headless Chromium")
+    ap.add_argument("--shots", type=Path, default=None, help="with --chromium: save screenshots here")
+    args = ap.parse_args()
+    n = args.repeat
     report("meshplan --help (whole process)", process(["--help"], n), 0.35)
     report("meshplan plan --model llama3-70b (whole process)", process(["plan", "--model", "llama3-70b"], n), 0.9)
     report("one estimate() call (llama3-70b, FSDP 64)", one_estimate(n), 1.0, "ms")
@@ -110,6 +229,17 @@ def main() -> None:
     report("web: nodes changed -> rerun with a new sweep", new, None)
     report("web: chosen plan changed -> rerun (sweep cached)", cached, 0.3)
     report("TUI: nodes changed -> new ranked table on screen", tui(n), None)
+    report("TUI: cursor to another plan -> its detail on screen", tui_select(n), 0.3)
+    if args.chromium:
+        cold, switch, outside = chromium(n, args.shots)
+        report("web in Chromium: fresh server -> first charts (cold)", cold[:1], None)
+        if len(cold) > 1:
+            report("web in Chromium: new page, new cluster -> charts", cold[1:], None)
+        report("web in Chromium: chosen plan changed -> new metrics", switch, 0.3)
+        print(f"{'web in Chromium: URLs fetched from outside the server':<58} {len(outside)}"
+              + ("  (works offline)" if not outside else ""))
+        for u in sorted(set(outside)):
+            print(f"    {u}")
 
 
 if __name__ == "__main__":

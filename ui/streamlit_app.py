@@ -70,7 +70,7 @@ PIN_LABELS = {
     "async_tp": "async TP",
 }
 
-st.set_page_config(page_title="meshplan", page_icon=":material/hub:", layout="wide")
+st.set_page_config(page_title="meshplan", page_icon=cache.page_icon(), layout="wide")
 st.markdown(
     """<style>
     .block-container {padding-top: 1.6rem; padding-bottom: 1rem; max-width: 1800px;}

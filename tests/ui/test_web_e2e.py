@@ -113,6 +113,8 @@ def test_change_model_updates_chart_and_table(web_server, tmp_path):
         try:
             page = browser.new_page(viewport={"width": 1366, "height": 900})
             page.set_default_timeout(120_000)
+            asked: list[str] = []  # every URL the page fetches: all of it from the local server (works offline)
+            page.on("request", lambda r: asked.append(r.url))
             page.goto(web_server)
             main = page.get_by_test_id("stMain")
             sync_api.expect(main.locator("h1")).to_contain_text("llama3-70b on 8 × 8 h100-sxm", timeout=120_000)
@@ -141,6 +143,8 @@ def test_change_model_updates_chart_and_table(web_server, tmp_path):
             assert sum(t[0] for t in bars_after[0]) == pytest.approx(peak_after, abs=0.06)
             sync_api.expect(table.locator("table")).not_to_have_text(table_before, timeout=60_000)
             assert "Traceback" not in page.content()
+            outside = [u for u in asked if not u.startswith((web_server, "data:", "blob:", "about:"))]
+            assert asked and not outside, f"fetched from outside the local server: {outside[:5]}"
             shot = tmp_path / "web_llama3-8b.png"
             page.screenshot(path=str(shot))
             assert shot.stat().st_size > 10_000

@@ -128,3 +128,21 @@ def add_nodes_hint(key: str) -> str:
     from meshplan.planner.views import add_nodes_hint as shared
 
     return shared(sweep(key))
+
+
+@st.cache_resource(show_spinner=False)
+def page_icon():
+    """The tab's icon, drawn here (a 3 x 3 mesh of nodes): served by the app itself, so the page fetches nothing
+    from outside (a `:material/...:` page icon is loaded from fonts.gstatic.com)."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(img)
+    points = [(12 + 20 * i, 12 + 20 * j) for i in range(3) for j in range(3)]
+    for x, y in points:
+        for u, v in points:
+            if (u - x, v - y) in ((20, 0), (0, 20)):
+                draw.line((x, y, u, v), fill=(76, 120, 168, 255), width=4)
+    for x, y in points:
+        draw.ellipse((x - 7, y - 7, x + 7, y + 7), fill=(245, 133, 24, 255))
+    return img

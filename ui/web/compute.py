@@ -7,6 +7,7 @@ string that Streamlit's cache can hash cheaply (see `ui.web.cache`).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 
@@ -19,7 +20,7 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import HardwareProfile, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import GIB_DECIMALS, estimate
-from meshplan.estimator.stack import load_stack
+from meshplan.estimator.stack import load_stack as _load_stack
 from meshplan.planner.capacity import train_time
 from meshplan.planner.search import SearchResult, plan_search, short_config
 from meshplan.planner.views import COMPARE_HARDWARE as SHARED_COMPARE_HARDWARE
@@ -87,6 +88,13 @@ class Job:
         nodes = max(1, self.world // gpus_per_node)
         return Job(self.model, self.model_source, hw.model_dump_json(), nodes, gpus_per_node, self.seq_len,
                    self.global_batch, self.memory_margin, self.objective, self.pins, self.stack)
+
+
+@functools.lru_cache(maxsize=8)
+def load_stack(name: str):
+    """A stack profile by name, parsed once per process (the estimator only reads it; a YAML parse is ~35 ms of
+    every rerun otherwise)."""
+    return _load_stack(name)
 
 
 def run_sweep(job: Job) -> SearchResult:
