@@ -80,10 +80,13 @@ def web(repeat: int) -> tuple[list[float], list[float]]:
     return new, cached
 
 
-def tui(repeat: int) -> list[float]:
+def tui(repeat: int) -> tuple[list[float], list[float]]:
+    """(nodes changed in the form -> the new ranked table, the cursor moved to another plan -> its detail), in one
+    headless app (Textual's Pilot)."""
     from meshplan.ui.tui.app import MeshplanApp
 
-    out: list[float] = []
+    sweeps: list[float] = []
+    moves: list[float] = []
 
     async def run() -> None:
         app = MeshplanApp()
@@ -92,44 +95,23 @@ def tui(repeat: int) -> list[float]:
             await pilot.pause()
             screen = app.get_screen_main()
             for k in range(repeat):
-                field = screen.query_one("#f-nodes")
-                field.value = str(9 + k)
+                screen.query_one("#f-nodes").value = str(9 + k)
                 t = time.perf_counter()
                 screen.submit(force=True)
                 while screen.result is None or screen.result.inputs.nodes != 9 + k:
                     await pilot.pause(0.005)
-                out.append(time.perf_counter() - t)
-
-    asyncio.run(run())
-    return out
-
-
-def tui_select(repeat: int) -> list[float]:
-    """The cursor moved to another plan -> that plan's detail on screen (the sweep is done: the view alone)."""
-    from textual.widgets import DataTable
-
-    from meshplan.ui.tui.app import MeshplanApp
-
-    out: list[float] = []
-
-    async def run() -> None:
-        app = MeshplanApp()
-        async with app.run_test(size=(100, 32)) as pilot:
-            await app.workers.wait_for_complete()
-            await pilot.pause()
-            screen = app.get_screen_main()
-            table = screen.query_one("#table", DataTable)
-            table.focus()
-            for k in range(repeat * 4):
+                sweeps.append(time.perf_counter() - t)
+            screen.query_one("#table").focus()
+            for k in range(repeat * 4):  # the sweep is done: the view alone
                 before = screen.selected()
                 t = time.perf_counter()
                 await pilot.press("down" if k % 8 < 4 else "up")
                 while screen.selected() == before:
                     await pilot.pause(0.001)
-                out.append(time.perf_counter() - t)
+                moves.append(time.perf_counter() - t)
 
     asyncio.run(run())
-    return out
+    return sweeps, moves
 
 
 SWITCH_JS = """(k) => new Promise(resolve => {
@@ -228,8 +210,9 @@ def main() -> None:
     new, cached = web(n)
     report("web: nodes changed -> rerun with a new sweep", new, None)
     report("web: chosen plan changed -> rerun (sweep cached)", cached, 0.3)
-    report("TUI: nodes changed -> new ranked table on screen", tui(n), None)
-    report("TUI: cursor to another plan -> its detail on screen", tui_select(n), 0.3)
+    sweeps, moves = tui(n)
+    report("TUI: nodes changed -> new ranked table on screen", sweeps, None)
+    report("TUI: cursor to another plan -> its detail on screen", moves, 0.3)
     if args.chromium:
         cold, switch, outside = chromium(n, args.shots)
         report("web in Chromium: fresh server -> first charts (cold)", cold[:1], None)
