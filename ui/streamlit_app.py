@@ -266,8 +266,8 @@ class Problem(Exception):
         self.section = section
 
 
-def sweep_of_inputs() -> tuple:
-    """(job, key, result, tokens, seq_len, global batch) of the sidebar's inputs; Problem on a bad one."""
+def job_of_inputs() -> tuple[Job, float | None]:
+    """(the sweep's inputs, the token budget) from the sidebar; Problem on a bad input."""
     if input_error:
         raise Problem(*input_error)
     seq = int(st.session_state["seq_len"])
@@ -275,23 +275,22 @@ def sweep_of_inputs() -> tuple:
     if budget is not None and budget > MAX_TOKENS:  # someone typed 2e12 into a field counted in billions
         raise Problem("cluster", f"Token budget {budget:.3g} is too large (at most {MAX_TOKENS:.0e}): the field "
                                  "counts billions of tokens, so 2 trillion is 2000.")
-    try:
-        unit = st.session_state["batch_unit"]
-        batch = global_batch_sequences(int(st.session_state["batch_tokens" if unit == "tokens" else "batch_seqs"]),
-                                       unit, seq)
-        new_job = Job.make(model, model_source, hw, int(st.session_state["nodes"]), int(st.session_state["gpn"]),
-                           seq, batch, float(st.session_state["margin"]), st.session_state["objective"], pins)
-        new_key = new_job.key()
-        with st.spinner("evaluating every configuration ..."):
-            return new_job, new_key, cache.sweep(new_key), budget, seq, batch
-    except MeshplanError as exc:
-        raise Problem("cluster", str(exc)) from None
+    unit = st.session_state["batch_unit"]
+    batch = global_batch_sequences(int(st.session_state["batch_tokens" if unit == "tokens" else "batch_seqs"]),
+                                   unit, seq)
+    return Job.make(model, model_source, hw, int(st.session_state["nodes"]), int(st.session_state["gpn"]), seq,
+                    batch, float(st.session_state["margin"]), st.session_state["objective"], pins), budget
 
 
 stale = None  # the message of a bad input while the page shows the last inputs that worked
 try:
-    job, key, res, tokens, seq_len, gbs = sweep_of_inputs()
-    st.session_state["_good"] = {"key": key, "tokens": tokens, "source": model_source}
+    try:
+        job, tokens = job_of_inputs()
+        with st.spinner("evaluating every configuration ..."):
+            res = cache.sweep(job.key())
+    except MeshplanError as exc:
+        raise Problem("cluster", str(exc)) from None
+    st.session_state["_good"] = {"key": job.key(), "tokens": tokens}
 except Problem as exc:
     good = st.session_state.get("_good")
     slots[exc.section].error(str(exc), icon=":material/error:")
@@ -299,10 +298,10 @@ except Problem as exc:
         st.title("meshplan")
         fail(str(exc))
     stale = str(exc)
-    key, tokens, model_source = good["key"], good["tokens"], good["source"]
-    job = Job.from_key(key)
-    model, hw, seq_len, gbs = job.model_spec(), job.hw(), job.seq_len, job.global_batch
-    res = cache.sweep(key)
+    job, tokens = Job.from_key(good["key"]), good["tokens"]
+    model, hw = job.model_spec(), job.hw()
+    res = cache.sweep(job.key())
+key, seq_len, gbs = job.key(), job.seq_len, job.global_batch
 
 price = price_of(hw)
 st.title(f"{model.name} on {job.nodes} × {job.gpus_per_node} {hw.id}")

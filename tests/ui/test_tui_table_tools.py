@@ -104,7 +104,7 @@ async def _test_filter_sort_and_copy(tmp_path):
         assert box.display and app.focused is box
         await pilot.press(*"tp2 +atp")
         await pilot.pause()
-        matching = [int(i) for i in screen.result.res.ranked
+        matching = [int(i) for i in screen.result.res.ranked  # the words checked here, one plan at a time
                     if all(w in logic.searchable(screen.result, int(i)) for w in ("tp2", "+atp"))]
         assert 0 < len(matching) < total and table.row_count == min(len(matching), 500)
         assert screen.rows == matching[:500]  # in rank order

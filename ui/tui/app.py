@@ -75,6 +75,7 @@ class MainScreen(Screen):
         self.status: tuple = ("searching…", "busy", None)
         self.sort_keys: list[str] = list(SORTS)
         self.query_text = ""  # the plans filter (/): words every shown configuration contains
+        self.matched = 0  # fitting plans that pass the filter
 
     # ---- layout ------------------------------------------------------------------------------------
 
@@ -234,7 +235,9 @@ class MainScreen(Screen):
             keys.append("days")
             if result.price is not None:
                 keys.append("cost")
-        self.rows = logic.sorted_indices(result, self.sort_key, self.sort_reverse, query=self.query_text)
+        shown = logic.matching(result, self.query_text)
+        self.matched = len(shown)  # the table holds the first TABLE_ROWS of them
+        self.rows = logic.sorted_indices(result, self.sort_key, self.sort_reverse, ranked=shown)
         data = [logic.row(result, i) for i in self.rows]
         # the words most plans share go to the header once, so the cells keep what tells plans apart
         common, labels = differences([r["config"] for r in data])
@@ -377,8 +380,7 @@ class MainScreen(Screen):
                                                                  or self.focused.has_class("cap-field")
                                                                  or self.focused.id == "filter")
         if action == "results":
-            return in_form or self.maximized is not None or bool(self.query_text) or self.focused is self.query_one(
-                "#filter", Input)
+            return in_form or self.maximized is not None or bool(self.query_text)  # in_form: the filter box too
         if in_form and action in self.LETTER_ACTIONS:
             return False
         if action in ("sort", "reverse", "mark", "copy"):
@@ -466,7 +468,7 @@ class MainScreen(Screen):
     def update_filter_note(self) -> None:
         if not self.query_text or self.result is None:
             return
-        matched, total = self.result.estimates.get("_matched", len(self.rows)), len(self.result.res.ranked)
+        matched, total = self.matched, len(self.result.res.ranked)
         if matched:
             self.set_message(f"{matched:,} of {total:,} fitting plans contain “{self.query_text}” · esc clears the "
                              "filter", "info")

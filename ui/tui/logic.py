@@ -35,6 +35,7 @@ class Result:
     tree: list[dict]
     estimates: dict = field(default_factory=dict)
     compact: dict = field(default_factory=dict)
+    search_text: dict = field(default_factory=dict)  # sweep index -> what the plans filter matches (`searchable`)
 
     @property
     def world(self) -> int:
@@ -113,20 +114,27 @@ def names() -> tuple[list[str], list[str]]:
 # ---- the ranked table ----------------------------------------------------------------------------------
 
 
+def matching(result: Result, query: str):
+    """The fitting configurations (sweep indices, in rank order) whose configuration text (the table's compact label
+    and the detail's words, case-insensitive) contains every word of `query`; all of them for an empty query."""
+    import numpy as np
+
+    ranked = result.res.ranked
+    words = query.lower().split()
+    if not words:
+        return ranked
+    return ranked[np.fromiter((all(w in searchable(result, int(i)) for w in words) for i in ranked), dtype=bool,
+                              count=len(ranked))]
+
+
 def sorted_indices(result: Result, key: str, reverse: bool = False, limit: int = TABLE_ROWS,
-                   query: str = "") -> list[int]:
-    """Sweep indices of the fitting configurations in table order (`limit` first); with `query`, only those whose
-    configuration text (the table's compact label and the detail's words, case-insensitive) contains every word
-    of it."""
+                   ranked=None) -> list[int]:
+    """Sweep indices of the fitting configurations (or of `ranked`, a subset from `matching`) in table order
+    (`limit` first)."""
     import numpy as np
 
     res = result.res
-    ranked = res.ranked
-    words = query.lower().split()
-    if words:
-        ranked = ranked[np.fromiter((all(w in searchable(result, int(i)) for w in words) for i in ranked),
-                                    dtype=bool, count=len(ranked))]
-    result.estimates["_matched"] = len(ranked)  # how many pass the filter (the table shows `limit` of them)
+    ranked = res.ranked if ranked is None else ranked
     if key == "rank":
         order = ranked
     elif key == "config":
@@ -144,12 +152,11 @@ def sorted_indices(result: Result, key: str, reverse: bool = False, limit: int =
 
 def searchable(result: Result, i: int) -> str:
     """What the plans filter matches: the compact label and the words of the detail (lower case), cached."""
-    texts = result.estimates.setdefault("_search", {})
-    text = texts.get(i)
+    text = result.search_text.get(i)
     if text is None:
         from meshplan.planner.labels import short_config
 
-        text = texts[i] = (compact(result, i) + " | " + short_config(result.res.config(i))).lower()
+        text = result.search_text[i] = (compact(result, i) + " | " + short_config(result.res.config(i))).lower()
     return text
 
 

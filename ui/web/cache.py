@@ -97,7 +97,6 @@ def hardware(name: str) -> object:
 def node_scan(key: str, hw_ids: tuple[str, ...], node_counts: tuple[int, ...], tokens: float | None) -> list[dict]:
     """The job on every accelerator in `hw_ids` at every node count (planner.views.node_scan); the sidebar's own
     cluster reuses its sweep, so its row equals the plan views' numbers."""
-    from meshplan.estimator.stack import load_stack
     from meshplan.planner.views import node_scan as shared_scan
     from meshplan.ui.web.inputs import search_space
 
@@ -106,7 +105,7 @@ def node_scan(key: str, hw_ids: tuple[str, ...], node_counts: tuple[int, ...], t
     # the sidebar's accelerator with its own node size (and custom values); the others as profiled
     mine = current.model_copy(update={"gpus_per_node": job.gpus_per_node})
     profiles = [mine if h in (current.id, current.id.removesuffix("-custom")) else hardware(h) for h in hw_ids]
-    return shared_scan(job.model_spec(), load_stack(job.stack), profiles, node_counts, job.seq_len, job.global_batch,
+    return shared_scan(job.model_spec(), compute.load_stack(job.stack), profiles, node_counts, job.seq_len, job.global_batch,
                        job.memory_margin, job.objective, tokens, space=search_space(job.pin_dict()),
                        current=(current.id, job.nodes), known=sweep(key))
 
@@ -114,11 +113,10 @@ def node_scan(key: str, hw_ids: tuple[str, ...], node_counts: tuple[int, ...], t
 @st.cache_data(max_entries=ENTRIES, show_spinner=False)
 def memory_by_seq(key: str, cfg_json: str, seq_lens: tuple[int, ...]) -> list[dict]:
     """The chosen plan's peak memory at other sequence lengths (planner.views.memory_by_seq)."""
-    from meshplan.estimator.stack import load_stack
     from meshplan.planner.views import memory_by_seq as shared
 
     job = Job.from_key(key)
-    return shared(job.model_spec(), job.hw(), load_stack(job.stack), json.loads(cfg_json), seq_lens,
+    return shared(job.model_spec(), job.hw(), compute.load_stack(job.stack), json.loads(cfg_json), seq_lens,
                   job.memory_margin)
 
 

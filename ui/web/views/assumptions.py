@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from meshplan.estimator.stack import load_stack
+from meshplan.ui.web.compute import load_stack
 from meshplan.ui.web.text import assumptions
 from meshplan.ui.web.views.context import Context
 
