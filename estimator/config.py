@@ -179,7 +179,7 @@ class TrainConfig(BaseModel):
             rules,  # the one validator shared with the planner, the plan file and the core
         )
 
-        problem = rules.check(model, hw, c.rule_fields())
+        problem = rules.check(model, hw, c.rule_fields(), predict=True)
         if problem:
             raise ConfigError(problem)
         return c

@@ -56,6 +56,12 @@ def estimate(
     peak = r["peak_bytes"] / GIB
     host = r["host_bytes_per_node"] / GIB
     warnings: list[str] = list(model.notes)  # what the model spec leaves out (a vision tower, sliding windows)
+    if cfg.pp > 1:
+        from meshplan.estimator import rules
+
+        bubble = r["pp_bubble"] / max(r["step_time_s"], 1e-12)
+        for k, w in enumerate(rules.predicted_warnings(model, hw, cfg.rule_fields())):
+            warnings.append(f"{w}; predicted anyway: the bubble is {bubble:.0%} of the step" if k == 0 else w)
     if peak > usable * memory_margin:
         warnings.append(
             f"peak {peak:.1f} GiB exceeds {memory_margin * 100:.0f}% of usable HBM ({usable * memory_margin:.1f} GiB): OOM"

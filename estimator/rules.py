@@ -8,6 +8,12 @@ configuration the planner ranks therefore passes every check the core and the ex
 
 Rules whose `needs_hw` is set look at the hardware profile (Float8 tensor cores, MX formats); the training
 core, which has no profile, skips them and checks the device it really runs on instead.
+
+Not every rule is about validity. Some configurations frameworks do run, only poorly or not with every schedule
+(fewer pipeline microbatches than stages: torchtitan warns and runs GPipe and Interleaved1F1B, torch's
+Schedule1F1B refuses). The estimator predicts those (`predicted`: the estimate carries the rule's message as a
+warning and the bubble shows the cost); a `ranking` rule is one only the planner applies (a plan file and the
+core accept it), with its message as the reason the configuration is not ranked.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class Rule:
     bad: Callable[[ModelSpec, ConfigArrays, HardwareProfile | None], np.ndarray]
     needs_hw: bool = False
     policy: bool = False  # a search preference (not a validity rule): only the planner applies it
+    predicted: bool = False  # the estimator predicts such configurations, warning with the message
+    ranking: bool = False  # only the planner's ranking rejects it: plan files and the training core accept it
 
 
 def _micro(c: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -58,6 +66,12 @@ def _micro(c: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
 def _pp_fill(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
     divisible, micro = _micro(c)
     return (c.pp > 1) & divisible & (micro < c.pp)
+
+
+def _one_f_one_b_fill(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    # torch.distributed.pipelining's Schedule1F1B raises when n_microbatches < its stages (torch 2.13,
+    # schedules.py); GPipe runs any count and Interleaved1F1B takes one round of fewer than pp
+    return _pp_fill(m, c, hw) & (c.schedule == Schedule.ONE_F_ONE_B)
 
 
 def _interleaved_rounds(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
@@ -135,8 +149,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: c.tp > c.gpus_per_node, policy=True),
     Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers",
          lambda m, c, hw: c.pp * c.vpp > m.layers),
-    Rule(4, "pp_microbatches", "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill",
-         _pp_fill),
+    Rule(4, "pp_microbatches", "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill (each "
+         "stage idles for pp - 1 of pp + microbatches - 1 microbatch times)", _pp_fill, predicted=True, ranking=True),
+    Rule(28, "pp_1f1b_fill", "{microbatches} microbatches per step < pp {pp}: torch's Schedule1F1B refuses fewer "
+         "microbatches than stages (GPipe and Interleaved1F1B run them)", _one_f_one_b_fill, predicted=True),
     Rule(5, "cp_seq", "cp {cp} does not divide seq_len {seq_len} into 2*cp load-balanced chunks",
          lambda m, c, hw: (c.cp > 1) & (c.seq_len % (2 * c.cp) != 0)),
     Rule(6, "batch_divides", "global batch {global_batch} does not divide into dp {dp} x micro-batch {micro_batch}",
@@ -187,14 +203,21 @@ HOST_MEMORY = 30  # the planner's own rule: the node's host RAM does not hold wh
 BY_CODE = {r.code: r for r in RULES}
 
 
+def _applies(rule: Rule, hw: HardwareProfile | None, policies: bool, planner: bool, predict: bool) -> bool:
+    return not ((rule.needs_hw and hw is None) or (rule.policy and not policies) or (rule.ranking and not planner)
+                or (rule.predicted and predict))
+
+
 def violations(
-    model: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None, *, policies: bool = False
+    model: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None, *, policies: bool = False, planner: bool = False,
+    predict: bool = False,
 ) -> np.ndarray:
     """Code of the first rule each configuration breaks (0: none), in RULES order. Hardware rules are skipped
-    when `hw` is None; search policies (TP inside a node) only with `policies`."""
+    when `hw` is None; search policies (TP inside a node) only with `policies`; ranking rules only for the
+    `planner`; rules whose configurations the estimator predicts are skipped with `predict`."""
     reason = np.zeros(len(c.tp), dtype=np.int64)
     for rule in RULES:
-        if (rule.needs_hw and hw is None) or (rule.policy and not policies):
+        if not _applies(rule, hw, policies, planner, predict):
             continue
         reason = np.where((reason == 0) & rule.bad(model, c, hw), rule.code, reason)  # a scalar `bad` broadcasts
     return reason
@@ -252,7 +275,17 @@ def arrays_of(cfg: dict) -> ConfigArrays:
     )
 
 
-def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> str | None:
-    """The first rule one configuration breaks, as a message; None when it passes every rule."""
-    code = int(violations(model, arrays_of(cfg), hw)[0])
+def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict, *, predict: bool = False) -> str | None:
+    """The first rule one configuration breaks, as a message; None when it passes every rule. Ranking rules are
+    the planner's and not checked here; with `predict` (the estimator) neither are the rules of configurations
+    frameworks run poorly (see :func:`predicted_warnings`)."""
+    code = int(violations(model, arrays_of(cfg), hw, predict=predict)[0])
     return message(code, model, hw, cfg) if code else None
+
+
+def predicted_warnings(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> list[str]:
+    """Messages of the rules one configuration breaks that the estimator still predicts (it runs, poorly or
+    not with every schedule)."""
+    c = arrays_of(cfg)
+    return [message(r.code, model, hw, cfg) for r in RULES
+            if r.predicted and _applies(r, hw, False, True, False) and bool(np.asarray(r.bad(model, c, hw))[0])]

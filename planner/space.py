@@ -222,7 +222,7 @@ def enumerate_space(
 
 def rule_reasons(model: ModelSpec, hw: HardwareProfile, c: ConfigArrays, allow_tp_across_nodes: bool) -> np.ndarray:
     """Reason code per configuration for the first rule it breaks (0: none), in `estimator.rules` order."""
-    return rules.violations(model, c, hw, policies=not allow_tp_across_nodes)
+    return rules.violations(model, c, hw, policies=not allow_tp_across_nodes, planner=True)
 
 
 def describe_reason(code: int, model: ModelSpec, hw: HardwareProfile, cfg: dict, extra: dict | None = None) -> str:

@@ -60,7 +60,7 @@ def test_estimate_hf_config(cli, tmp_path):
         (["--seq-len", "-5"], "--seq-len"),
         (["--micro-batch-size", "0"], "--micro-batch-size"),
         (["--gpus", "8", "--global-batch-size", "12", "--micro-batch-size", "1"], "does not divide"),
-        (["--gpus", "16", "--pp", "2", "--global-batch-size", "8"], "cannot fill"),
+        (["--gpus", "16", "--pp", "2", "--global-batch-size", "8"], None),  # predicted: it runs, the bubble says why slowly
         (["--hardware", "a100-sxm-80g", "--float8", "tensorwise"], "fp8"),
         (["--async-tp"], "async TP needs tp > 1"),
         (["--tp", "abc"], "--tp"),

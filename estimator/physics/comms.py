@@ -16,21 +16,10 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe
 from meshplan.estimator.physics.finetune import Weights
 from meshplan.estimator.physics.layout import Layout, as_float
+from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import BF16, GRAD_BYTES
 from meshplan.estimator.stack import StackProfile
-
-
-def intra_node_bytes_per_s(hw: HardwareProfile) -> float:
-    """Achievable ring-collective bandwidth inside a node, bytes/s per GPU: the scale-up link (GB/s per direction)
-    x its ring efficiency."""
-    return hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
-
-
-def inter_node_bytes_per_s(hw: HardwareProfile) -> float:
-    """Achievable ring-collective bandwidth across nodes, bytes/s per GPU: the NIC line rate (Gb/s) / 8 x NCCL's
-    efficiency across nodes."""
-    return hw.inter_node_gbps / 8 * 1e9 * hw.inter_node_efficiency
 
 
 def ring_s(nbytes, ranks, bytes_per_s, latency_s):

@@ -21,8 +21,8 @@ import numpy as np
 from meshplan.estimator.errors import ConfigError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
-from meshplan.estimator.physics.comms import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.state import BF16
 from meshplan.estimator.stack import MoEBehaviour, StackProfile
 

@@ -6,8 +6,8 @@ import numpy as np
 
 from meshplan.estimator.config import Schedule
 from meshplan.estimator.hardware import HardwareProfile
-from meshplan.estimator.physics.comms import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.stack import StackProfile
 
 
@@ -19,7 +19,7 @@ def layers_in_flight(lay: Layout, layers: float, layers_rank: np.ndarray, stage:
     per_stage_layers = layers / (p * v)
     ahead = np.minimum(m, p - stage)
     one_f = ahead * per_stage_layers * v
-    inter = per_stage_layers * v * (ahead + (p - 1 - stage) / v)
+    inter = per_stage_layers * np.minimum(v * ahead + (p - 1 - stage), v * m)  # at most every chunk-microbatch
     gpipe = m * layers_rank
     sched = lay.schedule
     by_schedule = np.where(sched == Schedule.GPIPE, gpipe, np.where(sched == Schedule.INTERLEAVED_1F1B, inter, one_f))
@@ -38,8 +38,14 @@ def receive_buffer_bytes(lay: Layout, hidden: float, first: np.ndarray) -> np.nd
 
 
 def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
-    """Idle time per step (s) of a pipeline stage: (pp - 1) / vpp microbatch times (warm-up and drain)."""
-    return np.where(lay.single_stage, 0.0, microbatch_s * (lay.pp - 1) / lay.vpp)
+    """Idle time per step (s) of a pipeline stage: (pp - 1) / vpp microbatch times (warm-up and drain).
+
+    With fewer microbatches m than stages pp the pipeline cannot fill: GPipe and 1F1B still take pp + m - 1
+    microbatch times (the formula above), and an interleaved rank also waits (pp - m) chunk times before each
+    of its vpp - 1 later chunks, whose input is still travelling through the other ranks."""
+    p, v = lay.pp, lay.vpp
+    unfilled = (v - 1) * np.maximum(0.0, p - lay.microbatches)
+    return np.where(lay.single_stage, 0.0, microbatch_s * (p - 1 + unfilled) / v)
 
 
 def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float) -> np.ndarray:

@@ -1,0 +1,125 @@
+"""Pipelines with fewer microbatches than stages: frameworks run them (torchtitan warns; torch's GPipe and
+Interleaved1F1B accept them, its Schedule1F1B refuses), so the estimator predicts them and only the planner's
+ranking rejects them, with the reason. The bubble is checked against torch's own interleaved schedule."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from meshplan.estimator import rules
+from meshplan.estimator.physics.layout import layout_of
+from meshplan.estimator.physics.pipeline import bubble_s
+
+T_FWD, T_BWD = 1.0, 2.0  # a chunk's forward and backward, in the same time unit
+
+
+def torch_makespan(p: int, v: int, m: int) -> float:
+    """The step length of torch.distributed.pipelining's ScheduleInterleaved1F1B (its own per-rank action order,
+    vpp = 1 is plain 1F1B's order) when each action starts as soon as its rank is free and its input arrived."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+    from torch.distributed.pipelining.schedules import _ComputationType as Op
+
+    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
+                           microbatches_per_round=m // max(1, m // p))
+    ops = {r: [a for a in ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, r) if a is not None]
+           for r in range(p)}
+    stages, done, free, nxt = p * v, {}, [0.0] * p, [0] * p
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            while nxt[r] < len(ops[r]):
+                a = ops[r][nxt[r]]
+                s, mb = a.stage_index, a.microbatch_index
+                if a.computation_type == Op.FORWARD:
+                    key, dur, deps = ("F", s, mb), T_FWD, [("F", s - 1, mb)] if s else []
+                else:
+                    key, dur = ("B", s, mb), T_BWD
+                    deps = [("B", s + 1, mb)] if s < stages - 1 else [("F", s, mb)]
+                if any(d not in done for d in deps):
+                    break
+                done[key] = free[r] = max([free[r]] + [done[d] for d in deps]) + dur
+                nxt[r] += 1
+                moved = True
+    assert all(nxt[r] == len(ops[r]) for r in range(p)), "the simulated schedule deadlocked"
+    return max(free)
+
+
+def layout(pp: int, vpp: int, microbatches: int, schedule: str):
+    return layout_of(rules.arrays_of({"pp": pp, "vpp": vpp, "pp_schedule": schedule, "seq_len": 1024,
+                                      "global_batch_size": microbatches, "micro_batch_size": 1,
+                                      "dp_shard": 1}))
+
+
+CASES = [(p, v, m) for p, v in ((4, 2), (4, 3), (8, 2), (2, 4)) for m in (1, 2, 3, 4, 8)
+         if m <= p or m % p == 0]  # torch runs whole rounds of pp microbatches
+
+
+@pytest.mark.parametrize("p,v,m", CASES)
+def test_interleaved_bubble_matches_torchs_schedule(p, v, m):
+    lay = layout(p, v, m, "Interleaved1F1B")
+    t_mb = v * (T_FWD + T_BWD)  # one microbatch through all of a rank's chunks
+    idle = torch_makespan(p, v, m) - m * t_mb
+    assert float(bubble_s(lay, np.array([t_mb]))[0]) == pytest.approx(idle), (p, v, m)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_single_chunk_bubble_is_pp_minus_one_microbatch_times(m):
+    lay = layout(4, 1, m, "GPipe")
+    idle = torch_makespan(4, 1, m) - m * (T_FWD + T_BWD)
+    assert float(bubble_s(lay, np.array([T_FWD + T_BWD]))[0]) == pytest.approx(idle)
+
+
+def test_estimate_predicts_an_unfilled_pipeline_and_says_why_it_is_slow(cli):
+    def est(gbs: int, schedule: str) -> dict:
+        out = cli("estimate", "--gpus", "16", "--pp", "4", "--pp-schedule", schedule, "--global-batch-size",
+                  str(gbs), "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    few, full = est(8, "GPipe"), est(32, "GPipe")  # dp 4: 2 and 8 microbatches for 4 stages
+    assert few["throughput"]["microbatches"] == 2
+    fill = [w for w in few["warnings"] if "cannot fill" in w]
+    assert len(fill) == 1 and "the bubble is" in fill[0]
+    bubble = few["throughput"]["breakdown_s"]["pp_bubble"] / few["throughput"]["step_time_s"]
+    assert bubble > 0.5  # 3 idle microbatch times of 5
+    assert few["throughput"]["tokens_per_sec_per_gpu"] < 0.7 * full["throughput"]["tokens_per_sec_per_gpu"]
+    assert not any("cannot fill" in w for w in full["warnings"])
+    one_f = est(8, "1F1B")  # predicted too, with torch's refusal said
+    assert any("Schedule1F1B refuses" in w for w in one_f["warnings"])
+
+
+def test_only_runnable_schedules_pass_the_plan_and_core_rules():
+    from meshplan.estimator import load_model
+
+    model = load_model("llama3-8b")
+    base = {"pp": 4, "dp_shard": 2, "seq_len": 8192, "global_batch_size": 4, "micro_batch_size": 1,
+            "gpus_per_node": 8}
+    assert rules.check(model, None, {**base, "pp_schedule": "GPipe"}) is None
+    assert rules.check(model, None, {**base, "pp_schedule": "Interleaved1F1B", "vpp": 2}) is None
+    assert "Schedule1F1B refuses" in rules.check(model, None, {**base, "pp_schedule": "1F1B"})
+    assert rules.check(model, None, {**base, "pp_schedule": "1F1B"}, predict=True) is None
+    # the planner's ranking rejects all three, naming the pipeline that cannot fill
+    for sched, vpp in (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2)):
+        c = rules.arrays_of({**base, "pp_schedule": sched, "vpp": vpp})
+        code = int(rules.violations(model, c, None, planner=True)[0])
+        assert rules.BY_CODE[code].key == "pp_microbatches", sched
+
+
+def test_validate_predicts_a_row_with_fewer_microbatches_than_stages(tmp_path, cli, ground_truth):
+    header, first = ground_truth.read_text().splitlines()[:2]
+    cols = header.split(",")
+    row = dict(zip(cols, first.split(",")[: len(cols)], strict=False))
+    # Llama 3.1 8B on 16 GPUs: pp 4 x dp 4, 8 sequences of 1: 2 microbatches for 4 stages
+    row.update(id="fill", gpus="16", dp_shard="4", pp="4", pp_schedule="1F1B", global_batch_size="8",
+               micro_batch_size="1", notes="", source="test")
+    path = tmp_path / "runs.csv"
+    path.write_text(header + "\n" + ",".join(row.get(c, "") for c in cols) + "\n")
+    out = cli("validate", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    (r,) = json.loads(out.stdout)["rows"]
+    assert r["error"] is None and r["predicted_tps_per_gpu"] > 0, r
