@@ -22,6 +22,7 @@ from typer.core import TyperGroup
 COMMANDS: dict[str, tuple[str, str]] = {
     "estimate": ("estimate", "estimate_cmd"),
     "validate": ("validate", "validate_cmd"),
+    "calibrate": ("calibrate", "calibrate_cmd"),
     "plan": ("plan", "plan_cmd"),
     "capacity": ("capacity", "capacity_cmd"),
     "export": ("export", "export_cmd"),
