@@ -1,23 +1,31 @@
 """Cross-validated error of the calibrated estimator: refit the stack constants without a group of runs, then
 predict that group, for every group in turn.
 
-    python benchmarks/cross_validate.py [CSV] [--rounds N] [--write-readme]
+    python benchmarks/cross_validate.py [CSV] [--rounds N] [--write-readme] [--write-intervals] [--intervals-only]
 
 Folds: leave one source document out (the runs one publication reports, all its tables together) and leave one
 hardware part out. Every fit, the in-sample one included, starts from the same neutral point (the geometric
 middle of each constant's bounds in benchmarks/calibrate.py) with the same rounds, so no fold sees the values
 the committed profiles were fitted to on all rows. It prints the in-sample and cross-validated MAPE of
 tokens/s/GPU (by framework) and of peak memory, the error of each fold, and how far each fitted constant moves
-across folds (a constant that moves a lot is poorly constrained by the rows). A few minutes per fold.
+across folds (a constant that moves a lot is poorly constrained by the rows). About a minute per fold.
+
+Every held-out prediction is kept in benchmarks/data/held_out_predictions.csv; `--write-intervals` turns them into
+data/accuracy/intervals.yaml (the estimator's 80 % intervals and fit probabilities), and the README's intervals
+table reports how often an interval built without a fold holds that fold's runs. `--intervals-only` rebuilds
+both from the CSV without refitting.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import re
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,14 +45,14 @@ def document(source: str) -> str:
 
 
 def errors(rows: list[dict]) -> list[tuple[str, float | None, float | None]]:
-    """(framework, |tokens/s error|, |memory error|) of each row, predicted with the profiles as they are now."""
-    return [(r.framework, None if r.tps_err is None else abs(r.tps_err), None if r.mem_err is None else abs(r.mem_err))
-            for r in V.validate_rows(rows)]
+    """(framework, tokens/s error, memory error) of each row (predicted / measured - 1, signed), predicted with the
+    profiles as they are now."""
+    return [(r.framework, r.tps_err, r.mem_err) for r in V.validate_rows(rows)]
 
 
 def mape(errs: list[tuple[str, float | None, float | None]], kind: str, framework: str | None = None) -> float | None:
     vals = [e[1] if kind == "tps" else e[2] for e in errs if framework is None or e[0] == framework]
-    vals = [v for v in vals if v is not None]
+    vals = [abs(v) for v in vals if v is not None]
     return 100 * sum(vals) / len(vals) if vals else None
 
 
@@ -54,10 +62,11 @@ def refit(rows: list[dict], rounds: int) -> dict:
     return C.current_values()
 
 
-def cross_validate(rows: list[dict], key, rounds: int, label: str) -> tuple[list, list[dict], list[dict]]:
-    """Errors of every row when its group (by `key`) was left out of the fit; per-fold summaries; fitted values."""
+def cross_validate(rows: list[dict], key, rounds: int, label: str) -> tuple[list, list[dict], list[dict], list[dict]]:
+    """Errors of every row when its group (by `key`) was left out of the fit; per-fold summaries; fitted values;
+    one record per held-out prediction (fold, row id, framework, measured / predicted ratios)."""
     groups = sorted({key(r) for r in rows})
-    held, folds, fitted = [], [], []
+    held, folds, fitted, records = [], [], [], []
     for n, g in enumerate(groups, 1):
         t0 = time.perf_counter()
         train = [r for r in rows if key(r) != g]
@@ -65,17 +74,121 @@ def cross_validate(rows: list[dict], key, rounds: int, label: str) -> tuple[list
         fitted.append(refit(train, rounds))
         errs = errors(test)
         held += errs
+        records += [{"scheme": label, "fold": g, "id": r.get("id", ""), "framework": e[0],
+                     "tps_ratio": "" if e[1] is None else round(1 / (1 + e[1]), 5),
+                     "mem_ratio": "" if e[2] is None else round(1 / (1 + e[2]), 5)} for r, e in zip(test, errs, strict=True)]
         folds.append({"fold": g, "rows": len(test), "tps": mape(errs, "tps"), "mem": mape(errs, "mem")})
         print(f"{label} {n}/{len(groups)}: {g[:70]} ({len(test)} rows, {time.perf_counter() - t0:.0f} s)",
               file=sys.stderr)
-    return held, folds, fitted
+    return held, folds, fitted, records
 
 
 def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} %"
 
 
-def report(rows: list[dict], rounds: int) -> str:
+HELD_OUT_CSV = ROOT / "benchmarks" / "data" / "held_out_predictions.csv"
+METRIC_COLUMNS = (("tokens_per_sec_per_gpu", "tps_ratio"), ("peak_memory", "mem_ratio"))
+
+
+def write_held_out(records: list[dict]) -> None:
+    """benchmarks/data/held_out_predictions.csv: every held-out prediction (what the intervals are built from)."""
+    with HELD_OUT_CSV.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(records[0]))
+        w.writeheader()
+        w.writerows(records)
+
+
+def read_held_out() -> list[dict]:
+    with HELD_OUT_CSV.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _ratios(records: list[dict], column: str, framework: str | None = None) -> list[float]:
+    return [float(r[column]) for r in records if r[column] not in ("", None)
+            and (framework is None or r["framework"] == framework)]
+
+
+def interval_tables(records: list[dict]) -> dict:
+    """metric -> {"all" | framework: quantile table} from held-out predictions (a framework's own table when it has
+    >= MIN_ROWS predictions)."""
+    from meshplan.estimator.intervals import quantile_table
+
+    out = {}
+    for metric, column in METRIC_COLUMNS:
+        fws = sorted({r["framework"] for r in records})
+        own = {fw: quantile_table(_ratios(records, column, fw)) for fw in fws
+               if len(_ratios(records, column, fw)) >= MIN_ROWS}
+        out[metric] = {"all": quantile_table(_ratios(records, column)), **own}
+    return out
+
+
+def write_intervals(records: list[dict], rows: int, rounds: int) -> None:
+    """data/accuracy/intervals.yaml from the held-out predictions: what `estimator.intervals` turns into 80 %
+    intervals and fit probabilities."""
+    from meshplan.estimator.intervals import intervals_path
+
+    lines = [
+        "# measured / predicted over published runs the estimator was not fitted to: generated by",
+        f"# `python benchmarks/cross_validate.py --write-intervals` ({rows} runs of data/ground_truth/runs.csv, {rounds}",
+        "# rounds). Each run was predicted twice by constants refitted without it: without its source document and",
+        "# without its hardware part (both folds pooled; benchmarks/data/held_out_predictions.csv). `rows`:",
+        "# predictions behind a table; `quantiles`: the ratio at each probability (linear between predictions). A",
+        f"# framework's own table is kept when it has >= {MIN_ROWS} predictions, else `all` applies. Never edit by hand.",
+    ]
+    body = {"method": "leave one source document out, leave one hardware part out (pooled)",
+            "metrics": interval_tables(records)}
+    path = intervals_path()
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False))
+    tmp.replace(path)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def interval_coverage(records: list[dict]) -> dict:
+    """How often the 80 % interval holds a run it was not built from: for each fold, intervals from every other
+    fold's predictions, tested on this fold's (per metric and framework, as the estimator picks its table)."""
+    from meshplan.estimator.intervals import QuantileTable
+
+    out = {}
+    for metric, column in METRIC_COLUMNS:
+        hits = {}
+        for key in sorted({(r["scheme"], r["fold"]) for r in records}):
+            rest = [r for r in records if (r["scheme"], r["fold"]) != key]
+            tables = interval_tables(rest)[metric]
+            for r in records:
+                if (r["scheme"], r["fold"]) == key and r[column] not in ("", None):
+                    t = QuantileTable(**tables.get(r["framework"], tables["all"]))
+                    hits.setdefault(r["framework"], []).append(t.ratio(0.1) <= float(r[column]) <= t.ratio(0.9))
+        out[metric] = {fw: (sum(h) / len(h), len(h)) for fw, h in hits.items()}
+        every = [x for h in hits.values() for x in h]
+        out[metric]["all"] = (sum(every) / len(every), len(every))
+    return out
+
+
+def intervals_markdown(records: list[dict]) -> str:
+    tables, cov = interval_tables(records), interval_coverage(records)
+    out = ["Generated by `python benchmarks/cross_validate.py --write-intervals --write-readme` from "
+           f"{len(records)} held-out predictions (each run twice: without its document, without its hardware part). "
+           "Coverage: for each fold, the interval built from the other folds' predictions, tested on its own.", "",
+           "| metric | table | predictions | 80 % interval (x estimate) | coverage on held-out folds |",
+           "|---|---|---|---|---|"]
+    from meshplan.estimator.intervals import QuantileTable
+
+    for metric, by in tables.items():
+        for name, raw in by.items():
+            t = QuantileTable(**raw)
+            share, n = cov[metric].get(name, (None, 0))
+            out.append(f"| {metric} | {name} | {t.rows} | {t.ratio(0.1):.2f} - {t.ratio(0.9):.2f} | "
+                       + (f"{share:.0%} of {n}" if share is not None else "-") + " |")
+    return "\n".join(out)
+
+
+MIN_ROWS = 20
+
+
+def report(rows: list[dict], rounds: int, intervals: bool = False) -> str:
     start = C.current_values()
     committed = errors(rows)
     try:
@@ -83,6 +196,9 @@ def report(rows: list[dict], rounds: int) -> str:
         insample = errors(rows)
         by_doc = cross_validate(rows, lambda r: document(r.get("source", "")), rounds, "document")
         by_hw = cross_validate(rows, lambda r: r.get("hardware", ""), rounds, "hardware")
+        write_held_out(by_doc[3] + by_hw[3])
+        if intervals:
+            write_intervals(by_doc[3] + by_hw[3], len(rows), rounds)
     finally:
         C.set_values(start)
     frameworks = sorted({e[0] for e in insample})
@@ -112,11 +228,24 @@ def main() -> None:
     ap.add_argument("csv", nargs="?", default=str(C.DEFAULT_CSV))
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--write-readme", action="store_true", help="put the tables in README.md's Accuracy section")
+    ap.add_argument("--write-intervals", action="store_true",
+                    help="write data/accuracy/intervals.yaml from the held-out predictions")
+    ap.add_argument("--intervals-only", action="store_true",
+                    help="no refit: rebuild the intervals (and their README table) from "
+                         "benchmarks/data/held_out_predictions.csv")
     args = ap.parse_args()
-    text = report(V.read_rows(Path(args.csv)), args.rounds)
+    if not args.intervals_only:
+        text = report(V.read_rows(Path(args.csv)), args.rounds, args.write_intervals)
+        print(text)
+        if args.write_readme:
+            replace_section("cross-validation", text)
+    records = read_held_out()
+    if args.intervals_only and args.write_intervals:
+        write_intervals(records, len({r["id"] for r in records}), args.rounds)
+    text = intervals_markdown(records)
     print(text)
     if args.write_readme:
-        replace_section("cross-validation", text)
+        replace_section("intervals", text)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshplan.estimator import intervals
 from meshplan.estimator.batch import (
     GIB,
     MEMORY_CATEGORIES,
@@ -47,7 +48,9 @@ def estimate(
     """Estimate one configuration. `config` is resolved here (MeshplanError on invalid input).
 
     `memory_margin`: fraction of usable HBM that the peak may reach for `memory.fits` (1.0: all of it).
-    Returns a JSON-ready dict (GiB, seconds, tokens/s, MFU as a fraction 0..1).
+    Returns a JSON-ready dict (GiB, seconds, tokens/s, MFU as a fraction 0..1). `*_interval` fields are 80 %
+    intervals [low, high] and `memory.fit_probability` the chance the measured peak stays within the limit, both
+    from the estimator's cross-validated error (:mod:`meshplan.estimator.intervals`).
     """
     stack = stack or load_stack("torchtitan")
     cfg = config.resolve(model, hw)
@@ -99,6 +102,8 @@ def estimate(
             "allocated_gib": _r(r["allocated_bytes"] / GIB),
             "usable_gib": _r(usable),
             "fits": bool(peak <= usable * memory_margin),
+            "peak_gib_interval": [_r(x) for x in intervals.interval(peak, "peak_memory", stack.id)],
+            "fit_probability": _r(float(intervals.fit_probability(peak, usable * memory_margin, stack.id)), 2),
             "breakdown_gib": {k: _r(r[k] / GIB) for k in MEMORY_CATEGORIES},
             "peak_phase": PEAK_PHASES[int(r["peak_phase"])],
             "saved_activations_gib": _r(r["saved_activations"] / GIB),
@@ -111,6 +116,8 @@ def estimate(
         },
         "throughput": {
             "tokens_per_sec_per_gpu": _r(r["tokens_per_sec_per_gpu"], 1),
+            "tokens_per_sec_per_gpu_interval": [
+                _r(x, 1) for x in intervals.interval(r["tokens_per_sec_per_gpu"], "tokens_per_sec_per_gpu", stack.id)],
             "step_time_s": _r(r["step_time_s"], 4),
             "mfu": _r(r["mfu"], 4),
             "microbatches": int(round(r["microbatches"])),

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from meshplan.estimator import data_files
+from meshplan.estimator import data_files, intervals
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
@@ -75,6 +75,19 @@ class RowResult:
             return None
         return self.predicted_mem_gib / self.measured_mem_gib - 1
 
+    def tps_interval(self) -> list[float] | None:
+        """80 % interval of tokens/s/GPU from the cross-validated error (:mod:`meshplan.estimator.intervals`)."""
+        if self.predicted_tps_per_gpu is None:
+            return None
+        lo, hi = intervals.interval(self.predicted_tps_per_gpu, "tokens_per_sec_per_gpu", self.stack or self.framework)
+        return [round(lo, 1), round(hi, 1)]
+
+    def mem_interval(self) -> list[float] | None:
+        if self.predicted_mem_gib is None:
+            return None
+        lo, hi = intervals.interval(self.predicted_mem_gib, "peak_memory", self.stack or self.framework)
+        return [round(lo, 3), round(hi, 3)]
+
     def as_dict(self) -> dict:
         return {
             "id": self.id,
@@ -85,6 +98,8 @@ class RowResult:
             "predicted_tps_per_gpu": self.predicted_tps_per_gpu,
             "measured_tps_per_gpu": self.measured_tps_per_gpu,
             "predicted_mem_gib": self.predicted_mem_gib,
+            "predicted_tps_per_gpu_interval": self.tps_interval(),
+            "predicted_mem_gib_interval": self.mem_interval(),
             "measured_mem_gib": self.measured_mem_gib,
             "tps_error": None if self.tps_err is None else round(self.tps_err, 4),
             "mem_error": None if self.mem_err is None else round(self.mem_err, 4),
@@ -274,8 +289,19 @@ def _stats(errors: list[float]) -> dict:
     }
 
 
+def _coverage(rows: list[RowResult], measured: str, interval: str) -> float | None:
+    """Share of rows whose measured value (attribute `measured`) lies inside their interval (method `interval`)."""
+    inside = []
+    for r in rows:
+        iv = getattr(r, interval)()
+        if getattr(r, measured) and iv is not None:
+            inside.append(iv[0] <= getattr(r, measured) <= iv[1])
+    return round(sum(inside) / len(inside), 3) if inside else None
+
+
 def summarize(results: list[RowResult]) -> dict:
-    """Mean absolute percentage error of tokens/s/GPU and memory, by framework and overall."""
+    """Mean absolute percentage error of tokens/s/GPU and memory, by framework and overall, and the share of
+    measured values inside their 80 % interval (`*_coverage`; in-sample on the calibration rows)."""
     out: dict = {"by_framework": {}}
     groups = sorted({r.framework for r in results})
     for fw in groups + ["all"]:
@@ -291,6 +317,8 @@ def summarize(results: list[RowResult]) -> dict:
             "mem": _stats(mem),
             "worst_tps_row": worst.id if worst else None,
             "worst_mem_row": worst_mem.id if worst_mem else None,
+            "tps_interval_coverage": _coverage(rs, "measured_tps_per_gpu", "tps_interval"),
+            "mem_interval_coverage": _coverage(rs, "measured_mem_gib", "mem_interval"),
         }
         if fw == "all":
             out["all"] = entry

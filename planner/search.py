@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.estimator import rules
+from meshplan.estimator import intervals, rules
 from meshplan.estimator.batch import GIB, ConfigArrays, estimate_arrays
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
 from meshplan.estimator.errors import InputError, MeshplanError
@@ -47,6 +47,8 @@ class SearchResult:
     host_gib: np.ndarray | None = None  # host RAM per node, NaN where a rule was broken
     finetune: dict | None = None  # the search's fine-tuning fields (TrainConfig names); None: pre-training
     space: SearchSpace | None = None  # what was searched (the fine-tuning comparison searches it again per mode)
+    fit_confidence: float | None = None  # fits: P(measured peak <= limit) >= this; None: predicted peak <= limit
+    fit_prob: np.ndarray | None = None  # P(measured peak <= limit_gib) from the cross-validated error, NaN if broken
 
     @property
     def evaluated(self) -> int:
@@ -91,6 +93,9 @@ class SearchResult:
     def reason_text(self, i: int) -> str:
         code = int(self.reason[i])
         extra = {}
+        if code == rules.MEMORY and self.fit_confidence is not None and self.fit_prob is not None:
+            return (f"fits with probability {float(self.fit_prob[i]):.0%} < {self.fit_confidence:.0%} (--fit-confidence):"
+                    f" peak {float(self.peak_gib[i]):.1f} GiB against {self.limit_gib:.1f} GiB")
         if code == rules.MEMORY:
             extra = dict(peak_gib=float(self.peak_gib[i]), limit_gib=self.limit_gib, margin=self.memory_margin,
                          usable_gib=self.hw.usable_hbm_gib)
@@ -146,8 +151,14 @@ def plan_search(
     objective: str = "throughput",
     space: SearchSpace | None = None,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    fit_confidence: float | None = None,
 ) -> SearchResult:
-    """Evaluate every configuration; `progress(done, total)` is called per chunk on large spaces."""
+    """Evaluate every configuration; `progress(done, total)` is called per chunk on large spaces.
+
+    A configuration fits when its predicted peak is at most `memory_margin` x usable HBM or, with
+    `fit_confidence` (a probability), when the measured peak stays within that limit with at least that
+    probability, given the estimator's cross-validated memory error (:mod:`meshplan.estimator.intervals`)."""
     if world < 1 or gpus_per_node < 1:
         raise MeshplanError("the cluster needs at least one node of at least one GPU")
     if seq_len < 1 or global_batch < 1:
@@ -158,6 +169,8 @@ def plan_search(
     check_size(global_batch, "the global batch (sequences)", MAX_GLOBAL_BATCH)
     if not 0 < memory_margin <= 1:
         raise InputError(f"memory_margin must be in (0, 1], got {memory_margin}", field="memory_margin")
+    if fit_confidence is not None and not 0 < fit_confidence < 1:
+        raise InputError(f"the fit confidence is a probability in (0, 1), got {fit_confidence}", field="fit_confidence")
     if objective not in OBJECTIVES:
         raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}", field="objective")
     space = space if space is not None else SearchSpace()
@@ -183,7 +196,9 @@ def plan_search(
         if progress:
             progress(min(start + CHUNK, len(valid)), len(valid))
     limit = hw.usable_hbm_gib * memory_margin
-    reason[(reason == 0) & (peak > limit)] = rules.MEMORY
+    fit_prob = intervals.fit_probability(peak, limit, stack.id)
+    too_big = (fit_prob < fit_confidence) if fit_confidence is not None else (peak > limit)
+    reason[(reason == 0) & too_big] = rules.MEMORY
     reason[(reason == 0) & (host > hw.host_ram_gib_per_node)] = rules.HOST_MEMORY
     fits = np.flatnonzero(reason == 0)
     ranked = _order(tps, peak, fits, configs.cpu_offload)
@@ -192,7 +207,7 @@ def plan_search(
         global_batch=global_batch, memory_margin=memory_margin, objective=objective, configs=configs,
         reason=reason, peak_gib=peak, tps=tps, step_s=step, mfu=mfu, ranked=ranked,
         pareto=pareto_front(tps, peak, fits), host_gib=host,
-        finetune=space.finetune_fields() or None, space=space,
+        finetune=space.finetune_fields() or None, space=space, fit_confidence=fit_confidence, fit_prob=fit_prob,
     )
 
 
@@ -208,6 +223,14 @@ def explain_empty(res: SearchResult) -> str:
             f"need host RAM, at least {res.host_gib[i]:,.0f} GiB per node > the node's "
             f"{res.hw.host_ram_gib_per_node:,.0f} GiB with {short_config(res.config(i))}; add nodes, use nodes "
             "with more host RAM, or train fewer weights (--finetune lora / qlora)"
+        )
+    if len(mem) and res.fit_confidence is not None:
+        i = mem[np.nanargmin(res.peak_gib[mem])]
+        return (
+            f"no configuration of {res.model.name} fits on {res.world} x {res.hw.id} with probability "
+            f">= {res.fit_confidence:.0%}: the smallest peak, {res.peak_gib[i]:.1f} GiB with "
+            f"{short_config(res.config(i))}, stays within {res.limit_gib:.1f} GiB with probability "
+            f"{float(res.fit_prob[i]):.0%}; lower --fit-confidence, add nodes, or pick a larger-memory GPU"
         )
     if len(mem):
         i = mem[np.nanargmin(res.peak_gib[mem])]

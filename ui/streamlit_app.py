@@ -342,10 +342,16 @@ else:
     mem, thr = est["memory"], est["throughput"]
     ttt = time_to_train(tokens, thr["tokens_per_sec_per_gpu"], job.world, price)
     m = st.columns(7)
+    lo, hi = mem["peak_gib_interval"]
     m[0].metric("peak / GPU", f"{mem['peak_gib']:.1f} GiB",
-                f"{res.limit_gib - mem['peak_gib']:.1f} GiB headroom", delta_color="off", delta_arrow="off",
-                help=f"worst rank: {mem['worst_rank']}; limit {res.limit_gib:.1f} GiB")
-    m[1].metric("tokens/s/GPU", f"{thr['tokens_per_sec_per_gpu']:,.0f}")
+                f"{res.limit_gib - mem['peak_gib']:.1f} GiB headroom · fits {mem['fit_probability']:.0%}",
+                delta_color="off", delta_arrow="off",
+                help=f"worst rank: {mem['worst_rank']}; limit {res.limit_gib:.1f} GiB. 80 % interval {lo:.1f}-{hi:.1f} "
+                     "GiB and the probability of fitting, from the estimator's cross-validated error on published runs")
+    tlo, thi = thr["tokens_per_sec_per_gpu_interval"]
+    m[1].metric("tokens/s/GPU", f"{thr['tokens_per_sec_per_gpu']:,.0f}", f"80 %: {tlo:,.0f}-{thi:,.0f}",
+                delta_color="off", delta_arrow="off",
+                help="80 % interval from the estimator's cross-validated error on published runs")
     m[2].metric("MFU", f"{thr['mfu'] * 100:.1f} %", help=f"of {thr['mfu_peak_tflops']:,.0f} dense bf16 TFLOP/s")
     m[3].metric("step time", f"{thr['step_time_s']:.2f} s", f"{thr['microbatches']} microbatches",
                 delta_color="off", delta_arrow="off")

@@ -173,6 +173,9 @@ def render(result: dict, console: Console | None = None) -> None:
     for k, v in mem["breakdown_gib"].items():
         table.add_row(MEMORY_STYLE[k].label if k in MEMORY_STYLE else k, f"{v:.2f}")
     console.print(table)
+    lo, hi = mem["peak_gib_interval"]
+    console.print(f"peak, 80 % interval: {lo:.1f}-{hi:.1f} GiB; fits with probability {mem['fit_probability']:.0%} "
+                  "(from the estimator's cross-validated error on published runs)")
     offloaded = mem.get("host_ram_offloaded_gib_per_node", 0)
     kept = (f"{offloaded:,.0f} GiB of it the offloaded state" if offloaded else "with sharded (DCP) checkpoints")
     whole = "bf16 checkpoint" if c.get("finetune") else "fp32 model"
@@ -188,7 +191,9 @@ def render(result: dict, console: Console | None = None) -> None:
             ttable.add_row(TIME_STYLE[k].label if k in TIME_STYLE else k, f"{v:.4f}")
     console.print(ttable)
     console.print(
-        f"[bold]{thr['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU[/], MFU {thr['mfu'] * 100:.1f}% "
+        f"[bold]{thr['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU[/] (80 % interval "
+        f"{thr['tokens_per_sec_per_gpu_interval'][0]:,.0f}-{thr['tokens_per_sec_per_gpu_interval'][1]:,.0f}), "
+        f"MFU {thr['mfu'] * 100:.1f}% "
         f"(vs {thr['mfu_peak_tflops']:g} dense bf16 TFLOP/s; FLOPs/token = {thr['flop_convention']})"
     )
     for w in result["warnings"]:

@@ -62,7 +62,7 @@ def cluster_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
 def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | None, seq_len: int,
                global_batch_size: int | None, global_batch_tokens: int | None, memory_margin: float,
                objective: str, stack_name: str, space: SearchSpace, show_progress: bool,
-               gpus: int | None = None) -> SearchResult:
+               gpus: int | None = None, fit_confidence: float | None = None) -> SearchResult:
     """Load inputs, check the batch arguments, and run the search (with a progress bar on big spaces). `gpus`
     (a GPU count) replaces `nodes`: partial nodes, see :func:`cluster_shape`."""
     if nodes < 1:
@@ -85,7 +85,7 @@ def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | 
         raise MeshplanError("the global batch must hold at least one sequence")
     if not show_progress:
         return plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch_size, memory_margin,
-                           objective, space)
+                           objective, space, fit_confidence=fit_confidence)
     with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("evaluating configurations", total=None)
 
@@ -93,7 +93,7 @@ def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | 
             bar.update(task, completed=done, total=total)
 
         return plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch_size, memory_margin,
-                           objective, space, progress)
+                           objective, space, progress, fit_confidence=fit_confidence)
 
 
 def plan_cmd(
@@ -116,7 +116,11 @@ def plan_cmd(
         None, "--tokens", min=1, callback=token_budget, help="token budget: adds time-to-train and cost"
     ),
     top: int = typer.Option(10, "--top", min=1, help="how many ranked plans to show"),
-    memory_margin: float = typer.Option(0.9, "--memory-margin", help="fraction of usable HBM a plan may use"),
+    memory_margin: float = typer.Option(
+        None, "--memory-margin", help="fraction of usable HBM a plan may use [default: 0.9; 1.0 with --fit-confidence]"),
+    fit_confidence: float = typer.Option(
+        None, "--fit-confidence", help="fit by probability instead: a plan fits when its measured peak stays within "
+        "the limit with at least this probability (0-1, e.g. 0.9), given the estimator's cross-validated memory error"),
     objective: str = typer.Option("throughput", "--objective", help="throughput | time | cost"),
     stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile"),
     tp: str = typer.Option(None, "--tp", help="pin TP degrees, e.g. 4,8"),
@@ -148,6 +152,10 @@ def plan_cmd(
     """
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if fit_confidence is not None and not 0 < fit_confidence < 1:
+        raise MeshplanError(f"--fit-confidence is a probability between 0 and 1 (e.g. 0.9), got {fit_confidence}")
+    if memory_margin is None:
+        memory_margin = 1.0 if fit_confidence is not None else 0.9
     # every output path and the job name are checked before the search: a bad one writes nothing
     for flag, path in (("--csv", csv_path), ("--output", output)):
         if path is not None:
@@ -167,7 +175,8 @@ def plan_cmd(
         space.finetune = "full"  # starting from a checkpoint: every weight trains unless --finetune says otherwise
     res = run_search(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
                      memory_margin, objective, stack, space,
-                     show_progress=not as_json and Console(stderr=True).is_terminal, gpus=gpus)
+                     show_progress=not as_json and Console(stderr=True).is_terminal, gpus=gpus,
+                     fit_confidence=fit_confidence)
     if csv_path is not None:
         write_atomic(csv_path, sweep_csv(res))
     if len(res.ranked) == 0:
@@ -214,10 +223,12 @@ def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float
         f"({', '.join(f'{k} {v:,}' for k, v in res.reason_counts().items())})"
     )
     price = res.hw.price.usd_per_gpu_hour if res.hw.price else None
-    table = Table(title=f"top {len(plans)} (peak <= {res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f} GiB usable)")
+    fits = (f"P(fit) >= {res.fit_confidence:.0%} within {res.limit_gib:.1f} GiB" if res.fit_confidence is not None
+            else f"peak <= {res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f} GiB usable")
+    table = Table(title=f"top {len(plans)} ({fits})")
     batches = [p["config"]["global_batch_size"] for p in plans]
     moved = any(b != res.global_batch for b in batches)
-    for col in ("#", "configuration", "peak GiB", "tok/s/GPU", "MFU", "step s") + (("batch",) if moved else ()):
+    for col in ("#", "configuration", "peak GiB", "P(fit)", "tok/s/GPU", "MFU", "step s") + (("batch",) if moved else ()):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     if tokens:
         table.add_column("days", justify="right")
@@ -225,7 +236,7 @@ def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float
     for k, p in enumerate(plans, 1):
         e = p["estimate"]
         row = [str(k), short_config(p["config"]), f"{e['memory']['peak_gib']:.1f}",
-               f"{e['throughput']['tokens_per_sec_per_gpu']:,.0f}", f"{e['throughput']['mfu'] * 100:.1f}%",
+               f"{e['memory']['fit_probability']:.0%}", f"{e['throughput']['tokens_per_sec_per_gpu']:,.0f}", f"{e['throughput']['mfu'] * 100:.1f}%",
                f"{e['throughput']['step_time_s']:.2f}"]
         if moved:
             row.append(f"{p['config']['global_batch_size']:,}")

@@ -70,3 +70,8 @@ def validate_cmd(
             f"{s['mem']['max_ape'] * 100:.1f}%" if s["mem"]["n"] else "-", s["worst_mem_row"] or "-",
         )
     console.print(stable)
+    cov = summary["all"]
+    if cov["tps_interval_coverage"] is not None:
+        mem = cov["mem_interval_coverage"]
+        console.print(f"80 % intervals (from the cross-validated error) hold {cov['tps_interval_coverage']:.0%} of the "
+                      "measured tokens/s/GPU" + (f" and {mem:.0%} of the measured peaks" if mem is not None else ""))

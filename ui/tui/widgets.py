@@ -104,6 +104,8 @@ def detail_text(info: dict, width: int, dark: bool = True) -> Text:
     out.append(info["summary"], "bold")
     out.append("\n")
     out.append(f"{thr['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU", "bold")
+    tlo, thi = thr["tokens_per_sec_per_gpu_interval"]
+    out.append(f" (80 %: {tlo:,.0f}-{thi:,.0f})", "dim")
     out.append(f" · MFU {thr['mfu']:.1%} · step {thr['step_time_s']:.2f} s")
     t = info.get("train")
     if t:
@@ -116,6 +118,8 @@ def detail_text(info: dict, width: int, dark: bool = True) -> Text:
     out.append("\n")
     peak, usable, limit = mem["peak_gib"], mem["usable_gib"], info["limit_gib"]
     out.append(f"memory {peak:.1f} GiB", "bold")
+    out.append(f" (80 %: {mem['peak_gib_interval'][0]:.1f}-{mem['peak_gib_interval'][1]:.1f}, fits "
+               f"{mem['fit_probability']:.0%})", "dim")
     out.append(f" · {LIMIT_MARK} limit {limit:.1f} ({info['margin']:.0%}) · {USABLE_MARK} usable {usable:.1f}"
                f" · headroom {limit - peak:.1f}")
     if "host_limit_gib" in info:  # host RAM per node beside the GPU's: pinned offloaded state, processes, loading

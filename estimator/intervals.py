@@ -1,0 +1,111 @@
+"""How far off an estimate may be: 80 % intervals and the probability that a configuration fits, from the
+estimator's cross-validated error (`data/accuracy/intervals.yaml`, written by `benchmarks/cross_validate.py
+--write-intervals`).
+
+The file holds, per metric (tokens/s/GPU, peak memory) and per framework with enough runs, quantiles of
+measured / predicted over published runs that each fold predicted without having been fitted to them. An
+estimate x has the 80 % interval [x * q(0.10), x * q(0.90)], and a configuration whose predicted peak is p fits
+a limit L with probability P(measured <= L) = F(L / p), F the ratio's distribution (linear between quantiles,
+0 below the smallest ratio seen, 1 above the largest). Pure: numpy and the data file, read once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from meshplan.estimator.data_files import data_dir
+from meshplan.estimator.errors import MeshplanError
+
+
+def intervals_path() -> Path:
+    """data/accuracy/intervals.yaml (looked up on each call, so a test's frozen data folder applies)."""
+    return data_dir("accuracy") / "intervals.yaml"
+
+
+LEVEL = 0.8  # the interval's coverage: from the 10th to the 90th percentile
+PROBABILITIES = tuple(round(0.05 * k, 2) for k in range(21))  # 0, 0.05, ..., 1 (0 and 1: the extremes seen)
+METRICS = ("tokens_per_sec_per_gpu", "peak_memory")
+
+
+class QuantileTable(BaseModel):
+    """The distribution of measured / predicted for one metric (and framework)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rows: int = Field(ge=1, description="runs behind the table")
+    quantiles: dict[float, float] = Field(description="probability -> ratio measured / predicted")
+
+    @field_validator("quantiles")
+    @classmethod
+    def _ordered(cls, q: dict[float, float]) -> dict[float, float]:
+        probs, ratios = list(q), list(q.values())
+        if probs != sorted(probs) or ratios != sorted(ratios) or min(ratios) <= 0 or not {0.1, 0.9} <= set(probs):
+            raise ValueError("quantiles must be positive ratios, increasing with the probability, with 0.1 and 0.9")
+        return q
+
+    def ratio(self, p: float) -> float:
+        """The ratio measured / predicted at probability `p` (linear between the table's probabilities)."""
+        return float(np.interp(p, list(self.quantiles), list(self.quantiles.values())))
+
+    def cdf(self, ratio):
+        """P(measured / predicted <= ratio), for a number or an array."""
+        return np.interp(ratio, list(self.quantiles.values()), list(self.quantiles))
+
+
+class IntervalFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+    metrics: dict[str, dict[str, QuantileTable]]  # metric -> "all" or a framework -> table
+
+
+def quantile_table(ratios: list[float]) -> dict:
+    """The YAML form of a QuantileTable from measured / predicted ratios (what cross_validate.py writes)."""
+    r = np.sort(np.asarray(ratios, dtype=float))
+    return {"rows": len(r), "quantiles": {p: round(float(np.quantile(r, p)), 4) for p in PROBABILITIES}}
+
+
+def _load() -> IntervalFile:
+    return _read(intervals_path())
+
+
+@functools.cache
+def _read(path: Path) -> IntervalFile:
+    try:
+        return IntervalFile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        raise MeshplanError(f"{path}: cannot read the estimator's error quantiles ({exc}); "
+                            "regenerate it with python benchmarks/cross_validate.py --write-intervals") from None
+
+
+def framework_of(stack_id: str) -> str:
+    """The framework a stack profile belongs to ('torchtitan-2024' -> 'torchtitan'; a path: its file stem's)."""
+    stem = Path(stack_id).stem if stack_id.endswith((".yaml", ".yml")) else stack_id
+    for fw in ("llm-foundry", "torchtitan"):
+        if stem.startswith(fw):
+            return fw
+    return stem
+
+
+def table(metric: str, stack_id: str) -> QuantileTable:
+    """The error distribution of `metric` for a stack: its framework's when the runs allowed one, else all."""
+    tables = _load().metrics[metric]
+    return tables.get(framework_of(stack_id), tables["all"])
+
+
+def interval(value: float, metric: str, stack_id: str, level: float = LEVEL) -> list[float]:
+    """[low, high]: where the measured value lies with probability `level`, given the estimate `value`."""
+    t = table(metric, stack_id)
+    tail = (1 - level) / 2
+    return [value * t.ratio(tail), value * t.ratio(1 - tail)]
+
+
+def fit_probability(peak, limit, stack_id: str):
+    """P(measured peak <= limit) for predicted peaks `peak` (same unit as `limit`; numbers or arrays)."""
+    ratio = np.asarray(limit, dtype=float) / np.maximum(np.asarray(peak, dtype=float), 1e-30)
+    return table("peak_memory", stack_id).cdf(ratio)

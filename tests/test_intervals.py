@@ -1,0 +1,93 @@
+"""80 % intervals and fit probabilities from the estimator's cross-validated error (data/accuracy/intervals.yaml)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.estimator import intervals
+
+
+def test_the_shipped_quantiles_come_from_held_out_runs():
+    text = intervals.intervals_path().read_text()
+    assert "leave one" in text and "cross_validate.py --write-intervals" in text
+    for metric in intervals.METRICS:
+        t = intervals.table(metric, "torchtitan")
+        assert t.rows >= 20
+        lo, hi = t.ratio(0.1), t.ratio(0.9)
+        assert 0.5 < lo < 1 < hi < 2, (metric, lo, hi)  # the estimator errs both ways, by tens of percent at most
+
+
+def test_estimate_carries_intervals_and_a_fit_probability(cli):
+    def est(*args: str) -> dict:
+        out = cli("estimate", *args, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    small = est("--model", "llama3-8b", "--gpus", "8")
+    thr, mem = small["throughput"], small["memory"]
+    lo, hi = thr["tokens_per_sec_per_gpu_interval"]
+    assert lo < thr["tokens_per_sec_per_gpu"] < hi
+    lo, hi = mem["peak_gib_interval"]
+    assert lo < mem["peak_gib"] < hi
+    assert mem["fits"] and mem["fit_probability"] >= 0.9
+    big = est("--model", "llama3-70b", "--gpus", "8", "--ac", "none")  # far beyond 80 GiB
+    assert not big["memory"]["fits"] and big["memory"]["fit_probability"] <= 0.05
+
+
+def test_fit_probability_falls_as_the_peak_nears_the_limit():
+    probs = [float(intervals.fit_probability(peak, 80.0, "torchtitan")) for peak in (40, 70, 78, 80, 85, 120)]
+    assert probs == sorted(probs, reverse=True)
+    assert probs[0] == 1.0 and probs[-1] == 0.0 and 0 < probs[3] < 1
+
+
+def test_validate_reports_intervals_and_their_coverage(cli, ground_truth):
+    out = cli("validate", str(ground_truth), "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    row = next(r for r in data["rows"] if r["measured_mem_gib"])
+    lo, hi = row["predicted_mem_gib_interval"]
+    assert lo < row["predicted_mem_gib"] < hi
+    assert row["predicted_tps_per_gpu_interval"][0] < row["predicted_tps_per_gpu"]
+    s = data["summary"]["all"]
+    # in-sample (the shipped constants on the rows they were fitted to): reported, not the test of the intervals
+    assert 0 < s["tps_interval_coverage"] <= 1 and 0 < s["mem_interval_coverage"] <= 1, s
+
+
+def test_intervals_hold_most_runs_of_folds_they_were_not_built_from():
+    """The README's coverage table, rebuilt from the held-out predictions without refitting: each fold's runs
+    against the interval the other folds' predictions give (the issue asks >= 70 % for an 80 % interval)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "cross_validate.py"), "--intervals-only"],
+                         capture_output=True, text=True, cwd=root, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.startswith("| tokens") or
+            line.startswith("| peak")]
+    assert len(rows) >= 2
+    for cells in rows:
+        share = int(cells[5].strip().split("%")[0])
+        assert share >= 70, cells
+
+
+def test_plan_fits_by_probability(cli):
+    def plans(conf: str) -> dict:
+        out = cli("plan", "--model", "llama3-8b", "--nodes", "1", "--top", "50", "--fit-confidence", conf, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    sure, likely = plans("0.95"), plans("0.5")
+    assert sure["plans"] and sure["rejected_by_reason"]["memory"] > likely["rejected_by_reason"]["memory"]
+    assert all(p["estimate"]["memory"]["fit_probability"] >= 0.95 for p in sure["plans"])
+    out = cli("plan", "--model", "llama3-8b", "--nodes", "1", "--fit-confidence", "1.5")
+    assert out.returncode == 2 and "--fit-confidence" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("quantiles", [{0.1: 1.1, 0.9: 0.9}, {0.1: 0.9}, {0.1: -1.0, 0.9: 1.0}])
+def test_a_malformed_quantile_table_is_refused(quantiles):
+    with pytest.raises(ValueError):
+        intervals.QuantileTable(rows=30, quantiles=quantiles)
