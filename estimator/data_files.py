@@ -15,10 +15,13 @@ from meshplan.estimator.errors import MeshplanError
 T = TypeVar("T", bound=BaseModel)
 
 
+DATA_ROOT = Path(__file__).resolve().parents[1] / "data"  # resolved once: an estimate reads it several times
+
+
 def data_dir(kind: str) -> Path:
     """Folder of one kind of data file (`hardware_profiles`, `models`, `stacks`, `launch`): `data/<kind>` of the
     checkout, or `meshplan/data/<kind>` of an installed wheel (the same place relative to this file)."""
-    return Path(__file__).resolve().parents[1] / "data" / kind
+    return DATA_ROOT / kind
 
 
 @functools.cache

@@ -54,7 +54,7 @@ def estimate(
     """
     stack = stack or load_stack("torchtitan")
     cfg = config.resolve(model, hw)
-    r = {k: float(v[0]) for k, v in estimate_arrays(model, hw, stack, ConfigArrays.from_configs([cfg])).items()}
+    r = {k: float(v) for k, v in estimate_arrays(model, hw, stack, ConfigArrays.single(cfg)).items()}
     usable = hw.usable_hbm_gib
     peak = r["peak_bytes"] / GIB
     host = r["host_bytes_per_node"] / GIB

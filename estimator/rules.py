@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import (
     FINETUNE_MODES,
@@ -37,8 +38,8 @@ from meshplan.estimator.config import (
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 
-INTERLEAVED = Schedule.INTERLEAVED_1F1B
-MXFP8 = Float8.MXFP8
+INTERLEAVED = int(Schedule.INTERLEAVED_1F1B)
+MXFP8 = int(Float8.MXFP8)
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ class Rule:
 
 def _micro(c: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
     """(global batch divides into dp x micro-batch, microbatches per step; 0 where it does not divide)."""
-    dp_mb = np.maximum(c.dp_replicate * c.dp_shard * c.micro_batch, 1)
+    dp_mb = xp.maximum(c.dp_replicate * c.dp_shard * c.micro_batch, 1)
     divisible = c.global_batch % dp_mb == 0
-    return divisible, np.where(divisible, c.global_batch // dp_mb, 0)
+    return divisible, xp.where(divisible, c.global_batch // dp_mb, 0)
 
 
 def _pp_fill(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
@@ -71,13 +72,13 @@ def _pp_fill(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.nd
 def _one_f_one_b_fill(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
     # torch.distributed.pipelining's Schedule1F1B raises when n_microbatches < its stages (torch 2.13,
     # schedules.py); GPipe runs any count and Interleaved1F1B takes one round of fewer than pp
-    return _pp_fill(m, c, hw) & (c.schedule == Schedule.ONE_F_ONE_B)
+    return _pp_fill(m, c, hw) & (c.schedule == int(Schedule.ONE_F_ONE_B))
 
 
 def _interleaved_rounds(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
     # torch.distributed.pipelining's ScheduleInterleaved1F1B: microbatches in whole rounds of max(1, n // pp)
     divisible, micro = _micro(c)
-    rounds = np.maximum(1, micro // np.maximum(c.pp, 1))
+    rounds = xp.maximum(1, micro // xp.maximum(c.pp, 1))
     return (c.schedule == INTERLEAVED) & (c.pp > 1) & divisible & (micro % rounds != 0)
 
 
@@ -93,11 +94,11 @@ def _ep_dense(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.n
 
 
 def _ep_experts(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
-    return (c.ep > 1) & (m.moe is not None) & ((m.moe.experts if m.moe else 1) % np.maximum(c.ep, 1) != 0)
+    return (c.ep > 1) & (m.moe is not None) & ((m.moe.experts if m.moe else 1) % xp.maximum(c.ep, 1) != 0)
 
 
 def _ep_ranks(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
-    return (c.ep > 1) & ((c.dp_shard * c.cp * c.tp) % np.maximum(c.ep, 1) != 0)
+    return (c.ep > 1) & ((c.dp_shard * c.cp * c.tp) % xp.maximum(c.ep, 1) != 0)
 
 
 def titan_layers_per_stage(layers, stages):
@@ -112,16 +113,16 @@ def titan_layers_per_stage(layers, stages):
 def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
     # without layers_per_stage torchtitan takes its default (2 stages per rank for Interleaved1F1B, 1 otherwise);
     # any other stage count must be one it can split into
-    default = np.where(c.schedule == INTERLEAVED, 2, 1)
-    _, exact = titan_layers_per_stage(m.layers, np.maximum(c.pp * c.vpp, 1))
-    return (c.pp > 1) & (c.vpp != default) & ~exact
+    default = xp.where(c.schedule == INTERLEAVED, 2, 1)
+    _, exact = titan_layers_per_stage(m.layers, xp.maximum(c.pp * c.vpp, 1))
+    return (c.pp > 1) & (c.vpp != default) & xp.logical_not(exact)
 
 
 NF4_BLOCK = 64 * 256  # torchao's to_nf4: 64-value blocks whose scales are quantized in groups of 256
 
 
 def _lora(c: ConfigArrays) -> np.ndarray:
-    return c.finetune >= FineTune.LORA
+    return c.finetune >= int(FineTune.LORA)
 
 
 def _lora_moe(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
@@ -133,13 +134,13 @@ def _nf4_blocks(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np
     from meshplan.estimator.physics.finetune import linear_shapes
 
     if m.moe is not None or m.mla is not None:
-        return np.zeros(len(c.tp), dtype=bool)
-    shard = np.maximum(c.dp_shard * c.cp, 1)
-    bad = np.zeros(len(c.tp), dtype=bool)
+        return xp.zeros_like(c.tp, dtype=np.bool_)
+    shard = xp.maximum(c.dp_shard * c.cp, 1)
+    bad = xp.zeros_like(c.tp, dtype=np.bool_)
     for k, n in linear_shapes(m).values():
         rows, cols = int(n), int(k)
         bad |= (rows % shard != 0) | ((rows // shard) * cols % NF4_BLOCK != 0)
-    return (c.finetune == FineTune.QLORA) & bad
+    return (c.finetune == int(FineTune.QLORA)) & bad
 
 
 RULES: tuple[Rule, ...] = (
@@ -156,9 +157,9 @@ RULES: tuple[Rule, ...] = (
     Rule(5, "cp_seq", "cp {cp} does not divide seq_len {seq_len} into 2*cp load-balanced chunks",
          lambda m, c, hw: (c.cp > 1) & (c.seq_len % (2 * c.cp) != 0)),
     Rule(6, "batch_divides", "global batch {global_batch} does not divide into dp {dp} x micro-batch {micro_batch}",
-         lambda m, c, hw: ~_micro(c)[0]),
+         lambda m, c, hw: xp.logical_not(_micro(c)[0])),
     Rule(7, "float8_unsupported", "float8 needs fp8 tensor cores; {hardware} has none",
-         lambda m, c, hw: (c.float8 != Float8.NONE) & (not hw.supports_fp8), needs_hw=True),
+         lambda m, c, hw: (c.float8 != int(Float8.NONE)) & (not hw.supports_fp8), needs_hw=True),
     Rule(8, "mxfp8_unsupported", "mxfp8 needs MX formats (Blackwell); {hardware} lacks them",
          lambda m, c, hw: (c.float8 == MXFP8) & (not hw.mx_formats), needs_hw=True),
     Rule(10, "tp_vocab", "tp {tp} does not divide the vocabulary ({vocab}), which loss parallel shards",
@@ -173,7 +174,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: (c.async_tp > 0) & (c.compile == 0)),
     Rule(15, "schedule_vpp", "pp schedule {pp_schedule} with vpp {vpp}: Interleaved1F1B takes 2 or more stages "
          "per rank, the other schedules exactly 1",
-         lambda m, c, hw: np.where(c.schedule == INTERLEAVED, (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),
+         lambda m, c, hw: xp.where(c.schedule == INTERLEAVED, (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),
     Rule(16, "interleaved_rounds", "Interleaved1F1B runs microbatches in rounds of pp: {microbatches} microbatches"
          " is not a whole number of rounds for pp {pp}", _interleaved_rounds),
     Rule(17, "torchtitan_stages", "pp {pp} x vpp {vpp} = {stages} stages: torchtitan cannot split the {layers} "
@@ -187,7 +188,7 @@ RULES: tuple[Rule, ...] = (
     Rule(22, "lora_architecture", "{finetune} adapts dense attention and MLP linears; {model} has {arch}: fine-tune it "
          "with --finetune full", _lora_moe),
     Rule(23, "lora_float8", "{finetune} trains bf16 adapters beside frozen bf16 / NF4 weights, not Float8 linears: use "
-         "float8 none", lambda m, c, hw: _lora(c) & (c.float8 != Float8.NONE)),
+         "float8 none", lambda m, c, hw: _lora(c) & (c.float8 != int(Float8.NONE))),
     Rule(24, "qlora_blocks", "QLoRA: an FSDP shard of {model}'s linears over dp_shard x cp = {shard} is not a whole "
          "number of torchao NF4 blocks of 64 x 256 values", _nf4_blocks),
     Rule(25, "offload_layout", "CPU offload (FSDP2's CPUOffloadPolicy) is planned and run with FSDP alone: use tp 1, "
@@ -196,7 +197,7 @@ RULES: tuple[Rule, ...] = (
     Rule(27, "offload_fsdp", "CPU offload is FSDP2's: it needs dp_shard x cp > 1 (got {shard})",
          lambda m, c, hw: (c.cpu_offload > 0) & (c.dp_shard * c.cp < 2)),
     Rule(26, "offload_float8", "CPU offload with Float8 is not supported (torchao's Float8 all-gather expects GPU "
-         "shards): use float8 none", lambda m, c, hw: (c.cpu_offload > 0) & (c.float8 != Float8.NONE)),
+         "shards): use float8 none", lambda m, c, hw: (c.cpu_offload > 0) & (c.float8 != int(Float8.NONE))),
 )
 MEMORY = 9  # the planner's own rule: the configuration does not fit in memory
 HOST_MEMORY = 30  # the planner's own rule: the node's host RAM does not hold what the configuration keeps there
@@ -215,11 +216,11 @@ def violations(
     """Code of the first rule each configuration breaks (0: none), in RULES order. Hardware rules are skipped
     when `hw` is None; search policies (TP inside a node) only with `policies`; ranking rules only for the
     `planner`; rules whose configurations the estimator predicts are skipped with `predict`."""
-    reason = np.zeros(len(c.tp), dtype=np.int64)
+    reason = xp.zeros_like(c.tp, dtype=np.int64)
     for rule in RULES:
         if not _applies(rule, hw, policies, planner, predict):
             continue
-        reason = np.where((reason == 0) & rule.bad(model, c, hw), rule.code, reason)  # a scalar `bad` broadcasts
+        reason = xp.where((reason == 0) & rule.bad(model, c, hw), rule.code, reason)  # a scalar `bad` broadcasts
     return reason
 
 
@@ -255,11 +256,12 @@ def message(code: int, model: ModelSpec, hw: HardwareProfile | None, cfg: dict) 
 
 
 def arrays_of(cfg: dict) -> ConfigArrays:
-    """A length-1 ConfigArrays from torchtitan-named values (pp_schedule, float8, ... as names)."""
+    """One configuration's ConfigArrays (numpy scalars, :meth:`ConfigArrays.single`) from torchtitan-named values
+    (pp_schedule, float8, ... as names)."""
     from meshplan.estimator.config import AC_MODES
 
-    def col(v: object) -> np.ndarray:
-        return np.asarray([v], dtype=np.int64)
+    def col(v: object) -> np.int64:
+        return np.int64(v)
 
     return ConfigArrays(
         dp_replicate=col(cfg.get("dp_replicate", 1)), dp_shard=col(cfg.get("dp_shard", 1)), tp=col(cfg.get("tp", 1)),
@@ -279,7 +281,7 @@ def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict, *, predict: b
     """The first rule one configuration breaks, as a message; None when it passes every rule. Ranking rules are
     the planner's and not checked here; with `predict` (the estimator) neither are the rules of configurations
     frameworks run poorly (see :func:`predicted_warnings`)."""
-    code = int(violations(model, arrays_of(cfg), hw, predict=predict)[0])
+    code = int(violations(model, arrays_of(cfg), hw, predict=predict))
     return message(code, model, hw, cfg) if code else None
 
 
@@ -288,4 +290,4 @@ def predicted_warnings(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) 
     not with every schedule)."""
     c = arrays_of(cfg)
     return [message(r.code, model, hw, cfg) for r in RULES
-            if r.predicted and _applies(r, hw, False, True, False) and bool(np.asarray(r.bad(model, c, hw))[0])]
+            if r.predicted and _applies(r, hw, False, True, False) and bool(r.bad(model, c, hw))]

@@ -106,7 +106,7 @@ def test_only_runnable_schedules_pass_the_plan_and_core_rules():
     # the planner's ranking rejects all three, naming the pipeline that cannot fill
     for sched, vpp in (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2)):
         c = rules.arrays_of({**base, "pp_schedule": sched, "vpp": vpp})
-        code = int(rules.violations(model, c, None, planner=True)[0])
+        code = int(rules.violations(model, c, None, planner=True))
         assert rules.BY_CODE[code].key == "pp_microbatches", sched
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, moe
 from meshplan.estimator.physics.layout import Layout
@@ -38,8 +39,8 @@ def attention_saved(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple
     (DeepSeek): the query and KV latents and their norms (unsharded under TP), the up-projected heads, RoPE'd q/k."""
     h, q, kv = float(model.hidden), float(model.q_dim), float(model.kv_dim)
     heads, t, has_tp = float(model.heads), lay.tp, lay.has_tp
-    gathered = np.where(has_tp, 2 * h, 2 * h / t)  # SP all-gather output saved by column-parallel linears
-    rs_out = np.where(has_tp, 2 * h / t, 0.0)  # the reduce-scatter output op-SAC keeps under TP
+    gathered = xp.where(has_tp, 2 * h, 2 * h / t)  # SP all-gather output saved by column-parallel linears
+    rs_out = xp.where(has_tp, 2 * h / t, 0.0)  # the reduce-scatter output op-SAC keeps under TP
     if model.mla is not None:
         a, v = model.mla, float(model.v_dim)
         ql, kvl, rope = float(a.q_lora_rank), float(a.kv_lora_rank), float(a.qk_rope_head_dim)
@@ -58,7 +59,7 @@ def attention_saved(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple
 def dense_mlp_saved(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
     """(bytes a dense MLP saves per token without AC, with op-level selective AC), its input norm included."""
     h, F, t, has_tp = float(model.hidden), float(model.ffn_hidden), lay.tp, lay.has_tp
-    gathered = np.where(has_tp, 2 * h, 2 * h / t)
+    gathered = xp.where(has_tp, 2 * h, 2 * h / t)
     if model.gated_mlp:
         mlp_none = 8 * F / t  # w1, w3, the activation, the product
         mlp_sel = 2 * F / t  # w1 output (3rd of 4 saved mms, torchtitan op-SAC)
@@ -66,7 +67,7 @@ def dense_mlp_saved(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndarr
         mlp_none = 4 * F / t  # fc1, gelu
         mlp_sel = 2 * F / t
     # op-SAC also keeps w2's (partial) output and, with TP, its reduce-scatter output
-    return 2 * h / t + gathered + mlp_none, mlp_sel + 2 * h + np.where(has_tp, 2 * h / t, 0.0)
+    return 2 * h / t + gathered + mlp_none, mlp_sel + 2 * h + xp.where(has_tp, 2 * h / t, 0.0)
 
 
 def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout, moe_share=0.0,
@@ -84,8 +85,8 @@ def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout, mo
     a_none = attn_none + mlp_none + lora_none
     a_sel = attn_sel + mlp_sel + lora_sel
     a_full = 2 * h / t
-    act = np.where(lay.full_ac, a_full, np.where(lay.selective_ac, a_sel, a_none))
-    act = act * np.where(lay.compiled & ~lay.full_ac, stack.compile_activation_factor, 1.0)
+    act = xp.where(lay.full_ac, a_full, xp.where(lay.selective_ac, a_sel, a_none))
+    act = act * xp.where(lay.compiled & xp.logical_not(lay.full_ac), stack.compile_activation_factor, 1.0)
     return act, a_none
 
 
@@ -102,18 +103,18 @@ def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> n
         grad_tok = 4 * F / t
         sac_tok = 4 * F / t
         mlp_w = 2 * h * F / t
-    ac_tok = np.where(lay.full_ac, a_none + 4 * F / t - grad_tok, np.where(lay.selective_ac, sac_tok, 0.0))
-    return (grad_tok + ac_tok) * lay.tokens_mb + np.where(lay.lora, 0.0, 2 * mlp_w)
+    ac_tok = xp.where(lay.full_ac, a_none + 4 * F / t - grad_tok, xp.where(lay.selective_ac, sac_tok, 0.0))
+    return (grad_tok + ac_tok) * lay.tokens_mb + xp.where(lay.lora, 0.0, 2 * mlp_w)
 
 
 def loss_buffers(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
     """(bytes of the loss's logits buffers for one microbatch, vocabulary entries per rank): the stack's bytes
     per logit element, loss-parallel under TP (vocab-sharded) or, with compile, the compiled loss's."""
     loss_par = lay.has_tp & np.bool_(stack.loss_parallel)
-    vocab_rank = float(model.vocab) / np.where(loss_par, lay.tp, 1.0)
-    per_el = np.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
+    vocab_rank = float(model.vocab) / xp.where(loss_par, lay.tp, 1.0)
+    per_el = xp.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
     if stack.compiled_loss_bytes_per_element is not None:  # compile also compiles the loss (not loss-parallel)
-        per_el = np.where(lay.compiled & ~loss_par, stack.compiled_loss_bytes_per_element, per_el)
+        per_el = xp.where(lay.compiled & xp.logical_not(loss_par), stack.compiled_loss_bytes_per_element, per_el)
     return per_el * lay.tokens_mb * vocab_rank, vocab_rank
 
 
@@ -127,15 +128,15 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
         moe_none, _ = moe.mlp_saved(model, routed, lay)
         attn_none, _ = attention_saved(model, stack, lay)
         moe_temp = moe.backward_temp_bytes(model, routed, lay, rp.routed_block, attn_none + moe_none)
-        temp = np.where(rp.moe_layers > 0, np.maximum(temp, moe_temp), temp)
+        temp = xp.where(rp.moe_layers > 0, xp.maximum(temp, moe_temp), temp)
     logits, vocab_rank = loss_buffers(model, stack, lay)
     h, t = float(model.hidden), lay.tp
     # the head's saved inputs on the last stage: the final norm's input (sequence-sharded under TP) and the
     # output projection's input (all-gathered under TP; not saved when LoRA freezes the projection), bf16
-    head = np.where(lay.has_tp, 2 * h / t + 2 * h, 4 * h) - np.where(lay.lora, 2 * h, 0.0)
+    head = xp.where(lay.has_tp, 2 * h / t + 2 * h, 4 * h) - xp.where(lay.lora, 2 * h, 0.0)
     attn_none, _ = attention_saved(model, stack, lay)
     lora_none, _ = finetune.lora_saved_delta(model, lay)
-    attn_lora = attn_none + np.minimum(lora_none, 0.0)  # LoRA's removals are the attention's and MLP's inputs
+    attn_lora = attn_none + xp.minimum(lora_none, 0.0)  # LoRA's removals are the attention's and MLP's inputs
     return Activations(
         saved_per_token_layer=act, block_bytes=act * lay.tokens_mb,
         backward_temp_bytes=temp, logits_bytes=logits,

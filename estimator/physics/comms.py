@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.config import Float8
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
@@ -25,16 +26,16 @@ from meshplan.estimator.stack import StackProfile
 def ring_s(nbytes, ranks, bytes_per_s, latency_s):
     """Ring all-gather / reduce-scatter of `nbytes` (the full, unsharded size) over `ranks` ranks, seconds."""
     n = as_float(ranks)
-    return np.where(n > 1, nbytes * (n - 1) / n / bytes_per_s + (n - 1) * latency_s, 0.0)
+    return xp.where(n > 1, nbytes * (n - 1) / n / bytes_per_s + (n - 1) * latency_s, 0.0)
 
 
 def group_bytes_per_s(hw: HardwareProfile, ranks_per_node, spans_nodes, nodes=2.0):
     """Per-rank ring bandwidth (B/s): NVLink inside a node; across nodes each rank drives its own NIC, so
     `ranks_per_node` parallel rings share the node's NICs and NVLink caps the total. Achieved network bandwidth
     falls as a collective spans more nodes (the profile's `inter_node_scaling` per doubling beyond two)."""
-    scale = 1.0 / (1.0 + hw.inter_node_scaling * np.log2(np.maximum(as_float(nodes), 2.0) / 2.0))
-    inter = np.minimum(intra_node_bytes_per_s(hw), inter_node_bytes_per_s(hw) * scale * as_float(ranks_per_node))
-    return np.where(spans_nodes, inter, intra_node_bytes_per_s(hw))
+    scale = 1.0 / (1.0 + hw.inter_node_scaling * np.log2(xp.maximum(as_float(nodes), 2.0) / 2.0))
+    inter = xp.minimum(intra_node_bytes_per_s(hw), inter_node_bytes_per_s(hw) * scale * as_float(ranks_per_node))
+    return xp.where(spans_nodes, inter, intra_node_bytes_per_s(hw))
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,13 @@ def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: La
     all-gathers again when the forward is recomputed (full AC) or the inputs re-gathered (op-SAC). Tensorwise
     Float8 all-gathers the activations in fp8 (1 byte)."""
     h, lat = float(model.hidden), hw.intra_node_latency_us * 1e-6
-    ag_bytes = lay.tokens_mb * h * np.where(lay.fp8 & (lay.float8 == Float8.TENSORWISE), 1.0, BF16)
+    ag_bytes = lay.tokens_mb * h * xp.where(lay.fp8 & (lay.float8 == int(Float8.TENSORWISE)), 1.0, BF16)
     rs_bytes = lay.tokens_mb * h * BF16
-    n_ag = 4 + np.where(lay.full_ac, 2, np.where(lay.selective_ac, 2, 0))
-    n_rs = 4 + np.where(lay.full_ac, 2, 0)
+    n_ag = 4 + xp.where(lay.full_ac, 2, xp.where(lay.selective_ac, 2, 0))
+    n_rs = 4 + xp.where(lay.full_ac, 2, 0)
     bw = intra_node_bytes_per_s(hw)  # TP stays inside a node (the planner's rule; estimate warns otherwise)
     total = layers * (n_ag * ring_s(ag_bytes, lay.tp, bw, lat) + n_rs * ring_s(rs_bytes, lay.tp, bw, lat))
-    return TPTimes(total_s=total, overlap=np.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap))
+    return TPTimes(total_s=total, overlap=xp.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap))
 
 
 def cp_exposed_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers,
@@ -71,10 +72,10 @@ def cp_exposed_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay
     kv_bytes = 2 * lay.tokens_mb * kv_attn / lay.tp * 2.0
     gpn, t, cp = lay.gpus_per_node, lay.tp, lay.cp
     spans = cp * t > gpn
-    bw = group_bytes_per_s(hw, np.maximum(1.0, gpn / t), spans)
-    lat = np.where(spans, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6
-    comm = layers * 3 * (cp - 1) * (kv_bytes / bw + lat) * np.where(lay.full_ac, FULL_AC_PASSES, 1.0)
-    return np.maximum(0.0, comm - stack.cp_overlap * layers * attention_s)
+    bw = group_bytes_per_s(hw, xp.maximum(1.0, gpn / t), spans)
+    lat = xp.where(spans, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6
+    comm = layers * 3 * (cp - 1) * (kv_bytes / bw + lat) * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
+    return xp.maximum(0.0, comm - stack.cp_overlap * layers * attention_s)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _fsdp_group(hw: HardwareProfile, n, ranks_node, nodes):
     lat_intra, lat_inter = hw.intra_node_latency_us * 1e-6, hw.inter_node_latency_us * 1e-6
     bw = group_bytes_per_s(hw, ranks_node, nodes > 1, nodes)
     # latency per collective: one hop per node crossed plus the hops inside a node
-    hop = np.where(n > 1, (nodes - 1) * lat_inter + (ranks_node - 1) * lat_intra, 0.0)
+    hop = xp.where(n > 1, (nodes - 1) * lat_inter + (ranks_node - 1) * lat_intra, 0.0)
     return bw, hop
 
 
@@ -102,38 +103,38 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     torchtitan's sparse mesh), one collective per MoE block. Under LoRA the blocks gather their frozen weights
     (QLoRA: NF4) and adapters, and only the adapters' gradients are reduce-scattered."""
     n, t, gpn = lay.fsdp_ranks, lay.tp, lay.gpus_per_node
-    ranks_node = np.maximum(1.0, np.minimum(n, gpn / t))
-    nodes = np.ceil(n / ranks_node)
+    ranks_node = xp.maximum(1.0, xp.minimum(n, gpn / t))
+    nodes = xp.ceil(n / ranks_node)
     bw, hop = _fsdp_group(hw, n, ranks_node, nodes)
     ne, ep = lay.expert_fsdp_ranks, lay.ep
-    ranks_node_e = np.where(ep > 1, np.maximum(1.0, np.minimum(ne, gpn / ep)), ranks_node)
-    nodes_e = np.ceil(ne / ranks_node_e)
+    ranks_node_e = xp.where(ep > 1, xp.maximum(1.0, xp.minimum(ne, gpn / ep)), ranks_node)
+    nodes_e = xp.ceil(ne / ranks_node_e)
     bw_e, hop_e = _fsdp_group(hw, ne, ranks_node_e, nodes_e)
     fp8_ag = by_recipe(lay, stack, "fp8_all_gather", False)
     dense = rp.most - rp.routed
-    ag_bytes = dense * np.where(fp8_ag, 1.0, BF16)
+    ag_bytes = dense * xp.where(fp8_ag, 1.0, BF16)
     rs_bytes = dense * stack.reduce_bytes
-    if lay.lora.any():
+    if xp.any_(lay.lora):
         lora_ag = BF16 * (rp.most - rp.blocks) + w.block_gather_bytes_per_param * rp.blocks + BF16 * w.adapters
-        ag_bytes = np.where(lay.lora, lora_ag, ag_bytes)
-        rs_bytes = np.where(lay.lora, w.adapters * stack.reduce_bytes, rs_bytes)
+        ag_bytes = xp.where(lay.lora, lora_ag, ag_bytes)
+        rs_bytes = xp.where(lay.lora, w.adapters * stack.reduce_bytes, rs_bytes)
     units = rp.layers + 2
     ag = ring_s(ag_bytes, n, bw, 0) + units * hop
     rs = ring_s(rs_bytes, n, bw, 0) + units * hop
-    if rp.routed.any():  # the routed experts stay bf16 (Float8 converts nn.Linear layers only)
+    if xp.any_(rp.routed):  # the routed experts stay bf16 (Float8 converts nn.Linear layers only)
         ag = ag + ring_s(rp.routed * BF16, ne, bw_e, 0) + rp.moe_layers * hop_e
         rs = rs + ring_s(rp.routed * stack.reduce_bytes, ne, bw_e, 0) + rp.moe_layers * hop_e
     single = lay.single_stage
     reshard = single & np.bool_(stack.reshard_after_forward)
     per_mb_sync = single & np.bool_(stack.grad_sync_every_microbatch)
     # per microbatch: AG forward (+ AG backward when resharded) + RS (every microbatch or only the last)
-    per_mb = np.where(single, ag * np.where(reshard, 2.0, 1.0), 0.0) + np.where(per_mb_sync, rs, 0.0)
+    per_mb = xp.where(single, ag * xp.where(reshard, 2.0, 1.0), 0.0) + xp.where(per_mb_sync, rs, 0.0)
     hidden = 1 - stack.fsdp_overlap
     return FSDPTimes(
         per_microbatch_s=per_mb,
         # once per microbatch when gradients are reduced every microbatch, else once per step
-        step_edges_s=(ag + rs) / units * np.where(per_mb_sync, lay.microbatches, 1.0),
-        step_once_s=np.where(single, np.where(per_mb_sync, 0.0, rs * hidden), (ag + rs) * hidden),
+        step_edges_s=(ag + rs) / units * xp.where(per_mb_sync, lay.microbatches, 1.0),
+        step_once_s=xp.where(single, xp.where(per_mb_sync, 0.0, rs * hidden), (ag + rs) * hidden),
     )
 
 
@@ -141,7 +142,7 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, traina
     """DP replicate (HSDP / DDP): the fp32 gradient all-reduce of the rank's `trainable_sharded` parameters across
     replicas, once per step, partly hidden (the stack's `dp_replicate_overlap_share` of FSDP's overlap)."""
     dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
-    bw = np.where(world > gpn, inter_node_bytes_per_s(hw) * np.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
-    bw = np.minimum(bw, intra_node_bytes_per_s(hw))
-    allreduce = np.where(dr > 1, 2 * GRAD_BYTES * trainable_sharded * (dr - 1) / dr / bw, 0.0)
+    bw = xp.where(world > gpn, inter_node_bytes_per_s(hw) * xp.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
+    bw = xp.minimum(bw, intra_node_bytes_per_s(hw))
+    allreduce = xp.where(dr > 1, 2 * GRAD_BYTES * trainable_sharded * (dr - 1) / dr / bw, 0.0)
     return allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)

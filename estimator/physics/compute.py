@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.config import FLOAT8_RECIPES
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
@@ -55,10 +56,10 @@ def hbm_bytes_per_s(hw: HardwareProfile) -> float:
 
 def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarray:
     """A Float8 recipe's stack value per configuration (`default` where the recipe is none or not profiled)."""
-    out = np.full(len(lay.tp), default, dtype=np.asarray(default).dtype)
+    out = xp.full_like(lay.tp, default, dtype=np.asarray(default).dtype.type)
     for code, name in enumerate(FLOAT8_RECIPES):
         if name in stack.float8:
-            out = np.where(lay.float8 == code, getattr(stack.float8[name], field), out)
+            out = xp.where(lay.float8 == code, getattr(stack.float8[name], field), out)
     return out
 
 
@@ -70,11 +71,11 @@ def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, c
     `tokens`: rows other than the microbatch's tokens; `groups`: a grouped GEMM of that many equal groups, whose
     size (and rows per group, a narrow dimension too) sets the efficiency."""
     fl = 2.0 * (lay.tokens_mb if tokens is None else tokens) * k_in * n_out
-    narrow = np.minimum(k_in, n_out)  # skinny GEMMs (TP-sharded K/V, small heads) run below peak
+    narrow = xp.minimum(k_in, n_out)  # skinny GEMMs (TP-sharded K/V, small heads) run below peak
     fl_one = fl
     if groups is not None:
         fl_one = fl / groups
-        narrow = np.minimum(narrow, tokens / groups)
+        narrow = xp.minimum(narrow, tokens / groups)
     size = fl_one / (fl_one + stack.gemm_half_gflop * 1e9) * narrow / (narrow + stack.gemm_half_dim)
     t16 = FWD_BWD_GEMM * fl / (peak_flops(hw) * hw.efficiency.gemm_bf16 * stack.gemm_efficiency * size)
     if hw.peak_tflops_fp8 is None:
@@ -82,7 +83,7 @@ def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, c
     if recipe is None:
         recipe = by_recipe(lay, stack, "gemm_factor", 1.0)
     t8 = FWD_BWD_GEMM * fl / (peak_flops(hw, fp8=True) * hw.efficiency.gemm_fp8 * stack.gemm_efficiency * size * recipe)
-    return count * np.where(lay.fp8, t8, t16), count * t16
+    return count * xp.where(lay.fp8, t8, t16), count * t16
 
 
 def attention_gemms_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout,
@@ -118,7 +119,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     h, q, kv, F = float(model.hidden), float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
     t, gated = lay.tp, model.gated_mlp
     kv_t, q_t, f_t = kv / t, q / t, F / t
-    async_eff = np.where(lay.async_tp, stack.async_tp_gemm_factor, 1.0)
+    async_eff = xp.where(lay.async_tp, stack.async_tp_gemm_factor, 1.0)
     recipe = by_recipe(lay, stack, "gemm_factor", 1.0)  # once for the block's GEMMs
     attn_gemm, attn_sel = attention_gemms_s(model, hw, stack, lay, recipe)
     w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if gated else 1.0, recipe=recipe)  # w1 and w3 (gated) or fc1
@@ -131,7 +132,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
         attn_fwd_flops = attn_fwd_flops * model.attention_share(lay.seq_len)
     attn_eff = hw.efficiency.attention * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
-    per_chunk = np.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
+    per_chunk = xp.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
     # recompute: full AC re-runs each block's forward; op-SAC re-runs every second mm (wk, wo, w3)
     sel_recompute = (attn_sel + (w1 / 2 if gated else 0.0)) / FWD_BWD_GEMM / async_eff
     fwd_block = (block_gemm + attn) / FWD_BWD_GEMM
@@ -139,35 +140,35 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     lin_elems = (h + h + q_t + h) + (q_t + 2 * kv_t + h + h) + _mlp_cast_elems(f_t) - (0.0 if gated else f_t)
     hbm = hbm_bytes_per_s(hw)
     cast_bytes = by_recipe(lay, stack, "cast_bytes_per_element", 0.0) \
-        * np.where(lay.compiled, 1.0, stack.eager_float8_cast_factor)
-    casts = np.where(lay.fp8, layers * lay.tokens_mb * lin_elems * cast_bytes / hbm, 0.0)
-    elem_factor = np.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
+        * xp.where(lay.compiled, 1.0, stack.eager_float8_cast_factor)
+    casts = xp.where(lay.fp8, layers * lay.tokens_mb * lin_elems * cast_bytes / hbm, 0.0)
+    elem_factor = xp.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
     elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / t + F / t) * 2 / hbm * elem_factor
     elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
-    overhead = layers * stack.launch_overhead_s_per_layer * np.where(lay.compiled, stack.compile_overhead_factor, 1.0)
+    overhead = layers * stack.launch_overhead_s_per_layer * xp.where(lay.compiled, stack.compile_overhead_factor, 1.0)
     # LoRA: the frozen base linears (and the frozen output projection) skip their weight gradients; the adapters'
     # skinny GEMMs run forward and backward (and again in a full-AC recompute, half of them under op-SAC)
-    frozen = np.where(lay.lora, FROZEN_GEMM, 1.0)
+    frozen = xp.where(lay.lora, FROZEN_GEMM, 1.0)
     adapters = finetune.lora_gemm_s(model, hw, stack, lay, gemm_s)
     gemm_attention = layers * (block_gemm * frozen + attn + adapters) + head_gemm * frozen * per_chunk
-    recompute = layers * np.where(lay.full_ac, fwd_block + adapters / FWD_BWD_GEMM,
-                                  np.where(lay.selective_ac, sel_recompute + adapters / FWD_BWD_GEMM / 2, 0.0))
+    recompute = layers * xp.where(lay.full_ac, fwd_block + adapters / FWD_BWD_GEMM,
+                                  xp.where(lay.selective_ac, sel_recompute + adapters / FWD_BWD_GEMM / 2, 0.0))
     # QLoRA: each NF4 linear is dequantized in the forward, in the backward and in a full-AC recompute
-    dequant_passes = 2.0 + np.where(lay.full_ac, 1.0, np.where(lay.selective_ac, 0.5, 0.0))
+    dequant_passes = 2.0 + xp.where(lay.full_ac, 1.0, xp.where(lay.selective_ac, 0.5, 0.0))
     dequant = layers * finetune.dequant_s(model, stack, lay, hbm_bytes_per_s(hw), dequant_passes)
-    a2a = np.zeros_like(t)
-    overhead = overhead * np.where(lay.full_ac, FULL_AC_PASSES, 1.0)
+    a2a = xp.zeros_like(t)
+    overhead = overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
     routed = moe.routing(model, stack, lay)
     if routed is not None and moe_layers is not None:
         # a MoE block's MLP part instead of the dense MLP's, on each of the rank's MoE blocks
         mt = moe.moe_times(model, hw, stack, routed, lay, gemm_s, hbm, recipe)
         dense_mlp = (w1 + w2) / async_eff
-        dense_rec = np.where(lay.full_ac, dense_mlp / FWD_BWD_GEMM,
-                             np.where(lay.selective_ac, (w1 / 2 if gated else 0.0) / FWD_BWD_GEMM / async_eff, 0.0))
+        dense_rec = xp.where(lay.full_ac, dense_mlp / FWD_BWD_GEMM,
+                             xp.where(lay.selective_ac, (w1 / 2 if gated else 0.0) / FWD_BWD_GEMM / async_eff, 0.0))
         s_t = routed.shared_width / t
         gemm_attention = gemm_attention + moe_layers * (mt.gemm_s - dense_mlp)
         recompute = recompute + moe_layers * (mt.recompute_s - dense_rec)
-        casts = casts + np.where(lay.fp8, moe_layers * lay.tokens_mb
+        casts = casts + xp.where(lay.fp8, moe_layers * lay.tokens_mb
                                  * (_mlp_cast_elems(s_t) - _mlp_cast_elems(f_t)) * cast_bytes / hbm, 0.0)
         elem = elem + moe_layers * (lay.tokens_mb * stack.elementwise_passes * 2 / hbm * elem_factor
                                     * (routed.expert_rows * routed.width + s_t - F / t) + mt.elementwise_s)

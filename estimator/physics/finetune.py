@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.config import LORA_TARGETS
 from meshplan.estimator.errors import ConfigError
 from meshplan.estimator.hardware import HardwareProfile
@@ -49,15 +50,15 @@ def targets_of(mask: np.ndarray) -> list[tuple[str, np.ndarray]]:
 
 def adapter_params_per_layer(model: ModelSpec, lay: Layout) -> np.ndarray:
     """LoRA parameters of one block: r x (in + out) per targeted linear (0 without LoRA)."""
-    total = np.zeros_like(lay.tp)
-    if not lay.lora.any():  # no row trains adapters: skip the per-linear walk (a single estimate's fast path)
+    total = xp.zeros_like(lay.tp)
+    if not xp.any_(lay.lora):  # no row trains adapters: skip the per-linear walk (a single estimate's fast path)
         return total
     shapes = linear_shapes(model)
     for name, on in targets_of(lay.c.lora_targets):
         if name in shapes:  # w3 only exists in a gated MLP
             k, n = shapes[name]
-            total = total + np.where(on, lay.lora_rank * (k + n), 0.0)
-    return np.where(lay.lora, total, 0.0)
+            total = total + xp.where(on, lay.lora_rank * (k + n), 0.0)
+    return xp.where(lay.lora, total, 0.0)
 
 
 def adapter_params(model: ModelSpec, rank: int, targets) -> int:
@@ -79,8 +80,8 @@ def first_block_unsaved(model: ModelSpec, lay: Layout, attention_none: np.ndarra
     h = float(model.hidden)
     targets = dict(targets_of(lay.c.lora_targets))
     attention = targets["q"] | targets["k"] | targets["v"] | targets["o"]
-    free = np.where(attention, 2 * h, attention_none + 2 * h)
-    return np.where(lay.lora & ~lay.full_ac & ~lay.selective_ac, free, 0.0)
+    free = xp.where(attention, 2 * h, attention_none + 2 * h)
+    return xp.where(lay.lora & xp.logical_not(lay.full_ac) & xp.logical_not(lay.selective_ac), free, 0.0)
 
 
 def mm_sequence(model: ModelSpec) -> list[tuple[str, float]]:
@@ -101,30 +102,30 @@ def lora_saved_delta(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndar
     With op-SAC (torchtitan's policy: every matmul output saved except every second one, counted in forward order)
     the adapters' matmuls join the count: base, A, B of each targeted linear, which moves the parity of what
     follows; the difference of the saved outputs of the two sequences is what LoRA adds."""
-    if not lay.lora.any():
-        return np.zeros_like(lay.tp), np.zeros_like(lay.tp)
+    if not xp.any_(lay.lora):
+        return xp.zeros_like(lay.tp), xp.zeros_like(lay.tp)
     seq = mm_sequence(model)
     h, F, q = float(model.hidden), float(model.ffn_hidden), float(model.q_dim)
     r = lay.lora_rank
     targets = dict(targets_of(lay.c.lora_targets))
-    none = np.zeros_like(lay.tp)
+    none = xp.zeros_like(lay.tp)
     for name, _ in seq:
-        none = none + np.where(targets[name], 2 * r, 0.0)
+        none = none + xp.where(targets[name], 2 * r, 0.0)
     qkv = targets["q"] | targets["k"] | targets["v"]
     up = targets["w1"] | (targets["w3"] if model.gated_mlp else False)
-    none = (none - np.where(qkv, 0.0, 2 * h) - np.where(targets["o"], 0.0, 2 * q) - np.where(up, 0.0, 2 * h)
-            - np.where(targets["w2"], 0.0, 2 * F))
+    none = (none - xp.where(qkv, 0.0, 2 * h) - xp.where(targets["o"], 0.0, 2 * q) - xp.where(up, 0.0, 2 * h)
+            - xp.where(targets["w2"], 0.0, 2 * F))
     # op-SAC: walk the matmuls with a per-configuration counter (odd counts saved)
-    count = np.zeros_like(lay.tp)
+    count = xp.zeros_like(lay.tp)
     dense_saved = sum(2 * width for i, (_, width) in enumerate(seq) if i % 2 == 0)  # counts 1, 3, 5, 7 saved
-    lora_saved = np.zeros_like(lay.tp)
+    lora_saved = xp.zeros_like(lay.tp)
     for name, width in seq:
         on = targets[name]
         for w, present in ((width, True), (r, on), (width, on)):  # base, A (r wide), B
-            present = np.asarray(present) | np.zeros(len(lay.tp), dtype=bool)
+            present = present | xp.zeros_like(lay.tp, dtype=np.bool_)
             count = count + present
-            lora_saved = lora_saved + np.where(present & (count % 2 == 1), 2 * w, 0.0)
-    return np.where(lay.lora, none, 0.0), np.where(lay.lora, lora_saved - dense_saved, 0.0)
+            lora_saved = lora_saved + xp.where(present & (count % 2 == 1), 2 * w, 0.0)
+    return xp.where(lay.lora, none, 0.0), xp.where(lay.lora, lora_saved - dense_saved, 0.0)
 
 
 @dataclass(frozen=True)
@@ -139,11 +140,11 @@ class Weights:
 
     def trainable(self, lay: Layout, base: np.ndarray) -> np.ndarray:
         """Trainable parameters of a rank holding `base` base parameters: the adapters under LoRA, else `base`."""
-        return np.where(lay.lora, self.adapters, base)
+        return xp.where(lay.lora, self.adapters, base)
 
     def frozen(self, lay: Layout, base: np.ndarray) -> np.ndarray:
         """Frozen parameters of that rank: every base parameter under LoRA, none otherwise."""
-        return np.where(lay.lora, base, 0.0)
+        return xp.where(lay.lora, base, 0.0)
 
 
 def weights(model: ModelSpec, lay: Layout, rp: RankParams) -> Weights:
@@ -151,14 +152,14 @@ def weights(model: ModelSpec, lay: Layout, rp: RankParams) -> Weights:
     and the root's embedding and output in bf16, as torchtune's QLoRA builders leave them)."""
     per_layer = adapter_params_per_layer(model, lay)
     linears = block_linear_params(model) / lay.tp
-    block_share = np.minimum(1.0, linears / np.maximum(rp.block, 1.0))
-    stage_share = np.minimum(1.0, rp.layers * linears / np.maximum(rp.most, 1.0))
+    block_share = xp.minimum(1.0, linears / xp.maximum(rp.block, 1.0))
+    stage_share = xp.minimum(1.0, rp.layers * linears / xp.maximum(rp.most, 1.0))
     largest = max(k * n for k, n in linear_shapes(model).values())
     return Weights(
         adapters_block=per_layer, adapters=rp.layers * per_layer,
-        frozen_bytes_per_param=np.where(lay.qlora, stage_share * NF4_BYTES + (1 - stage_share) * BF16, BF16),
-        block_gather_bytes_per_param=np.where(lay.qlora, block_share * NF4_BYTES + (1 - block_share) * BF16, BF16),
-        dequant_bf16_bytes=np.where(lay.qlora, BF16 * largest / lay.tp, 0.0),
+        frozen_bytes_per_param=xp.where(lay.qlora, stage_share * NF4_BYTES + (1 - stage_share) * BF16, BF16),
+        block_gather_bytes_per_param=xp.where(lay.qlora, block_share * NF4_BYTES + (1 - block_share) * BF16, BF16),
+        dequant_bf16_bytes=xp.where(lay.qlora, BF16 * largest / lay.tp, 0.0),
     )
 
 
@@ -181,10 +182,10 @@ def stage_state(w: Weights, lay: Layout, rp: RankParams, base: np.ndarray) -> St
     frozen = w.frozen(lay, base) / lay.fsdp_ranks
     params, grads, optim = PARAM_BYTES * train, GRAD_BYTES * train, ADAMW_BYTES * train
     frozen_b = w.frozen_bytes_per_param * frozen
-    on_gpu = np.where(lay.offload, 0.0, 1.0)
+    on_gpu = xp.where(lay.offload, 0.0, 1.0)
     return StageState(
         params_bytes=params * on_gpu, grads_bytes=grads * on_gpu, optimizer_bytes=optim * on_gpu,
-        frozen_bytes=frozen_b * on_gpu, host_bytes=np.where(lay.offload, params + grads + optim + frozen_b, 0.0),
+        frozen_bytes=frozen_b * on_gpu, host_bytes=xp.where(lay.offload, params + grads + optim + frozen_b, 0.0),
         trainable_sharded=train, stored_sharded_bytes=params + frozen_b,
     )
 
@@ -193,8 +194,8 @@ def stage_state(w: Weights, lay: Layout, rp: RankParams, base: np.ndarray) -> St
 def lora_gemm_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, gemm_s) -> np.ndarray:
     """Forward + backward seconds of one block's LoRA matmuls per microbatch: x A^T (in -> r) and its B^T (r -> out)
     on each targeted linear, in bf16 (skinny: r is their narrow dimension)."""
-    total = np.zeros_like(lay.tp)
-    if not lay.lora.any():
+    total = xp.zeros_like(lay.tp)
+    if not xp.any_(lay.lora):
         return total
     shapes = linear_shapes(model)
     for name, on in targets_of(lay.c.lora_targets):
@@ -203,8 +204,8 @@ def lora_gemm_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay:
         k, n = shapes[name]
         _, a = gemm_s(hw, stack, lay, k, lay.lora_rank)
         _, b = gemm_s(hw, stack, lay, lay.lora_rank, n)
-        total = total + np.where(on, a + b, 0.0)
-    return np.where(lay.lora, total, 0.0)
+        total = total + xp.where(on, a + b, 0.0)
+    return xp.where(lay.lora, total, 0.0)
 
 
 def dequant_s(model: ModelSpec, stack: StackProfile, lay: Layout, hbm_bytes_per_s: float,
@@ -213,7 +214,7 @@ def dequant_s(model: ModelSpec, stack: StackProfile, lay: Layout, hbm_bytes_per_
     memory-bound at the stack's bytes per parameter of torchao's NF4 dequantization."""
     ft = finetune_behaviour(model, stack, lay)
     per_param = ft.nf4_dequant_bytes_per_param if ft is not None else 0.0
-    return np.where(lay.qlora, passes * block_linear_params(model) / lay.tp * per_param / hbm_bytes_per_s, 0.0)
+    return xp.where(lay.qlora, passes * block_linear_params(model) / lay.tp * per_param / hbm_bytes_per_s, 0.0)
 
 
 def host_link_bytes_per_s(hw: HardwareProfile) -> float:
@@ -226,17 +227,17 @@ def host_link_bytes_per_s(hw: HardwareProfile) -> float:
 def offload_transfer_s(hw: HardwareProfile, lay: Layout, st: StageState, gathers: np.ndarray) -> np.ndarray:
     """Per microbatch: the shard copied host-to-device before each of its `gathers` all-gathers (stored dtype), and
     the trainable gradients' shard device-to-host after the reduce-scatter (fp32); 0 without offload."""
-    if not lay.offload.any():
-        return np.zeros_like(lay.tp)
+    if not xp.any_(lay.offload):
+        return xp.zeros_like(lay.tp)
     link = host_link_bytes_per_s(hw)
-    return np.where(lay.offload, (gathers * st.stored_sharded_bytes + GRAD_BYTES * st.trainable_sharded) / link, 0.0)
+    return xp.where(lay.offload, (gathers * st.stored_sharded_bytes + GRAD_BYTES * st.trainable_sharded) / link, 0.0)
 
 
 def cpu_optimizer_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, trainable_sharded: np.ndarray) -> np.ndarray:
     """AdamW on the host over the rank's trainable shard: memory-bound on the node's DRAM, which its ranks share,
     at the stack's CPU optimizer efficiency."""
-    if not lay.offload.any():
-        return np.zeros_like(lay.tp)
+    if not xp.any_(lay.offload):
+        return xp.zeros_like(lay.tp)
     return ADAMW_STEP_BYTES * trainable_sharded / host_bytes_per_s_per_rank(hw, stack, lay)
 
 
@@ -248,32 +249,32 @@ def host_bytes_per_s_per_rank(hw: HardwareProfile, stack: StackProfile, lay: Lay
                           "the CPU optimizer step of CPU offload cannot be timed; add it to the profile")
     ft = stack.finetune
     eff = ft.cpu_optimizer_efficiency if ft is not None else 1.0
-    return hw.host_memory_bandwidth_gbs * 1e9 * eff / np.minimum(lay.gpus_per_node, lay.world)
+    return hw.host_memory_bandwidth_gbs * 1e9 * eff / xp.minimum(lay.gpus_per_node, lay.world)
 
 
 def offload_accumulate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, st: StageState) -> np.ndarray:
     """CPU offload with gradient accumulation, per microbatch after the first: FSDP2 copies the reduced gradient
     shard device-to-host synchronously (fp32) and adds it to the host gradient on the CPU (read two, write one)."""
-    if not lay.offload.any():
-        return np.zeros_like(lay.tp)
+    if not xp.any_(lay.offload):
+        return xp.zeros_like(lay.tp)
     d2h = GRAD_BYTES * st.trainable_sharded / host_link_bytes_per_s(hw)
     add = 3 * GRAD_BYTES * st.trainable_sharded / host_bytes_per_s_per_rank(hw, stack, lay)
-    return np.where(lay.offload, d2h + add, 0.0)
+    return xp.where(lay.offload, d2h + add, 0.0)
 
 
 def flops_per_token(model: ModelSpec, lay: Layout, dense_flops: np.ndarray) -> np.ndarray:
     """Model FLOPs per token of a step: `dense_flops` (torchtitan's 6 N + attention) unless LoRA freezes the base,
     whose linears then skip their weight gradients (4 N instead of 6 N) while the adapters train (6 a)."""
-    if not lay.lora.any():
+    if not xp.any_(lay.lora):
         return dense_flops
     n = model.flops_per_token(1)  # 6 (N_active - N_embedding)
     adapters = 6.0 * float(model.layers) * adapter_params_per_layer(model, lay)
-    return np.where(lay.lora, dense_flops - n / 3.0 + adapters, dense_flops)
+    return xp.where(lay.lora, dense_flops - n / 3.0 + adapters, dense_flops)
 
 
 def finetune_behaviour(model: ModelSpec, stack: StackProfile, lay: Layout):
     """The stack's fine-tuning behaviour where a configuration needs it; ConfigError when the stack has none."""
-    if (lay.lora | lay.offload).any() and stack.finetune is None:
+    if xp.any_(lay.lora | lay.offload) and stack.finetune is None:
         raise ConfigError(f"stack profile '{stack.id}' does not describe LoRA / QLoRA fine-tuning or CPU offload "
                           "(use the torchtitan stack)")
     return stack.finetune

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.hardware import GIB
 from meshplan.estimator.physics.finetune import StageState
 from meshplan.estimator.physics.layout import Layout
@@ -12,7 +13,7 @@ from meshplan.estimator.stack import StackProfile
 
 
 def ranks_per_node(lay: Layout) -> np.ndarray:
-    return np.minimum(lay.gpus_per_node, lay.world)
+    return xp.minimum(lay.gpus_per_node, lay.world)
 
 
 def host_bytes_per_node(stack: StackProfile, lay: Layout, st: StageState) -> np.ndarray:
@@ -21,7 +22,7 @@ def host_bytes_per_node(stack: StackProfile, lay: Layout, st: StageState) -> np.
     saves from them); otherwise the shard DCP loads and saves through host memory (16 bytes a trainable parameter
     over FSDP, and the frozen weights as stored)."""
     staged = STATE_BYTES * st.trainable_sharded + (st.stored_sharded_bytes - PARAM_BYTES * st.trainable_sharded)
-    per_rank = np.where(lay.offload, st.host_bytes, staged)
+    per_rank = xp.where(lay.offload, st.host_bytes, staged)
     return ranks_per_node(lay) * (stack.process_host_gib * GIB + per_rank)
 
 
@@ -33,5 +34,5 @@ def offloaded_bytes_per_node(lay: Layout, st: StageState) -> np.ndarray:
 def full_load_bytes_per_node(stack: StackProfile, lay: Layout, params: float) -> np.ndarray:
     """Host RAM if every rank loaded the whole model (`params` parameters) itself: the fp32 model of a pre-training
     checkpoint, the bf16 weights of a pretrained (Hugging Face) checkpoint for fine-tuning."""
-    per_param = np.where(lay.finetune, BF16, PARAM_BYTES)
+    per_param = xp.where(lay.finetune, BF16, PARAM_BYTES)
     return ranks_per_node(lay) * (stack.process_host_gib * GIB + per_param * params)

@@ -6,13 +6,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import AC, FineTune, Float8
 
 
 def as_float(x) -> np.ndarray:
-    """`x` as a float64 array (the estimator computes in float64: bytes and FLOPs exceed int32)."""
-    return np.asarray(x, dtype=np.float64)
+    """`x` as float64 (the estimator computes in float64: bytes and FLOPs exceed int32); an array stays one, a
+    single configuration's scalar stays a scalar (:mod:`meshplan.estimator.xp`)."""
+    return xp.as_float(x)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class Layout:
 
     @property
     def async_tp(self) -> np.ndarray:
-        return self.c.async_tp.astype(bool)
+        return xp.as_bool(self.c.async_tp)
 
 
 def layout_of(c: ConfigArrays) -> Layout:
@@ -72,9 +74,9 @@ def layout_of(c: ConfigArrays) -> Layout:
         c=c, tp=t, pp=p, cp=cp, vpp=v, dp_shard=ds, dp_replicate=dr, seq_len=s, micro_batch=mbs, global_batch=gbs,
         gpus_per_node=as_float(c.gpus_per_node), world=ds * dr * t * p * cp,
         microbatches=gbs / (dr * ds * mbs), fsdp_ranks=ds * cp, tokens_mb=mbs * s / cp, ep=ep,
-        expert_fsdp_ranks=np.where(ep > 1, ds * cp * t / ep, ds * cp),
-        full_ac=c.ac == AC.FULL, selective_ac=c.ac == AC.SELECTIVE, compiled=c.compile.astype(bool),
-        fp8=c.float8 > Float8.NONE, has_tp=t > 1, single_stage=p == 1,
-        finetune=c.finetune > FineTune.NONE, lora=c.finetune >= FineTune.LORA, qlora=c.finetune == FineTune.QLORA, offload=c.cpu_offload.astype(bool),
+        expert_fsdp_ranks=xp.where(ep > 1, ds * cp * t / ep, ds * cp),
+        full_ac=c.ac == int(AC.FULL), selective_ac=c.ac == int(AC.SELECTIVE), compiled=xp.as_bool(c.compile),
+        fp8=c.float8 > int(Float8.NONE), has_tp=t > 1, single_stage=p == 1,
+        finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank),
     )

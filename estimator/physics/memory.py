@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.hardware import GIB, HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune
@@ -78,13 +79,13 @@ class StageMemory:
     def where(self, worse: np.ndarray, other: StageMemory) -> StageMemory:
         """Element-wise: `other` where `worse`, else this."""
         return StageMemory(
-            allocated_bytes=np.where(worse, other.allocated_bytes, self.allocated_bytes),
-            parts={k: np.where(worse, other.parts[k], v) for k, v in self.parts.items()},
-            saved_activations_bytes=np.where(worse, other.saved_activations_bytes, self.saved_activations_bytes),
-            grads_after_backward_bytes=np.where(worse, other.grads_after_backward_bytes,
+            allocated_bytes=xp.where(worse, other.allocated_bytes, self.allocated_bytes),
+            parts={k: xp.where(worse, other.parts[k], v) for k, v in self.parts.items()},
+            saved_activations_bytes=xp.where(worse, other.saved_activations_bytes, self.saved_activations_bytes),
+            grads_after_backward_bytes=xp.where(worse, other.grads_after_backward_bytes,
                                                 self.grads_after_backward_bytes),
-            peak_phase=np.where(worse, other.peak_phase, self.peak_phase),
-            unsharded_params_max_bytes=np.where(worse, other.unsharded_params_max_bytes,
+            peak_phase=xp.where(worse, other.peak_phase, self.peak_phase),
+            unsharded_params_max_bytes=xp.where(worse, other.unsharded_params_max_bytes,
                                                 self.unsharded_params_max_bytes),
         )
 
@@ -107,18 +108,18 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
     A block gathers in bf16 (QLoRA: its linears in NF4) with its LoRA adapters; only trainable weights have a
     reduce-scatter input (the adapters under LoRA)."""
     resharded = lay.single_stage & np.bool_(stack.reshard_after_forward)
-    pp_nosync = ~lay.single_stage
+    pp_nosync = xp.logical_not(lay.single_stage)
     whole = BF16 * prank
     block = w.block_gather_bytes_per_param * rp.block + BF16 * w.adapters_block
-    block_trainable = np.where(lay.lora, w.adapters_block, rp.block - np.where(lay.ep > 1, rp.routed_block, 0.0))
+    block_trainable = xp.where(lay.lora, w.adapters_block, rp.block - xp.where(lay.ep > 1, rp.routed_block, 0.0))
     return Unsharded(
-        current=np.where(resharded, block + BF16 * root, whole),
-        backward=np.where(resharded, stack.prefetch_blocks * block + BF16 * root, whole),
-        loss=np.where(resharded, BF16 * np.where(last, rp.output, 0.0), whole),
-        end=np.where(resharded, BF16 * root, whole),
+        current=xp.where(resharded, block + BF16 * root, whole),
+        backward=xp.where(resharded, stack.prefetch_blocks * block + BF16 * root, whole),
+        loss=xp.where(resharded, BF16 * xp.where(last, rp.output, 0.0), whole),
+        end=xp.where(resharded, BF16 * root, whole),
         # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
         # backward: the block's own reduce-scatter input, held until the next one, is the rest
-        reduce_scatter_input=np.where(resharded | ~pp_nosync, stack.reduce_bytes * block_trainable, 0.0),
+        reduce_scatter_input=xp.where(resharded | xp.logical_not(pp_nosync), stack.reduce_bytes * block_trainable, 0.0),
     )
 
 
@@ -131,24 +132,24 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     w = finetune.weights(model, lay, rp)
     state = finetune.stage_state(w, lay, rp, prank)
     gf = state.grads_bytes
-    single, pp_nosync = lay.single_stage, ~lay.single_stage
+    single, pp_nosync = lay.single_stage, xp.logical_not(lay.single_stage)
     # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches
-    acc = np.where(pp_nosync & (m > 1), stack.reduce_bytes * w.trainable(lay, prank), 0.0)
+    acc = xp.where(pp_nosync & (m > 1), stack.reduce_bytes * w.trainable(lay, prank), 0.0)
     root = rp.root(first, last)
     up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first)
     recv_all = m * recv
     acts_blocks = act.block_bytes * layers_in_flight(lay, float(model.layers), rp.layers, stage) + recv_all \
-        - np.where(first, act.first_block_unsaved_per_token * lay.tokens_mb, 0.0)
+        - xp.where(first, act.first_block_unsaved_per_token * lay.tokens_mb, 0.0)
     acc = acc + recv_all
-    head = np.where(last, act.head_per_token * lay.tokens_mb * head_microbatches(lay), 0.0)
+    head = xp.where(last, act.head_per_token * lay.tokens_mb * head_microbatches(lay), 0.0)
 
-    loss = Phase(grads_fp32=np.where(single & (m > 1), gf, 0.0), unsharded_params=up.loss, unsharded_grads=acc,
-                 activations=acts_blocks + head, logits_loss=np.where(last, act.logits_bytes, 0.0),
-                 transient=np.zeros_like(p))
+    loss = Phase(grads_fp32=xp.where(single & (m > 1), gf, 0.0), unsharded_params=up.loss, unsharded_grads=acc,
+                 activations=acts_blocks + head, logits_loss=xp.where(last, act.logits_bytes, 0.0),
+                 transient=xp.zeros_like(p))
     # the block just reduced keeps its sharded fp32 gradients on the GPU (not under CPU offload)
-    block_grads = np.where(lay.offload, 0.0, GRAD_BYTES * rp.sharded_block(lay))
-    block_grads = np.where(lay.lora, np.where(lay.offload, 0.0, GRAD_BYTES * w.adapters_block / lay.fsdp_ranks),
+    block_grads = xp.where(lay.offload, 0.0, GRAD_BYTES * rp.sharded_block(lay))
+    block_grads = xp.where(lay.lora, xp.where(lay.offload, 0.0, GRAD_BYTES * w.adapters_block / lay.fsdp_ranks),
                            block_grads)
     backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks, block_grads, w.dequant_bf16_bytes)
     # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight gradients
@@ -156,31 +157,31 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     # backward), the first block's reduce-scatter input, and the gradient arriving at the embedding output
     # (full sequence, bf16) with its copy
     # (under LoRA the root is frozen: no weight gradients, and no gradient flows into the embedding)
-    trains_root = ~lay.lora
-    root_grads = np.where(trains_root, BF16 * root + np.where(first, BF16 * model.vocab * model.hidden
+    trains_root = xp.logical_not(lay.lora)
+    root_grads = xp.where(trains_root, BF16 * root + xp.where(first, BF16 * model.vocab * model.hidden
                                                                - BF16 * rp.embedding, 0.0), 0.0)
     end = Phase(grads_fp32=gf, unsharded_params=up.end,
                 unsharded_grads=acc + up.reduce_scatter_input + root_grads, activations=recv_all,
-                logits_loss=np.zeros_like(p),
-                transient=np.where(first & trains_root, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0))
+                logits_loss=xp.zeros_like(p),
+                transient=xp.where(first & trains_root, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0))
 
     base = state.params_bytes + state.optimizer_bytes + state.frozen_bytes
     phases = (loss, backward, end)
-    totals = np.stack([base + ph.total() for ph in phases])
-    phase = np.where(last, np.argmax(totals, axis=0), np.argmax(totals[1:], axis=0) + 1)
+    totals = [base + ph.total() for ph in phases]
+    phase = xp.where(last, xp.argmax_of(totals), xp.argmax_of(totals[1:]) + 1)
     parts = {"params_fp32": state.params_bytes, "frozen_params": state.frozen_bytes,
              "optimizer_states": state.optimizer_bytes}
     for name in ALLOCATED_CATEGORIES:
         if name not in parts:
-            parts[name] = np.choose(phase, np.broadcast_arrays(*(getattr(ph, name) for ph in phases)))
+            parts[name] = xp.choose(phase, [getattr(ph, name) for ph in phases])
     return StageMemory(
-        allocated_bytes=np.choose(phase, totals),
+        allocated_bytes=xp.choose(phase, totals),
         parts={k: parts[k] for k in ALLOCATED_CATEGORIES},
         # saved for backward at the end of a forward: the receive buffers of the microbatches in flight only
         saved_activations_bytes=acts_blocks - recv_all
         + recv * layers_in_flight(lay, float(model.layers), rp.layers, stage) / rp.layers + head,
         grads_after_backward_bytes=gf,
-        peak_phase=phase.astype(float),
+        peak_phase=xp.as_float(phase),
         unsharded_params_max_bytes=up.backward,
     )
 
@@ -191,24 +192,24 @@ def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded,
     reduce-scatter yet) or in the second (its predecessor's activations freed, that block's reduce-scatter
     input held, the one after it prefetched if the stage has three or more), whichever holds more.
     `block_grads`: the sharded gradients of one block on the GPU; `dequant`: QLoRA's dequantized bf16 weight."""
-    m, pp_nosync = lay.microbatches, ~lay.single_stage
+    m, pp_nosync = lay.microbatches, xp.logical_not(lay.single_stage)
     # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
     # (the schedule's microbatches accumulate unsharded until the last one)
-    g_first = np.where(pp_nosync, 0.0, np.where(m > 1, gf, 0.0))
-    g_prev = np.where(pp_nosync, 0.0, np.where(m > 1, gf, block_grads))
-    up_last = np.where(rp.layers >= 2, up.backward, up.current)
-    up_prev = np.where(rp.layers >= 3, up.backward, up.current)
+    g_first = xp.where(pp_nosync, 0.0, xp.where(m > 1, gf, 0.0))
+    g_prev = xp.where(pp_nosync, 0.0, xp.where(m > 1, gf, block_grads))
+    up_last = xp.where(rp.layers >= 2, up.backward, up.current)
+    up_prev = xp.where(rp.layers >= 3, up.backward, up.current)
     temp = act.backward_temp_bytes + dequant
     in_last = g_first + up_last + acc + acts_blocks + temp
     in_prev = g_prev + up_prev + acc + acts_blocks - act.block_bytes + up.reduce_scatter_input + temp
     prev = (rp.layers >= 2) & (in_prev > in_last)
     return Phase(
-        grads_fp32=np.where(prev, g_prev, g_first),
-        unsharded_params=np.where(prev, up_prev, up_last),
-        unsharded_grads=acc + np.where(prev, up.reduce_scatter_input, 0.0),
-        activations=acts_blocks - np.where(prev, act.block_bytes, 0.0),
-        logits_loss=np.zeros_like(gf),
-        transient=temp + np.zeros_like(gf),
+        grads_fp32=xp.where(prev, g_prev, g_first),
+        unsharded_params=xp.where(prev, up_prev, up_last),
+        unsharded_grads=acc + xp.where(prev, up.reduce_scatter_input, 0.0),
+        activations=acts_blocks - xp.where(prev, act.block_bytes, 0.0),
+        logits_loss=xp.zeros_like(gf),
+        transient=temp + xp.zeros_like(gf),
     )
 
 
@@ -219,17 +220,17 @@ def worst_stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: R
     among those holding receive buffers) or the last (the logits)."""
     p = lay.pp
     if stage is not None:
-        k = np.minimum(np.asarray(stage, dtype=np.float64), p - 1)
+        k = xp.minimum(stage if isinstance(stage, int) and not xp.is_array(p) else np.asarray(stage, dtype=np.float64), p - 1)
         return stage_memory(model, stack, lay, rp, act, k), k
-    worst = stage_memory(model, stack, lay, rp, act, np.zeros_like(p))
-    worst_stage = np.zeros_like(p)
-    if (p <= 1).all():  # no pipeline anywhere: the one stage is the worst
+    worst = stage_memory(model, stack, lay, rp, act, xp.zeros_like(p))
+    worst_stage = xp.zeros_like(p)
+    if xp.all_(p <= 1):  # no pipeline anywhere: the one stage is the worst
         return worst, worst_stage
-    for k in (np.minimum(1.0, p - 1), p - 1):
+    for k in (xp.minimum(1.0, p - 1), p - 1):
         cand = stage_memory(model, stack, lay, rp, act, k)
         worse = cand.allocated_bytes > worst.allocated_bytes
         worst = worst.where(worse, cand)
-        worst_stage = np.where(worse, k, worst_stage)
+        worst_stage = xp.where(worse, k, worst_stage)
     return worst, worst_stage
 
 
@@ -238,4 +239,4 @@ def reserved_bytes(hw: HardwareProfile, stack: StackProfile, allocated: np.ndarr
     limit, where it frees cached blocks and retries instead of growing (capped at the usable HBM)."""
     usable = hw.usable_hbm_gib * GIB
     reserved = allocated * (1 + stack.fragmentation)
-    return np.where((reserved > usable) & (allocated <= usable), usable, reserved)
+    return xp.where((reserved > usable) & (allocated <= usable), usable, reserved)

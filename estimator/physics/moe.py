@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.errors import ConfigError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
@@ -61,13 +62,13 @@ def routing(model: ModelSpec, stack: StackProfile, lay: Layout) -> Routing | Non
         return None
     m, t, ep = model.moe, lay.tp, lay.ep
     has_ep = ep > 1
-    src = float(m.top_k) / np.where(has_ep, t, 1.0)
+    src = float(m.top_k) / xp.where(has_ep, t, 1.0)
     return Routing(
-        behaviour=b, src_rows=src, expert_rows=src * np.where(has_ep, b.load_imbalance, 1.0),
-        router_tokens=1.0 / np.where(has_ep, t, 1.0),
-        width=float(m.expert_ffn_hidden) / np.where(has_ep, 1.0, t),
-        local_experts=float(m.experts) / np.where(has_ep, ep, 1.0), shared_width=float(m.shared_ffn_hidden),
-        gathered_input=lay.has_tp & (~has_ep | (m.shared_ffn_hidden > 0)),
+        behaviour=b, src_rows=src, expert_rows=src * xp.where(has_ep, b.load_imbalance, 1.0),
+        router_tokens=1.0 / xp.where(has_ep, t, 1.0),
+        width=float(m.expert_ffn_hidden) / xp.where(has_ep, 1.0, t),
+        local_experts=float(m.experts) / xp.where(has_ep, ep, 1.0), shared_width=float(m.shared_ffn_hidden),
+        gathered_input=lay.has_tp & (xp.logical_not(has_ep) | (m.shared_ffn_hidden > 0)),
     )
 
 
@@ -80,15 +81,15 @@ def mlp_saved(model: ModelSpec, r: Routing, lay: Layout) -> tuple[np.ndarray, np
     grouped-GEMM outputs are recomputed."""
     h, t, E, k = float(model.hidden), lay.tp, float(model.moe.experts), float(model.moe.top_k)
     s_t = r.shared_width / t
-    moe_in = np.where(r.gathered_input, 2 * h, 2 * h / t)
+    moe_in = xp.where(r.gathered_input, 2 * h, 2 * h / t)
     router_none = r.router_tokens * (2 * FP32 * E + k * (FP32 + INDEX))
     routed_none = r.expert_rows * (BF16 * h + 4 * BF16 * r.width) + r.src_rows * FP32 * h
     none = moe_in + router_none + routed_none + 8 * s_t
     shared = r.shared_width > 0
-    a2a = np.where(lay.ep > 1, (r.expert_rows + r.src_rows) * BF16 * h, 0.0) \
+    a2a = xp.where(lay.ep > 1, (r.expert_rows + r.src_rows) * BF16 * h, 0.0) \
         if r.behaviour.selective_ac_saves_all_to_all else 0.0
     sel = (r.router_tokens * k * (FP32 + INDEX) + a2a
-           + (2 * s_t + 2 * h if shared else 0.0) + np.where(lay.has_tp, 2 * h / t, 0.0))
+           + (2 * s_t + 2 * h if shared else 0.0) + xp.where(lay.has_tp, 2 * h / t, 0.0))
     return none, sel
 
 
@@ -101,7 +102,7 @@ def backward_temp_bytes(model: ModelSpec, r: Routing, lay: Layout, routed_block:
     s_t = r.shared_width / t
     grad = r.expert_rows * (3 * BF16 * r.width + BF16 * h) + r.src_rows * FP32 * h + 6 * s_t
     sel = r.expert_rows * 4 * BF16 * r.width + 8 * s_t
-    recompute = np.where(lay.full_ac, none_per_token, np.where(lay.selective_ac, sel, 0.0))
+    recompute = xp.where(lay.full_ac, none_per_token, xp.where(lay.selective_ac, sel, 0.0))
     shared_w = model.mlp_matrices * h * r.shared_width / t
     router_w = h * float(model.moe.experts)
     return (grad + recompute) * lay.tokens_mb + BF16 * (routed_block + shared_w + router_w)
@@ -126,12 +127,12 @@ def all_to_all_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes: np.ndarra
     NVLink carries it; across nodes each rank's NIC carries the share from other nodes while NVLink carries the
     rest in parallel. Both at the stack's all-to-all efficiency, plus one latency per peer."""
     ep, gpn = lay.ep, lay.gpus_per_node
-    in_node = np.minimum(ep, gpn)
+    in_node = xp.minimum(ep, gpn)
     eff = r.behaviour.all_to_all_efficiency
     nvlink = nbytes * (in_node - 1) / ep / (intra_node_bytes_per_s(hw) * eff)
-    network = nbytes * np.maximum(ep - in_node, 0.0) / ep / (inter_node_bytes_per_s(hw) * eff)
-    latency = np.where(ep > gpn, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6 * np.log2(np.maximum(ep, 2))
-    return np.where(ep > 1, np.maximum(nvlink, network) + latency, 0.0)
+    network = nbytes * xp.maximum(ep - in_node, 0.0) / ep / (inter_node_bytes_per_s(hw) * eff)
+    latency = xp.where(ep > gpn, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6 * np.log2(xp.maximum(ep, 2))
+    return xp.where(ep > 1, xp.maximum(nvlink, network) + latency, 0.0)
 
 
 @dataclass(frozen=True)
@@ -156,18 +157,18 @@ def moe_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, r: Rou
         shared_up, _ = gemm_s(hw, stack, lay, h, s_t, 2.0, recipe=recipe)
         shared_down, _ = gemm_s(hw, stack, lay, s_t, h, recipe=recipe)
     else:
-        shared_up = shared_down = np.zeros_like(t)
+        shared_up = shared_down = xp.zeros_like(t)
     _, gate = gemm_s(hw, stack, lay, h, E, 1.0, tokens=r.router_tokens * lay.tokens_mb)
     gemm = routed + shared_up + shared_down + gate
     # op-SAC re-runs the grouped GEMMs (not on its save list), half the shared expert's input GEMMs and the
     # gate (force-recomputed); full AC the whole forward
     sel = (routed + shared_up / 2 + gate) / 3.0
-    recompute = np.where(lay.full_ac, gemm / 3.0, np.where(lay.selective_ac, sel, 0.0))
+    recompute = xp.where(lay.full_ac, gemm / 3.0, xp.where(lay.selective_ac, sel, 0.0))
     rows = r.expert_rows * lay.tokens_mb
     elem = (rows * b.permute_passes * BF16 * h + r.router_tokens * lay.tokens_mb * b.router_passes * FP32 * E) \
         / hbm_bytes_per_s
     a2a_bytes = rows * h * BF16
-    again = np.where(lay.full_ac | (lay.selective_ac & (not b.selective_ac_saves_all_to_all)), 2.0, 0.0)
+    again = xp.where(lay.full_ac | (lay.selective_ac & (not b.selective_ac_saves_all_to_all)), 2.0, 0.0)
     a2a = (4.0 + again) * all_to_all_s(hw, r, lay, a2a_bytes)
-    sync = np.where(lay.ep > 1, b.sync_s_per_layer * np.where(lay.full_ac, 2.0, 1.0), 0.0)
+    sync = xp.where(lay.ep > 1, b.sync_s_per_layer * xp.where(lay.full_ac, 2.0, 1.0), 0.0)
     return MoETimes(gemm_s=gemm, recompute_s=recompute, elementwise_s=elem, all_to_all_s=a2a, sync_s=sync)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.config import Schedule
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.physics.layout import Layout
@@ -17,24 +18,24 @@ def layers_in_flight(lay: Layout, layers: float, layers_rank: np.ndarray, stage:
     chunk-microbatches, GPipe keeps all m. Without PP: the model's `layers` for the one microbatch."""
     p, v, m = lay.pp, lay.vpp, lay.microbatches
     per_stage_layers = layers / (p * v)
-    ahead = np.minimum(m, p - stage)
+    ahead = xp.minimum(m, p - stage)
     one_f = ahead * per_stage_layers * v
-    inter = per_stage_layers * np.minimum(v * ahead + (p - 1 - stage), v * m)  # at most every chunk-microbatch
+    inter = per_stage_layers * xp.minimum(v * ahead + (p - 1 - stage), v * m)  # at most every chunk-microbatch
     gpipe = m * layers_rank
     sched = lay.schedule
-    by_schedule = np.where(sched == Schedule.GPIPE, gpipe, np.where(sched == Schedule.INTERLEAVED_1F1B, inter, one_f))
-    return np.where(lay.single_stage, layers, by_schedule)
+    by_schedule = xp.where(sched == int(Schedule.GPIPE), gpipe, xp.where(sched == int(Schedule.INTERLEAVED_1F1B), inter, one_f))
+    return xp.where(lay.single_stage, layers, by_schedule)
 
 
 def head_microbatches(lay: Layout) -> np.ndarray:
     """Microbatches whose head inputs the last stage holds at once: all of them under GPipe, else one."""
-    return np.where(~lay.single_stage & (lay.schedule == Schedule.GPIPE), lay.microbatches, 1.0)
+    return xp.where(xp.logical_not(lay.single_stage) & (lay.schedule == int(Schedule.GPIPE)), lay.microbatches, 1.0)
 
 
 def receive_buffer_bytes(lay: Layout, hidden: float, first: np.ndarray) -> np.ndarray:
     """Bytes of one receive buffer (micro-batch, seq / tp, hidden; bf16) a non-first stage's PipelineStage keeps
     per microbatch of the step (and the gradient of each once its backward ran, until the step ends)."""
-    return np.where(~lay.single_stage & ~first, lay.tokens_mb * 2 * hidden / lay.tp, 0.0)
+    return xp.where(xp.logical_not(lay.single_stage) & xp.logical_not(first), lay.tokens_mb * 2 * hidden / lay.tp, 0.0)
 
 
 def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
@@ -44,8 +45,8 @@ def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
     microbatch times (the formula above), and an interleaved rank also waits (pp - m) chunk times before each
     of its vpp - 1 later chunks, whose input is still travelling through the other ranks."""
     p, v = lay.pp, lay.vpp
-    unfilled = (v - 1) * np.maximum(0.0, p - lay.microbatches)
-    return np.where(lay.single_stage, 0.0, microbatch_s * (p - 1 + unfilled) / v)
+    unfilled = (v - 1) * xp.maximum(0.0, p - lay.microbatches)
+    return xp.where(lay.single_stage, 0.0, microbatch_s * (p - 1 + unfilled) / v)
 
 
 def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float) -> np.ndarray:
@@ -53,6 +54,6 @@ def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float) 
     its gradient backward (bf16, tokens x hidden / tp), plus the schedule's per-microbatch overhead."""
     spans_nodes = lay.world > lay.gpus_per_node
     p2p_bytes = lay.tokens_mb * hidden / lay.tp * 2.0 * 2  # activation forward + gradient backward per boundary
-    bw = np.where(spans_nodes, inter_node_bytes_per_s(hw), intra_node_bytes_per_s(hw))
+    bw = xp.where(spans_nodes, inter_node_bytes_per_s(hw), intra_node_bytes_per_s(hw))
     per_mb = p2p_bytes / bw * stack.pp_p2p_exposed + stack.pp_overhead_s_per_microbatch
-    return np.where(lay.single_stage, 0.0, lay.microbatches * lay.vpp * per_mb)
+    return xp.where(lay.single_stage, 0.0, lay.microbatches * lay.vpp * per_mb)

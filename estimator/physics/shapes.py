@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.layout import Layout
 
@@ -34,16 +35,16 @@ class RankParams:
     @property
     def most(self) -> np.ndarray:
         """The larger of the first and last stage's count (what FSDP gathers and reduces at most)."""
-        return np.maximum(self.first, self.last)
+        return xp.maximum(self.first, self.last)
 
     def of_stage(self, first: np.ndarray, last: np.ndarray) -> np.ndarray:
         """Parameters of a stage that is (or is not) the first and (or not) the last."""
-        return self.blocks + np.where(first, self.embedding, 0.0) + np.where(last, self.output, 0.0)
+        return self.blocks + xp.where(first, self.embedding, 0.0) + xp.where(last, self.output, 0.0)
 
     def root(self, first: np.ndarray, last: np.ndarray) -> np.ndarray:
         """The root module's parameters on a stage (embedding on the first, output on the last): FSDP2 keeps
         them unsharded through the step once gathered."""
-        return np.where(first, self.embedding, 0.0) + np.where(last, self.output, 0.0)
+        return xp.where(first, self.embedding, 0.0) + xp.where(last, self.output, 0.0)
 
     def sharded(self, params: np.ndarray, lay: Layout) -> np.ndarray:
         """What one rank keeps of `params` (a count that includes this rank's routed experts) after FSDP: the
@@ -58,7 +59,9 @@ class RankParams:
 def moe_layers_on(model: ModelSpec, layers: np.ndarray) -> np.ndarray:
     """The most MoE blocks any run of `layers` consecutive blocks holds (per configuration), 0 for a dense model."""
     if model.moe is None:
-        return np.zeros_like(layers)
+        return xp.zeros_like(layers)
+    if not xp.is_array(layers):
+        return np.float64(model.moe_layers_in(int(layers)))
     values = np.unique(layers)
     table = {float(n): float(model.moe_layers_in(int(n))) for n in values}
     return np.vectorize(table.__getitem__, otypes=[float])(layers)
@@ -68,7 +71,7 @@ def rank_params(model: ModelSpec, lay: Layout) -> RankParams:
     """Parameters per rank for every configuration; the norms stay whole on every TP rank."""
     t, p, v = lay.tp, lay.pp, lay.vpp
     norm = float(model.norm_params_per_norm)
-    layers = np.ceil(float(model.layers) / (p * v)) * v
+    layers = xp.ceil(float(model.layers) / (p * v)) * v
     whole = float(model.replicated_block_params)  # norms (sequence parallel), QK-norms, MLA's down-projections
     attn = (float(model.attn_params + model.block_norms * model.norm_params_per_norm) - whole) / t + whole
     dense_block = attn + float(model.mlp_params) / t
@@ -78,12 +81,12 @@ def rank_params(model: ModelSpec, lay: Layout) -> RankParams:
         router = float(model.hidden * m.experts + (m.experts if m.router_bias else 0)
                        + (model.hidden if m.shared_gate else 0))  # replicated on every TP rank
         shared = float(model.mlp_matrices * model.hidden * m.shared_ffn_hidden) / t
-        routed_block = float(model.routed_params_per_layer) / np.where(lay.ep > 1, lay.ep, t)
+        routed_block = float(model.routed_params_per_layer) / xp.where(lay.ep > 1, lay.ep, t)
         moe_block = attn + router + shared + routed_block
-        block = np.where(moe_rank > 0, np.maximum(moe_block, dense_block), dense_block)
+        block = xp.where(moe_rank > 0, xp.maximum(moe_block, dense_block), dense_block)
         blocks = (layers - moe_rank) * dense_block + moe_rank * moe_block
     else:
-        routed_block = np.zeros_like(layers)
+        routed_block = xp.zeros_like(layers)
         block = dense_block + routed_block
         blocks = layers * block
     emb = model.embedding_params / t
@@ -92,5 +95,5 @@ def rank_params(model: ModelSpec, lay: Layout) -> RankParams:
     return RankParams(
         layers=layers, moe_layers=moe_rank, block=block, blocks=blocks, routed=moe_rank * routed_block,
         routed_block=routed_block, embedding=emb, output=out,
-        first=blocks + emb + np.where(single, out, 0.0), last=blocks + out + np.where(single, emb, 0.0),
+        first=blocks + emb + xp.where(single, out, 0.0), last=blocks + out + xp.where(single, emb, 0.0),
     )

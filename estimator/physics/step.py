@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.estimator import xp
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, pipeline
@@ -61,17 +62,17 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     st = finetune.stage_state(w, lay, rp, rp.most)
     fsdp = fsdp_times(hw, stack, lay, rp, w)
     busy = comp.busy_s
-    fsdp_exposed = np.maximum(0.0, fsdp.per_microbatch_s - stack.fsdp_overlap * busy)
+    fsdp_exposed = xp.maximum(0.0, fsdp.per_microbatch_s - stack.fsdp_overlap * busy)
     # CPU offload: each all-gather's shard comes host-to-device first and each reduce-scatter's output goes back,
     # on the copy streams of FSDP's prefetch (hidden like its collectives); with gradient accumulation the later
     # microbatches' device-to-host copies block and add on the CPU
-    gathers = np.where(lay.single_stage & np.bool_(stack.reshard_after_forward), 2.0, 1.0)
+    gathers = xp.where(lay.single_stage & np.bool_(stack.reshard_after_forward), 2.0, 1.0)
     h2d = finetune.offload_transfer_s(hw, lay, st, gathers)
-    offload_mb = np.maximum(0.0, fsdp.per_microbatch_s + h2d - stack.fsdp_overlap * busy) - fsdp_exposed
+    offload_mb = xp.maximum(0.0, fsdp.per_microbatch_s + h2d - stack.fsdp_overlap * busy) - fsdp_exposed
     offload_acc = (m - 1) * finetune.offload_accumulate_s(hw, stack, lay, st)
     # slow-down of compute kernels sharing the GPU with communication kernels
     hidden_comm = fsdp.per_microbatch_s + tp.total_s * tp.overlap
-    slow = stack.comm_compute_slowdown * np.minimum(1.0, hidden_comm / np.maximum(busy, 1e-12))
+    slow = stack.comm_compute_slowdown * xp.minimum(1.0, hidden_comm / xp.maximum(busy, 1e-12))
     busy_slow = busy * (1 + slow)
     t_mb = busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed + offload_mb + comp.all_to_all_s
     parts = {
@@ -89,7 +90,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "pp_bubble": pipeline.bubble_s(lay, t_mb),
         "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden)),
         "dp_allreduce": dp_replicate_s(hw, stack, lay, st.trainable_sharded),
-        "optimizer_step": np.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),
+        "optimizer_step": xp.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),
                                    optimizer_step_s(hw, st.trainable_sharded)),
     }
     step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s
