@@ -50,11 +50,12 @@ class ConfigArrays:
     lora_rank: np.ndarray | None = None
     lora_targets: np.ndarray | None = None  # bitmask over LORA_TARGETS (`lora_mask`)
     cpu_offload: np.ndarray | None = None
+    bf16_state: np.ndarray | None = None  # 1: training.dtype bfloat16 (parameters, gradients, AdamW state in bf16)
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
         for name, default in (("finetune", 0), ("lora_rank", 16), ("lora_targets", lora_mask(LORA_TARGETS)),
-                              ("cpu_offload", 0)):
+                              ("cpu_offload", 0), ("bf16_state", 0)):
             if getattr(self, name) is None:
                 setattr(self, name, np.int64(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -93,6 +94,7 @@ class ConfigArrays:
             cols["lora_rank"].append(c.lora_rank)
             cols["lora_targets"].append(lora_mask(c.lora_targets))
             cols["cpu_offload"].append(c.cpu_offload)
+            cols["bf16_state"].append(c.dtype == "bfloat16")
         return cls(**{k: np.asarray(v, dtype=np.int64) for k, v in cols.items()})
 
     def take(self, idx: np.ndarray) -> ConfigArrays:

@@ -24,10 +24,12 @@ Float8Recipe = Literal["none", "tensorwise", "rowwise", "mxfp8"]
 LRDecay = Literal["cosine", "linear", "constant"]
 FineTuneMode = Literal["none", "full", "lora", "qlora"]
 LoRATarget = Literal["q", "k", "v", "o", "w1", "w2", "w3"]
+TrainingDtype = Literal["float32", "bfloat16"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
 AC_MODES: tuple[str, ...] = get_args(ACMode)
 FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
 FINETUNE_MODES: tuple[str, ...] = get_args(FineTuneMode)
+TRAINING_DTYPES: tuple[str, ...] = get_args(TrainingDtype)
 # the linears LoRA can adapt: attention q / k / v / output (torchtune's q_proj, k_proj, v_proj, output_proj) and the
 # MLP's w1 (gate), w2 (down), w3 (up); the default is every one of them
 LORA_TARGETS: tuple[str, ...] = get_args(LoRATarget)
@@ -108,6 +110,9 @@ class TrainConfig(BaseModel):
     lora_targets: tuple[LoRATarget, ...] = Field(default=LORA_TARGETS, description="linears LoRA adapts")
     cpu_offload: bool = Field(default=False, description="FSDP2 CPUOffloadPolicy: params, grads and optimizer "
                                                          "state on the host, the optimizer step on the CPU")
+    dtype: TrainingDtype = Field(default="float32", description="torchtitan's training.dtype: float32 keeps fp32 "
+                                 "parameters, gradients and AdamW state (mixed precision computes in bf16); "
+                                 "bfloat16 keeps all of them in bf16, without an fp32 master copy")
 
     @property
     def dp(self) -> int:

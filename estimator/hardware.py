@@ -44,6 +44,8 @@ class HardwareProfile(BaseModel):
     vendor: str
     peak_tflops_bf16: float = Field(gt=0, description="dense bf16 tensor TFLOP/s")
     peak_tflops_fp8: float | None = Field(default=None, gt=0, description="dense fp8 tensor TFLOP/s; null: no fp8")
+    peak_tflops_fp32: float | None = Field(default=None, gt=0, description="dense fp32 (non-tensor) TFLOP/s; null: "
+                                           "a sixteenth of the bf16 peak")
     mx_formats: bool = Field(default=False, description="hardware MX (block-scaled) fp8 support, e.g. Blackwell")
     hbm_total_gib: float = Field(gt=0, description="device-reported total memory, GiB")
     runtime_reserve_gib: float = Field(

@@ -59,12 +59,14 @@ def estimate(
     peak = r["peak_bytes"] / GIB
     host = r["host_bytes_per_node"] / GIB
     warnings: list[str] = list(model.notes)  # what the model spec leaves out (a vision tower, sliding windows)
-    if cfg.pp > 1:
-        from meshplan.estimator import rules
+    from meshplan.estimator import rules
 
-        bubble = r["pp_bubble"] / max(r["step_time_s"], 1e-12)
-        for k, w in enumerate(rules.predicted_warnings(model, hw, cfg.rule_fields())):
-            warnings.append(f"{w}; predicted anyway: the bubble is {bubble:.0%} of the step" if k == 0 else w)
+    for key, w in rules.predicted_warnings(model, hw, cfg.rule_fields()):
+        if key == "pp_microbatches":
+            w += f"; predicted anyway: the bubble is {r['pp_bubble'] / max(r['step_time_s'], 1e-12):.0%} of the step"
+        elif key == "fp32_without_fsdp":
+            w += f"; predicted as it runs: MFU {r['mfu']:.0%}"
+        warnings.append(w)
     if peak > usable * memory_margin:
         warnings.append(
             f"peak {peak:.1f} GiB exceeds {memory_margin * 100:.0f}% of usable HBM ({usable * memory_margin:.1f} GiB): OOM"
@@ -223,4 +225,6 @@ def finetune_dict(cfg: TrainConfig) -> dict:
         out.update(lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_targets=list(cfg.lora_targets))
     if cfg.cpu_offload:
         out["cpu_offload"] = True
+    if cfg.dtype != "float32":
+        out["dtype"] = cfg.dtype
     return out

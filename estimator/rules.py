@@ -196,6 +196,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: (c.cpu_offload > 0) & ((c.tp > 1) | (c.pp > 1) | (c.ep > 1))),
     Rule(27, "offload_fsdp", "CPU offload is FSDP2's: it needs dp_shard x cp > 1 (got {shard})",
          lambda m, c, hw: (c.cpu_offload > 0) & (c.dp_shard * c.cp < 2)),
+    Rule(29, "fp32_without_fsdp", "tp {tp} x pp {pp} without FSDP (dp_shard x cp = 1): torchtitan trains it in "
+         "fp32 (mixed precision needs FSDP, HSDP or CP; TF32 stays off): use dp_shard >= 2 or training dtype bfloat16",
+         lambda m, c, hw: ((c.tp > 1) | (c.pp > 1)) & (c.dp_shard * c.cp == 1) & (c.bf16_state == 0),
+         predicted=True, ranking=True),
     Rule(26, "offload_float8", "CPU offload with Float8 is not supported (torchao's Float8 all-gather expects GPU "
          "shards): use float8 none", lambda m, c, hw: (c.cpu_offload > 0) & (c.float8 != int(Float8.NONE))),
 )
@@ -273,7 +277,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         gpus_per_node=col(cfg.get("gpus_per_node") or 1), ep=col(cfg.get("ep", 1)),
         finetune=col(FINETUNE_MODES.index(cfg.get("finetune") or "none")), lora_rank=col(cfg.get("lora_rank") or 16),
         lora_targets=col(lora_mask(cfg.get("lora_targets") or LORA_TARGETS)),
-        cpu_offload=col(bool(cfg.get("cpu_offload", False))),
+        cpu_offload=col(bool(cfg.get("cpu_offload", False))), bf16_state=col(cfg.get("dtype") == "bfloat16"),
     )
 
 
@@ -285,9 +289,9 @@ def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict, *, predict: b
     return message(code, model, hw, cfg) if code else None
 
 
-def predicted_warnings(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> list[str]:
-    """Messages of the rules one configuration breaks that the estimator still predicts (it runs, poorly or
-    not with every schedule)."""
+def predicted_warnings(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> list[tuple[str, str]]:
+    """(rule key, message) of the rules one configuration breaks that the estimator still predicts (it runs,
+    poorly, in fp32 or not with every schedule)."""
     c = arrays_of(cfg)
-    return [message(r.code, model, hw, cfg) for r in RULES
+    return [(r.key, message(r.code, model, hw, cfg)) for r in RULES
             if r.predicted and _applies(r, hw, False, True, False) and bool(r.bad(model, c, hw))]

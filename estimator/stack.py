@@ -106,6 +106,10 @@ class StackProfile(BaseModel):
     gemm_half_gflop: float = Field(gt=0, description="GEMM size (GFLOP) at which efficiency halves")
     gemm_half_dim: float = Field(gt=0, description="narrowest GEMM dimension at which efficiency halves")
     process_host_gib: float = Field(ge=0, description="host RAM per training process, GiB")
+    mixed_precision_needs_fsdp: bool = Field(
+        default=False, description="TP or PP without FSDP/HSDP/CP trains in fp32 (torchtitan's maybe_enable_amp)")
+    replicate_grad_buckets: bool = Field(
+        default=True, description="DDP (data parallel without FSDP) keeps flat all-reduce buckets beside the grads")
     float8: dict[str, Float8Recipe]
     moe: MoEBehaviour | None = Field(default=None, description="mixture-of-experts behaviour; none: dense only")
     finetune: FineTuneBehaviour | None = Field(default=None, description="LoRA / QLoRA / CPU offload behaviour")

@@ -188,6 +188,22 @@ def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
     return dense
 
 
+PURE_BF16 = {"bf16-pure", "bf16_pure", "pure-bf16", "pure_bf16", "pure bf16", "bf16 pure"}
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
+
+
+def training_dtype(row: dict) -> str:
+    """torchtitan's training.dtype of a row: its `dtype` column when present (bfloat16 / bf16: parameters, gradients
+    and optimizer state in bf16; float32 / fp32: mixed precision over fp32 state), or `precision` naming pure bf16
+    ("bf16-pure"); float32 otherwise."""
+    cell = (row.get("dtype") or "").strip().lower()
+    if cell:
+        if cell not in DTYPES:
+            raise MeshplanError(f"row {row.get('id', '?')}: dtype {cell!r} is not one of bfloat16, float32")
+        return DTYPES[cell]
+    return "bfloat16" if (row.get("precision") or "").strip().lower() in PURE_BF16 else "float32"
+
+
 def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, str, TrainConfig]:
     """Model, hardware id, stack id (`row_stack` unless given) and config of one row, from its configuration
     columns only."""
@@ -208,7 +224,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
     pp = _int(row, "pp", 1)
     schedule = (row.get("pp_schedule") or "").strip() or "1F1B"
     vpp = (row.get("vpp") or "").strip()
-    precision = (row.get("precision") or "bf16").strip()
+    precision = (row.get("precision") or "bf16").strip().lower()
     recipe = (row.get("float8_recipe") or "").strip() or ("tensorwise" if precision == "fp8" else "none")
     compile_ = _bool(row.get("compile"))
     try:
@@ -222,7 +238,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             ac=(row.get("ac") or "none").strip(),
             compile=stack.default_compile if compile_ is None else compile_,
             float8=recipe if precision == "fp8" else "none",
-            async_tp=bool(_bool(row.get("async_tp"))),
+            async_tp=bool(_bool(row.get("async_tp"))), dtype=training_dtype(row),
         )
     except ValidationError as exc:
         raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None

@@ -28,7 +28,7 @@ from meshplan.estimator.config import (
     PPSchedule,
     TrainConfig,
 )
-from meshplan.estimator.errors import InputError, MeshplanError
+from meshplan.estimator.errors import ConfigError, InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 
@@ -202,6 +202,9 @@ def make_plan(
 ) -> Plan:
     """A plan for one resolved configuration; `tokens` (a budget) sets the steps when `steps` is not given."""
     cfg = cfg.resolve(model, hardware)
+    if cfg.dtype != "float32":
+        raise ConfigError("training dtype bfloat16 is estimated but not yet written into plan files (their launch "
+                          "and torchtitan exports train with fp32 state): estimate without -o, or drop --dtype")
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     if steps is None:
         steps = max(1, -(-tokens // tokens_per_step)) if tokens else 1000

@@ -58,11 +58,16 @@ def test_70b_plans_on_clusters_that_are_not_powers_of_two(nodes):
 
 
 def test_pp_and_hsdp_degrees_that_are_not_powers_of_two():
-    # 5 nodes: the issue's --pp 5 --tp 8 layout is searched and valid (80 layers + embedding and output in 5 stages)
+    # 5 nodes: the issue's --pp 5 --tp 8 layout is searched; with no GPU left for FSDP torchtitan would train it in
+    # fp32 (its mixed precision comes from FSDP), so it is predicted but not ranked, and the reason says so
     res = plan_search(L70, H100, TT, 40, 8, 8192, 512, space=SearchSpace(tp=[8], pp=[5], compile=[True]))
+    assert len(res.ranked) == 0 and res.reason_counts().get("fp32_without_fsdp", 0) > 0
+    # 10 nodes: pp 5 x tp 8 x dp_shard 2 (80 layers + embedding and output in 5 stages) is ranked
+    res = plan_search(L70, H100, TT, 80, 8, 8192, 512, space=SearchSpace(tp=[8], pp=[5], compile=[True]))
     assert len(res.ranked) > 0
     cfg = res.config(int(res.ranked[0]))
-    assert (cfg["tp"], cfg["pp"]) == (8, 5) and cfg["global_batch_size"] >= 5 * cfg["micro_batch_size"]
+    assert (cfg["tp"], cfg["pp"], cfg["dp_shard"]) == (8, 5, 2)
+    assert cfg["global_batch_size"] >= 5 * cfg["micro_batch_size"]
     # 3 nodes of 8: HSDP with one replica per node (3 x 8) is a candidate
     res3 = plan_search(load_model("llama3-8b"), H100, TT, 24, 8, 8192, 512, space=SearchSpace(tp=[1], pp=[1], cp=[1]))
     c = res3.configs

@@ -63,12 +63,17 @@ def test_logits_buffer_scales_with_vocab_and_tokens():
     assert r["activations"] == pytest.approx(r["saved_activations"])
 
 
-def test_unsharded_peak_is_at_the_end_of_the_backward():
-    """On one GPU the fp32 gradients of the whole model (4 bytes per parameter) outweigh the logits: the
-    peak is at the end of the backward, with every gradient and no activation left."""
-    r = raw(TrainConfig(gpus=1, seq_len=4096, micro_batch_size=2))
+def test_one_gpu_trains_under_autocast():
+    """On one GPU torchtitan applies no FSDP: fp32 weights under torch.autocast. At the loss autocast's bf16 copy of
+    every matmul weight (not the embedding's) is cached; at the end of the backward every fp32 gradient (4 bytes a
+    parameter) is live and no activation; the peak is the larger."""
+    r = raw(TrainConfig(gpus=1, seq_len=4096, micro_batch_size=1, ac="full"))
     assert PEAK_PHASES[int(r["peak_phase"])] == "end of backward"
     assert r["grads_fp32"] == pytest.approx(4 * M8.params) and r["activations"] == 0 and r["logits_loss"] == 0
+    loss = raw(TrainConfig(gpus=1, seq_len=8192, micro_batch_size=4, ac="none"))
+    assert PEAK_PHASES[int(loss["peak_phase"])] == "loss"
+    # 8,030,261,248 parameters - 525,336,576 embedding = 7,504,924,672 matmul (and norm) weights, 2 bytes each
+    assert loss["unsharded_params"] == 2 * 7_504_924_672
 
 
 def test_phases_take_the_larger_not_the_sum():

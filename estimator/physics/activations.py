@@ -17,6 +17,7 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, moe
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.shapes import RankParams
+from meshplan.estimator.physics.state import fp32_compute
 from meshplan.estimator.stack import StackProfile
 
 
@@ -137,6 +138,8 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
     attn_none, _ = attention_saved(model, stack, lay)
     lora_none, _ = finetune.lora_saved_delta(model, lay)
     attn_lora = attn_none + xp.minimum(lora_none, 0.0)  # LoRA's removals are the attention's and MLP's inputs
+    wide = xp.where(fp32_compute(stack, lay), 2.0, 1.0)  # fp32 training: every activation twice as wide
+    act, temp, head = act * wide, temp * wide, head * wide
     return Activations(
         saved_per_token_layer=act, block_bytes=act * lay.tokens_mb,
         backward_temp_bytes=temp, logits_bytes=logits,

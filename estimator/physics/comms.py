@@ -19,7 +19,7 @@ from meshplan.estimator.physics.finetune import Weights
 from meshplan.estimator.physics.layout import Layout, as_float
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.shapes import RankParams
-from meshplan.estimator.physics.state import BF16, GRAD_BYTES
+from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_scale
 from meshplan.estimator.stack import StackProfile
 
 
@@ -139,10 +139,15 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
 
 
 def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, trainable_sharded: np.ndarray) -> np.ndarray:
-    """DP replicate (HSDP / DDP): the fp32 gradient all-reduce of the rank's `trainable_sharded` parameters across
-    replicas, once per step, partly hidden (the stack's `dp_replicate_overlap_share` of FSDP's overlap)."""
+    """DP replicate (HSDP / DDP): the gradient all-reduce of the rank's `trainable_sharded` parameters across
+    replicas, partly hidden (the stack's `dp_replicate_overlap_share` of FSDP's overlap), per step; after every
+    microbatch's backward when the stack syncs gradients every microbatch (torchtitan: FSDP2 and DDP reduce on each
+    backward) and there is no pipeline. HSDP all-reduces in the reduce dtype, DDP the gradients as they are (fp32,
+    bf16 under training.dtype bfloat16)."""
     dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
     bw = xp.where(world > gpn, inter_node_bytes_per_s(hw) * xp.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
     bw = xp.minimum(bw, intra_node_bytes_per_s(hw))
-    allreduce = xp.where(dr > 1, 2 * GRAD_BYTES * trainable_sharded * (dr - 1) / dr / bw, 0.0)
-    return allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)
+    grad = xp.where(lay.fsdp, stack.reduce_bytes, GRAD_BYTES * state_scale(lay))
+    allreduce = xp.where(dr > 1, 2 * grad * trainable_sharded * (dr - 1) / dr / bw, 0.0)
+    times = xp.where(lay.single_stage & np.bool_(stack.grad_sync_every_microbatch), lay.microbatches, 1.0)
+    return times * allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)

@@ -15,6 +15,7 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, moe
 from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.state import fp32_compute
 from meshplan.estimator.stack import StackProfile
 
 FWD_BWD_GEMM = 3.0  # a linear's forward + backward: 1 + 2 matmuls of the same size
@@ -47,6 +48,12 @@ def peak_flops(hw: HardwareProfile, fp8: bool = False) -> float:
     """Sustained dense peak FLOP/s: the profile's bf16 (or fp8) tensor peak x its clock under the power cap."""
     tflops = (hw.peak_tflops_fp8 or hw.peak_tflops_bf16) if fp8 else hw.peak_tflops_bf16
     return tflops * 1e12 * hw.efficiency.clock
+
+
+def fp32_peak_tflops(hw: HardwareProfile) -> float:
+    """Dense fp32 TFLOP/s (non-tensor-core; torch leaves TF32 matmuls off by default): the profile's, or a sixteenth
+    of its bf16 peak (the Ampere / Hopper ratio: 19.5 / 312, 67 / 989) when it states none."""
+    return hw.peak_tflops_fp32 or hw.peak_tflops_bf16 / 16
 
 
 def hbm_bytes_per_s(hw: HardwareProfile) -> float:
@@ -174,6 +181,12 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
                                     * (routed.expert_rows * routed.width + s_t - F / t) + mt.elementwise_s)
         overhead = overhead + moe_layers * mt.sync_s
         a2a = moe_layers * mt.all_to_all_s
+    # fp32 training (TP or PP without FSDP under torchtitan): matmuls and attention at the fp32 peak, elementwise
+    # traffic twice as wide
+    fp32 = fp32_compute(stack, lay)
+    slower = xp.where(fp32, hw.peak_tflops_bf16 / fp32_peak_tflops(hw), 1.0)
+    gemm_attention, recompute, attn = gemm_attention * slower, recompute * slower, attn * slower
+    elem = elem * xp.where(fp32, 2.0, 1.0)
     return ComputeTimes(
         gemm_attention_s=gemm_attention,
         recompute_s=recompute,

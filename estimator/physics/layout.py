@@ -49,6 +49,8 @@ class Layout:
     qlora: np.ndarray  # the frozen base linears are NF4
     offload: np.ndarray  # FSDP2 CPU offload: sharded params, grads and optimizer state on the host
     lora_rank: np.ndarray
+    bf16_state: np.ndarray  # training.dtype bfloat16: parameters, gradients and AdamW state in bf16
+    fsdp: np.ndarray  # FSDP shards the model (torchtitan's fsdp_enabled: dp_shard x cp > 1); else DDP / one device
 
     @property
     def float8(self) -> np.ndarray:
@@ -78,5 +80,5 @@ def layout_of(c: ConfigArrays) -> Layout:
         full_ac=c.ac == int(AC.FULL), selective_ac=c.ac == int(AC.SELECTIVE), compiled=xp.as_bool(c.compile),
         fp8=c.float8 > int(Float8.NONE), has_tp=t > 1, single_stage=p == 1,
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
-        lora_rank=as_float(c.lora_rank),
+        lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=ds * cp > 1,
     )

@@ -30,7 +30,7 @@ from meshplan.estimator.physics.activations import Activations
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.pipeline import head_microbatches, layers_in_flight, receive_buffer_bytes
 from meshplan.estimator.physics.shapes import RankParams
-from meshplan.estimator.physics.state import BF16, GRAD_BYTES
+from meshplan.estimator.physics.state import BF16, GRAD_BYTES, autocast, replicated_grad_copies, state_scale
 from meshplan.estimator.stack import StackProfile
 
 # the categories of the allocated peak, in the order they are reported (they sum to the allocated bytes)
@@ -106,20 +106,28 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
     """Unsharded parameters of a stage holding `prank` parameters and `root` root parameters. Without PP FSDP2
     reshards after forward (the stack's policy) and gathers one block at a time; with PP it keeps the stage.
     A block gathers in bf16 (QLoRA: its linears in NF4) with its LoRA adapters; only trainable weights have a
-    reduce-scatter input (the adapters under LoRA)."""
+    reduce-scatter input (the adapters under LoRA).
+    Without FSDP nothing is gathered: under autocast (DDP, one device) each matmul's bf16 weight copy is cached for
+    the forward and the loss and saved for its backward (with AC a block's copies are made again in its recompute);
+    in fp32 or bf16 training the weights are used as they are."""
     resharded = lay.single_stage & np.bool_(stack.reshard_after_forward)
     pp_nosync = xp.logical_not(lay.single_stage)
     whole = BF16 * prank
     block = w.block_gather_bytes_per_param * rp.block + BF16 * w.adapters_block
     block_trainable = xp.where(lay.lora, w.adapters_block, rp.block - xp.where(lay.ep > 1, rp.routed_block, 0.0))
+    fsdp = lay.fsdp
+    cast = xp.where(autocast(stack, lay), 1.0, 0.0)  # autocast's bf16 copies (no FSDP) of the matmuls' weights:
+    matmuls = BF16 * (prank - root + xp.where(last, rp.output, 0.0))  # every weight but the embedding's
+    cast_backward = cast * xp.where(lay.full_ac | lay.selective_ac, BF16 * rp.block, matmuls)
     return Unsharded(
-        current=xp.where(resharded, block + BF16 * root, whole),
-        backward=xp.where(resharded, stack.prefetch_blocks * block + BF16 * root, whole),
-        loss=xp.where(resharded, BF16 * xp.where(last, rp.output, 0.0), whole),
-        end=xp.where(resharded, BF16 * root, whole),
+        current=xp.where(fsdp, xp.where(resharded, block + BF16 * root, whole), cast * matmuls),
+        backward=xp.where(fsdp, xp.where(resharded, stack.prefetch_blocks * block + BF16 * root, whole), cast_backward),
+        loss=xp.where(fsdp, xp.where(resharded, BF16 * xp.where(last, rp.output, 0.0), whole), cast * matmuls),
+        end=xp.where(fsdp, xp.where(resharded, BF16 * root, whole), 0.0),
         # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
         # backward: the block's own reduce-scatter input, held until the next one, is the rest
-        reduce_scatter_input=xp.where(resharded | xp.logical_not(pp_nosync), stack.reduce_bytes * block_trainable, 0.0),
+        reduce_scatter_input=xp.where(fsdp & (resharded | xp.logical_not(pp_nosync)),
+                                      stack.reduce_bytes * block_trainable, 0.0),
     )
 
 
@@ -131,10 +139,10 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     prank = rp.of_stage(first, last)
     w = finetune.weights(model, lay, rp)
     state = finetune.stage_state(w, lay, rp, prank)
-    gf = state.grads_bytes
+    gf = state.grads_bytes * (1 + replicated_grad_copies(stack, lay))  # DDP: + its all-reduce buckets
     single, pp_nosync = lay.single_stage, xp.logical_not(lay.single_stage)
     # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches
-    acc = xp.where(pp_nosync & (m > 1), stack.reduce_bytes * w.trainable(lay, prank), 0.0)
+    acc = xp.where(pp_nosync & (m > 1) & lay.fsdp, stack.reduce_bytes * w.trainable(lay, prank), 0.0)
     root = rp.root(first, last)
     up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first)
@@ -148,8 +156,9 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
                  activations=acts_blocks + head, logits_loss=xp.where(last, act.logits_bytes, 0.0),
                  transient=xp.zeros_like(p))
     # the block just reduced keeps its sharded fp32 gradients on the GPU (not under CPU offload)
-    block_grads = xp.where(lay.offload, 0.0, GRAD_BYTES * rp.sharded_block(lay))
-    block_grads = xp.where(lay.lora, xp.where(lay.offload, 0.0, GRAD_BYTES * w.adapters_block / lay.fsdp_ranks),
+    grad_bytes = GRAD_BYTES * state_scale(lay)
+    block_grads = xp.where(lay.offload, 0.0, grad_bytes * rp.sharded_block(lay))
+    block_grads = xp.where(lay.lora, xp.where(lay.offload, 0.0, grad_bytes * w.adapters_block / lay.fsdp_ranks),
                            block_grads)
     backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks, block_grads, w.dequant_bf16_bytes)
     # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight gradients

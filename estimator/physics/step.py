@@ -19,6 +19,7 @@ from meshplan.estimator.physics.comms import cp_exposed_s, dp_replicate_s, fsdp_
 from meshplan.estimator.physics.compute import compute_times, optimizer_step_s
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.shapes import RankParams
+from meshplan.estimator.physics.state import state_scale
 from meshplan.estimator.stack import StackProfile
 
 TIME_CATEGORIES = (
@@ -91,7 +92,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden)),
         "dp_allreduce": dp_replicate_s(hw, stack, lay, st.trainable_sharded),
         "optimizer_step": xp.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),
-                                   optimizer_step_s(hw, st.trainable_sharded)),
+                                   optimizer_step_s(hw, st.trainable_sharded) * state_scale(lay)),
     }
     step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s
             + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s + offload_acc)

@@ -40,6 +40,11 @@ class Float8(StrEnum):
     mxfp8 = "mxfp8"
 
 
+class TrainingDtype(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 def estimate_cmd(
     model: str = typer.Option("llama3-8b", "--model", "-m", help="preset name, meshplan model YAML, or HF config.json"),
     hardware: str = typer.Option("h100-sxm", "--hardware", help="hardware profile id or YAML path"),
@@ -68,6 +73,9 @@ def estimate_cmd(
     lora_alpha: float = ft.LORA_ALPHA,
     lora_targets: str = ft.LORA_TARGETS_OPT,
     cpu_offload: bool = ft.CPU_OFFLOAD,
+    dtype: TrainingDtype = typer.Option(TrainingDtype.float32, "--dtype", help="training dtype (torchtitan's "
+                                        "training.dtype): float32 = fp32 parameters, gradients and AdamW state with "
+                                        "bf16 compute; bfloat16 = all of them in bf16, no fp32 master copy"),
     init_from: str = typer.Option(None, "--init-from", help="with -o: the Hugging Face checkpoint folder the plan "
                                   "starts from (recorded in the plan; `meshplan launch --init-from` sets it too)"),
     stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan (current release), torchtitan-2024, llm-foundry, or a YAML path"),
@@ -106,7 +114,7 @@ def estimate_cmd(
         gpus=gpus, gpus_per_node=gpus_per_node, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
         cp=cp, ep=ep, pp_schedule=pp_schedule.value, vpp=vpp, seq_len=seq_len, global_batch_size=global_batch_size or 0,
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
-        **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload),
+        **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
     )
     result = estimate(spec, hw, cfg, load_stack(stack))
     if output is not None or trace:

@@ -1,0 +1,99 @@
+"""Training precision as torchtitan runs it: FSDP's mixed precision over fp32 state, training.dtype bfloat16 (no fp32
+master copy), autocast under DDP and on one device, and fp32 when TP or PP run without FSDP. Hand-worked numbers
+for Llama 3 8B (8,030,261,248 parameters, 525,336,576 of them the embedding)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model, load_stack, rules
+from meshplan.estimator.batch import ConfigArrays, estimate_arrays
+from meshplan.estimator.validate import row_inputs, training_dtype
+from meshplan.planner.search import plan_search
+from meshplan.planner.space import SearchSpace
+
+M8, H100, TT = load_model("llama3-8b"), load_hardware("h100-sxm"), load_stack("torchtitan")
+PARAMS, EMBEDDING = 8_030_261_248, 525_336_576
+
+
+def raw(**kw) -> dict:
+    c = TrainConfig(**kw).resolve(M8, H100)
+    return {k: float(v) for k, v in estimate_arrays(M8, H100, TT, ConfigArrays.single(c)).items()}
+
+
+def test_bf16_training_dtype_halves_the_state():
+    fp32 = raw(gpus=8, seq_len=4096)
+    bf16 = raw(gpus=8, seq_len=4096, dtype="bfloat16")
+    assert M8.params == PARAMS
+    # fp32: 4 + 4 + 8 bytes a parameter over 8 shards; bf16: 2 + 2 + 4
+    assert fp32["params_fp32"] + fp32["grads_after_backward"] + fp32["optimizer_states"] == 16 * PARAMS / 8
+    assert bf16["params_fp32"] + bf16["grads_after_backward"] + bf16["optimizer_states"] == 8 * PARAMS / 8
+    assert bf16["optimizer_step"] == pytest.approx(fp32["optimizer_step"] / 2)  # AdamW's traffic halves too
+    assert bf16["activations"] == fp32["activations"]  # compute is bf16 either way
+
+
+def test_ddp_keeps_buckets_and_autocast_copies():
+    """dp_replicate 8, no FSDP: every rank holds the fp32 model, its fp32 gradients and DDP's flat buckets (a
+    second copy), AdamW's moments, and at the loss autocast's bf16 copy of every matmul weight."""
+    r = raw(gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, micro_batch_size=1, ac="none")
+    assert r["params_fp32"] == 4 * PARAMS and r["optimizer_states"] == 8 * PARAMS
+    assert r["grads_after_backward"] == 2 * 4 * PARAMS
+    assert r["unsharded_params_max"] == 2 * (PARAMS - EMBEDDING)  # saved for backward without AC
+    hsdp = raw(gpus=16, dp_replicate=2, dp_shard=8, seq_len=4096)
+    assert hsdp["grads_after_backward"] == 4 * PARAMS / 8  # FSDP (HSDP): no buckets, no autocast copies
+
+
+def test_tp_without_fsdp_trains_in_fp32_and_is_not_planned():
+    cfg = TrainConfig(gpus=8, tp=8, seq_len=4096, global_batch_size=64)
+    report = estimate(M8, H100, cfg, TT)
+    (warning,) = [w for w in report["warnings"] if "fp32" in w]
+    assert "tp 8 x pp 1 without FSDP" in warning and "MFU" in warning
+    bf16 = estimate(M8, H100, cfg.model_copy(update={"dtype": "bfloat16"}), TT)
+    assert not any("fp32" in w for w in bf16["warnings"])
+    # fp32 matmuls at the fp32 peak (67 of 989 TFLOP/s on an H100) and activations twice as wide
+    assert report["throughput"]["breakdown_s"]["compute"] == pytest.approx(
+        989 / 67 * bf16["throughput"]["breakdown_s"]["compute"], rel=1e-3)
+    assert report["throughput"]["tokens_per_sec_per_gpu"] < bf16["throughput"]["tokens_per_sec_per_gpu"] / 3
+    assert report["memory"]["breakdown_gib"]["activations"] == pytest.approx(
+        2 * bf16["memory"]["breakdown_gib"]["activations"], rel=1e-3)
+    # the rule is the planner's (ranking) and the estimator's warning; a plan file and the core accept the layout
+    fields = cfg.resolve(M8, H100).rule_fields()
+    assert rules.check(M8, H100, fields) is None
+    res = plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(tp=[8], cp=[1], pp=[1]))
+    assert len(res.ranked) == 0 and res.reason_counts().get("fp32_without_fsdp", 0) > 0
+
+
+def test_hsdp_all_reduce_follows_every_microbatch():
+    """torchtitan's FSDP2 (and DDP) reduce on each microbatch's backward: HSDP's all-reduce runs m times a step."""
+    one = raw(gpus=16, dp_replicate=2, dp_shard=8, seq_len=4096, global_batch_size=16, micro_batch_size=1)
+    four = raw(gpus=16, dp_replicate=2, dp_shard=8, seq_len=4096, global_batch_size=64, micro_batch_size=1)
+    assert four["microbatches"] == 4 and four["dp_allreduce"] == pytest.approx(4 * one["dp_allreduce"])
+
+
+def _row(**cells) -> dict:
+    base = {"id": "x", "framework": "torchtitan", "model": "Llama 3 8B", "layers": "32", "hidden": "4096",
+            "heads": "32", "kv_heads": "8", "ffn_hidden": "14336", "vocab": "128256", "tied_embeddings": "false",
+            "mlp": "swiglu", "seq_len": "8192", "hardware": "h100-sxm", "gpus": "8", "gpus_per_node": "8",
+            "dp_replicate": "1", "dp_shard": "8", "tp": "1", "pp": "1", "cp": "1", "global_batch_size": "8",
+            "micro_batch_size": "1", "precision": "bf16", "compile": "true", "ac": "selective", "source": "test"}
+    return {**base, **cells}
+
+
+def test_validate_reads_the_training_dtype():
+    assert training_dtype(_row()) == "float32"
+    assert training_dtype(_row(dtype="bfloat16")) == training_dtype(_row(precision="bf16-pure")) == "bfloat16"
+    assert row_inputs(_row(dtype="bf16"))[3].dtype == "bfloat16"
+    with pytest.raises(Exception, match="dtype 'fp16' is not one of bfloat16, float32"):
+        training_dtype(_row(dtype="fp16"))
+
+
+def test_estimate_cli_takes_the_dtype(cli):
+    out = cli("estimate", "--gpus", "8", "--seq-len", "4096", "--dtype", "bfloat16", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["config"]["dtype"] == "bfloat16"
+    assert d["memory"]["breakdown_gib"]["optimizer_states"] == pytest.approx(4 * PARAMS / 8 / 2**30, abs=1e-3)
+    bad = cli("estimate", "--dtype", "fp16")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
