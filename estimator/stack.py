@@ -86,6 +86,9 @@ class StackProfile(BaseModel):
     launch_overhead_s_per_layer: float = Field(ge=0)
     step_overhead_s: float = Field(ge=0)
     fsdp_overlap: float = Field(ge=0, le=1)
+    fsdp_copy_bytes_per_param: float = Field(
+        default=0.0, ge=0, description="HBM bytes per gathered parameter FSDP copies out of each all-gather on the "
+                                       "compute stream (FSDP2: read + write of bf16 = 4; FSDP1's flat views: 0)")
     comm_compute_slowdown: float = Field(ge=0)
     tp_overlap: float = Field(ge=0, le=1)
     async_tp_overlap: float = Field(ge=0, le=1)

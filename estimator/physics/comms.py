@@ -14,7 +14,7 @@ from meshplan.estimator import xp
 from meshplan.estimator.config import Float8
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
-from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe
+from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe, hbm_bytes_per_s
 from meshplan.estimator.physics.finetune import Weights
 from meshplan.estimator.physics.layout import Layout, as_float
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
@@ -85,6 +85,8 @@ class FSDPTimes:
     per_microbatch_s: np.ndarray  # collectives each microbatch issues (hidden behind compute up to fsdp_overlap)
     step_edges_s: np.ndarray  # the first all-gather and last reduce-scatter, which cannot hide
     step_once_s: np.ndarray  # with PP (or no per-microbatch sync): the stage gathered and reduced once per step
+    copy_out_s: np.ndarray  # per microbatch: the all-gathers' copy-out on the compute stream (not hidden)
+    copy_out_once_s: np.ndarray  # with PP: the stage's one copy-out per step
 
 
 def _fsdp_group(hw: HardwareProfile, n, ranks_node, nodes):
@@ -130,7 +132,12 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     # per microbatch: AG forward (+ AG backward when resharded) + RS (every microbatch or only the last)
     per_mb = xp.where(single, ag * xp.where(reshard, 2.0, 1.0), 0.0) + xp.where(per_mb_sync, rs, 0.0)
     hidden = 1 - stack.fsdp_overlap
+    # FSDP2 splits each all-gather's output into the unsharded parameters on the compute stream (copy-out: read and
+    # write, the stack's bytes per parameter), before the block can run
+    copy = xp.where(lay.fsdp, stack.fsdp_copy_bytes_per_param * dense / hbm_bytes_per_s(hw), 0.0)
     return FSDPTimes(
+        copy_out_s=xp.where(single, copy * xp.where(reshard, 2.0, 1.0), 0.0),
+        copy_out_once_s=xp.where(single, 0.0, copy),
         per_microbatch_s=per_mb,
         # once per microbatch when gradients are reduced every microbatch, else once per step
         step_edges_s=(ag + rs) / units * xp.where(per_mb_sync, lay.microbatches, 1.0),

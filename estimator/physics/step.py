@@ -75,14 +75,16 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     hidden_comm = fsdp.per_microbatch_s + tp.total_s * tp.overlap
     slow = stack.comm_compute_slowdown * xp.minimum(1.0, hidden_comm / xp.maximum(busy, 1e-12))
     busy_slow = busy * (1 + slow)
-    t_mb = busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed + offload_mb + comp.all_to_all_s
+    t_mb = (busy_slow + comp.overhead_s + tp.exposed_s + cp + fsdp_exposed + fsdp.copy_out_s + offload_mb
+            + comp.all_to_all_s)
     parts = {
         "compute": m * comp.gemm_attention_s,
         "recompute": m * comp.recompute_s,
         "float8_casts": m * comp.float8_casts_s,
         "elementwise": m * comp.elementwise_s,
         "overhead": m * (comp.overhead_s + (busy_slow - busy_slow / (1 + slow))) + stack.step_overhead_s,
-        "fsdp_exposed": m * fsdp_exposed + fsdp.step_edges_s + fsdp.step_once_s,
+        "fsdp_exposed": m * (fsdp_exposed + fsdp.copy_out_s) + fsdp.step_edges_s + fsdp.step_once_s
+        + fsdp.copy_out_once_s,
         "tp_exposed": m * tp.exposed_s,
         "cp_exposed": m * cp,
         "ep_all_to_all": m * comp.all_to_all_s,
@@ -94,7 +96,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "optimizer_step": xp.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),
                                    optimizer_step_s(hw, st.trainable_sharded) * state_scale(lay)),
     }
-    step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s
+    step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s + fsdp.copy_out_once_s
             + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s + offload_acc)
     tps = lay.global_batch * lay.seq_len / (lay.world * step)
     return StepTime(parts=parts, step_s=step, microbatch_s=t_mb, tokens_per_sec_per_gpu=tps,

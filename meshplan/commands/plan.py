@@ -186,7 +186,9 @@ def plan_cmd(
     best = int(res.ranked[0])
     plans = []
     for i in res.ranked[:top]:
-        est = estimate(res.model, res.hw, res.train_config(int(i)), res.stack, memory_margin)
+        # the object `meshplan estimate --plan` prints: fits and P(fit) against all of usable HBM (the chance it does
+        # not run out of memory); the margin only decides which plans are ranked
+        est = estimate(res.model, res.hw, res.train_config(int(i)), res.stack)
         plans.append({"config": est["config"], "estimate": est})
     if output is not None:
         plan = make_plan(res.model, model, res.hw, res.train_config(best), plans[0]["estimate"], stack=stack,
