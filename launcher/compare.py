@@ -23,6 +23,7 @@ from meshplan.estimator.validate import CONFIG_COLUMNS, MEASURED_COLUMNS
 from meshplan.planner.plan_file import Plan, load_plan
 
 WARMUP_STEPS = 2  # the first steps include compilation and allocator warm-up; medians skip them
+PHASES = ("data_s", "fwd_bwd_s", "optimizer_s")  # a step's phases the training core times (seconds)
 GROUND_TRUTH_COLUMNS = (
     "id", "source", "framework", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
     "tied_embeddings", "mlp", "seq_len", "hardware", "gpus", "gpus_per_node", "dp_replicate", "dp_shard", "tp",
@@ -44,6 +45,9 @@ class RunSummary:
     measured_mfu: float | None
     final_loss: float
     predicted: dict
+    measured_phases_s: dict[str, float] | None = None  # median seconds of data / fwd_bwd / optimizer, when logged
+    measured_allocated_gib: float | None = None  # torch's max allocated (CUDA runs)
+    step_overhead_s: float = 0.0  # the stack profile's fixed per-step overhead (grad clip, optimizer launch)
 
     @property
     def tps_error(self) -> float:
@@ -74,7 +78,37 @@ class RunSummary:
                 "final_loss": self.final_loss,
             },
             "error": {"tokens_per_sec_per_gpu": round(self.tps_error, 4), "peak_gib": round(self.mem_error, 4)},
+            "terms": self.terms(),
         }
+
+    def terms(self) -> list[dict]:
+        """The estimate's parts set beside what the run measured of them, furthest off first: the step's forward
+        and backward (compute, collectives, bubble) and its optimizer phase (grad clip, AdamW, the stack's fixed
+        per-step overhead) in seconds; the allocated peak (state, activations, buffers) and the allocator's reserve
+        above it in GiB. `share` is the term's error as a fraction of the whole (step time or peak memory), so the
+        first entry is what moved the estimate most."""
+        p = self.predicted
+        out = []
+        step, ph = p["throughput"]["step_time_s"], self.measured_phases_s
+        if ph is not None:
+            optim = p["throughput"]["breakdown_s"]["optimizer_step"] + self.step_overhead_s
+            for name, pred, meas in (("forward + backward (compute, collectives, bubble)", step - optim,
+                                      ph["fwd_bwd_s"]),
+                                     ("optimizer phase (grad clip, AdamW, per-step overhead)", optim, ph["optimizer_s"])):
+                out.append(_term(name, "s", pred, meas, self.measured_step_time_s))
+        if self.measured_allocated_gib is not None:
+            alloc, peak = p["memory"]["allocated_gib"], p["memory"]["peak_gib"]
+            out.append(_term("allocated peak (state, activations, buffers)", "GiB", alloc, self.measured_allocated_gib,
+                             self.measured_peak_gib))
+            out.append(_term("allocator reserve above allocated (fragmentation)", "GiB", peak - alloc,
+                             self.measured_peak_gib - self.measured_allocated_gib, self.measured_peak_gib))
+        return sorted(out, key=lambda t: -abs(t["share"]))
+
+
+def _term(name: str, unit: str, predicted: float, measured: float, whole: float) -> dict:
+    return {"term": name, "unit": unit, "predicted": round(predicted, 4), "measured": round(measured, 4),
+            "error": round(predicted / measured - 1, 4) if measured > 0 else None,
+            "share": round((predicted - measured) / whole, 4) if whole > 0 else 0.0}
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -108,7 +142,12 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
         if any(key not in r for r in rows):
             raise MeshplanError(f"{run_dir / 'metrics.jsonl'}: some steps lack '{key}'")
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
-    predicted = plan.estimate or estimate(plan.model, plan.hardware, plan.train_config(), load_stack(plan.stack))
+    stack = load_stack(plan.stack)
+    predicted = plan.estimate or estimate(plan.model, plan.hardware, plan.train_config(), stack)
+    phases = None
+    if all(k in r for r in steady for k in PHASES):
+        phases = {k: statistics.median(r[k] for r in steady) for k in PHASES}
+    allocated = [r["peak_active_gib"] for r in rows if "peak_active_gib" in r]
     return RunSummary(
         run_dir=run_dir,
         plan=plan,
@@ -120,6 +159,9 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
         measured_mfu=statistics.median(mfus) if mfus else None,
         final_loss=float(rows[-1]["loss"]),
         predicted=predicted,
+        measured_phases_s=phases,
+        measured_allocated_gib=max(allocated) if len(allocated) == len(rows) else None,
+        step_overhead_s=stack.step_overhead_s,
     )
 
 

@@ -269,9 +269,21 @@ class Trainer:
         dist.all_reduce(t)
         return float(t) / (self.cfg.dp * self.cfg.cp * self.cfg.tp)
 
+    def _phase_end(self) -> float:
+        """Seconds on the host clock once the device has finished the work queued so far."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def train_step(self) -> dict[str, float]:
+        """One optimizer step. Besides the loss, the seconds of its phases (what `meshplan compare` sets beside
+        the estimate's terms): loading the batch, the forward and backward of every microbatch with their
+        collectives (and the pipeline's bubble), and the gradient clip + optimizer update."""
+        t0 = time.perf_counter()
         inputs, labels = self.next_batch()
+        t1 = self._phase_end()
         local = self.forward_backward(inputs, labels)
+        t2 = self._phase_end()
         pp_group = self.par.mesh["pp"].get_group() if self.cfg.pp > 1 else None
         grad_norm = clip_grad_norm(self.params, self.cfg.grad_clip, pp_group)
         update_expert_bias(self.parts, self.cfg.moe_bias_update, self.par.stage_view["stage"].get_group())
@@ -279,8 +291,10 @@ class Trainer:
         for opt, sched in zip(self.optimizers, self.schedulers, strict=True):
             opt.step()
             sched.step()
+        t3 = self._phase_end()
         self.step += 1
-        return {"loss": self.global_loss(local), "grad_norm": grad_norm, "lr": lr}
+        return {"loss": self.global_loss(local), "grad_norm": grad_norm, "lr": lr, "data_s": t1 - t0,
+                "fwd_bwd_s": t2 - t1, "optimizer_s": t3 - t2}
 
     # --- checkpoint state ---------------------------------------------------------------------------
     def train_state(self) -> dict[str, Any]:
@@ -396,6 +410,7 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True, stop: StopFlag |
             "lr": out["lr"],
             "tokens_per_sec_per_gpu": tps,
             "step_time_s": dt,
+            "data_s": out["data_s"], "fwd_bwd_s": out["fwd_bwd_s"], "optimizer_s": out["optimizer_s"],
             **peak_memory_gib(device),
             "mfu": (flops_per_token * tps / peak) if peak else None,
             "device": device_name,

@@ -18,7 +18,9 @@ def compare_cmd(
     run_id: str = typer.Option(None, "--id", help="row id for --append-csv [default: meshplan-<run dir name>]"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Print predicted vs measured tokens/s/GPU, step time, peak memory and MFU, with the error.
+    """Print predicted vs measured tokens/s/GPU, step time, peak memory and MFU, with the error, and which terms of
+    the estimate were furthest off (the step's forward/backward and optimizer phases; allocated memory and the
+    allocator's reserve above it on GPU runs).
 
     The prediction is for the plan's hardware; a CPU smoke run measures the CPU, so compare those
     figures for the mechanics, not the accuracy.
@@ -43,6 +45,17 @@ def compare_cmd(
     table.add_row("MFU", f"{p['mfu'] * 100:.1f}%", f"{m['mfu'] * 100:.1f}%" if m["mfu"] is not None else "-", "")
     table.add_row("final loss", "", f"{m['final_loss']:.4f}", "")
     console.print(table)
+    terms = s.terms()
+    if terms:
+        parts = Table(title="which terms of the estimate were furthest off (largest share of the error first)")
+        for col in ("term", "predicted", "measured", "error", "share of the whole"):
+            parts.add_column(col, justify="left" if col == "term" else "right")
+        for t in terms:
+            err = f"{t['error']:+.1%}" if t["error"] is not None else "-"
+            parts.add_row(t["term"], f"{t['predicted']:.3f} {t['unit']}", f"{t['measured']:.3f} {t['unit']}", err,
+                          f"{t['share']:+.1%}")
+        console.print(parts)
+        console.print(f"furthest off: {terms[0]['term']}")
     if not s.device.startswith("cuda"):
         console.print(f"note: measured on {s.device}; the prediction is for {s.plan.hardware.id}.")
     if append_csv is not None:

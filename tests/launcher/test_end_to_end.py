@@ -43,8 +43,19 @@ def test_estimate_launch_compare(cli, tmp_path):
     assert measured["peak_gib"] == pytest.approx(max(r["peak_mem_gib"] for r in rows))
     assert report["predicted"]["tokens_per_sec_per_gpu"] > 0
 
+    # the core times each step's phases; compare sets them beside the estimate's terms, furthest off first
+    for r in rows:
+        assert 0 < r["fwd_bwd_s"] and 0 < r["optimizer_s"] and 0 <= r["data_s"]
+        assert r["data_s"] + r["fwd_bwd_s"] + r["optimizer_s"] <= r["step_time_s"] * 1.001
+    terms = report["terms"]
+    assert [t["unit"] for t in terms] == ["s", "s"]  # a CPU run measures no allocator: time terms only
+    assert abs(terms[0]["share"]) >= abs(terms[1]["share"])
+    fwd = next(t for t in terms if t["term"].startswith("forward"))
+    assert fwd["measured"] == pytest.approx(statistics.median(r["fwd_bwd_s"] for r in steady), rel=1e-3)
+
     table = cli("compare", str(run))
     assert table.returncode == 0 and "predicted" in table.stdout and "measured" in table.stdout
+    assert "furthest off: " in table.stdout
 
     csv_path = tmp_path / "measurements.csv"
     out = cli("compare", str(run), "--append-csv", str(csv_path), "--id", "tiny-cpu-1")
@@ -123,3 +134,24 @@ def test_local_launch_the_cpu_cannot_run_fails_in_one_line(cli, tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "float8 tensorwise with tp > 1 all-gathers float8 tensors" in out.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_compare_names_the_term_furthest_off(cli, tmp_path):
+    """A GPU run's metrics (written here by hand: max allocated and reserved, the step's phases) against its plan:
+    the allocator reserved 30 GiB above 10 allocated where the estimate expected its fragmentation share, so that
+    term leads the list and the command says so."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _tiny_plan(cli, run / "plan.yaml")
+    est = json.loads(cli("estimate", "--plan", str(run / "plan.yaml"), "--json").stdout)
+    step = est["throughput"]["step_time_s"]
+    rec = {"loss": 5.0, "tokens_per_sec_per_gpu": 1.0, "step_time_s": step, "data_s": 0.0, "fwd_bwd_s": step * 0.9,
+           "optimizer_s": step * 0.1, "peak_mem_gib": 40.0, "peak_active_gib": 10.0, "device": "cuda:NVIDIA H100"}
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k, **rec}) + "\n" for k in range(1, 5)))
+    out = cli("compare", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    terms = json.loads(out.stdout)["terms"]
+    assert len(terms) == 4 and terms[0]["term"].startswith("allocator reserve")
+    assert terms[0]["measured"] == 30.0 and terms[0]["unit"] == "GiB"
+    table = cli("compare", str(run))
+    assert "furthest off: allocator reserve above allocated (fragmentation)" in table.stdout
