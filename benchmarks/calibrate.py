@@ -27,16 +27,16 @@ from meshplan.estimator import validate as V  # noqa: E402
 
 DEFAULT_CSV = ROOT / "data" / "ground_truth" / "runs.csv"  # the repository's copy of shared/ground_truth
 
-# (stack id, field path, lower bound, upper bound)
+# (stack id, field path, lower bound, upper bound). Constants no published run moves by more than a few percent stay
+# out (each YAML says where its value comes from): torchtitan's comm_compute_slowdown and compile_overhead_factor,
+# llm-foundry's elementwise_passes and Float8 cast bytes (README "Cross-validated error": runs that constrain them)
 PARAMS = [
     ("torchtitan", "gemm_efficiency", 0.7, 1.0),
     ("torchtitan", "attention_factor", 0.5, 1.3),
     ("torchtitan", "elementwise_passes", 10, 150),
     ("torchtitan", "launch_overhead_s_per_layer", 0.0002, 0.005),
     ("torchtitan", "compile_elementwise_factor", 0.1, 0.9),
-    ("torchtitan", "compile_overhead_factor", 0.1, 0.9),
     ("torchtitan", "cp_attention_penalty", 0.0, 0.3),
-    ("torchtitan", "comm_compute_slowdown", 0.0, 0.25),
     ("torchtitan", "async_tp_overlap", 0.2, 0.95),
     ("torchtitan", "float8.tensorwise.gemm_factor", 0.5, 1.0),
     ("torchtitan", "float8.tensorwise.cast_bytes_per_element", 1, 16),
@@ -45,11 +45,9 @@ PARAMS = [
     ("torchtitan", "fragmentation", 0.05, 0.4),
     ("llm-foundry", "gemm_efficiency", 0.7, 1.0),
     ("llm-foundry", "attention_factor", 0.4, 1.2),
-    ("llm-foundry", "elementwise_passes", 5, 80),
     ("llm-foundry", "launch_overhead_s_per_layer", 0.0002, 0.004),
     ("llm-foundry", "fsdp_overlap", 0.4, 0.98),
     ("llm-foundry", "float8.tensorwise.gemm_factor", 0.5, 1.0),
-    ("llm-foundry", "float8.tensorwise.cast_bytes_per_element", 0.5, 16),
 ]
 
 

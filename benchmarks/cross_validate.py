@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import re
 import sys
 import time
@@ -81,6 +82,29 @@ def cross_validate(rows: list[dict], key, rounds: int, label: str) -> tuple[list
         print(f"{label} {n}/{len(groups)}: {g[:70]} ({len(test)} rows, {time.perf_counter() - t0:.0f} s)",
               file=sys.stderr)
     return held, folds, fitted, records
+
+
+def constraining_rows(rows: list[dict], top: int = 3) -> dict:
+    """(stack, constant) -> the `top` run ids whose prediction moves most when the constant moves 10 % (with the
+    profiles as they are now): the runs that pin it down."""
+    base = {r.id: r for r in V.validate_rows(rows)}
+    out = {}
+    for sid, path, _, _ in C.PARAMS:
+        value = C._get(V._stack(sid), path)
+        C.set_values({(sid, path): value * 1.1 if value else 0.01})
+        moved = V.validate_rows(rows)
+        C.set_values({(sid, path): value})
+        effect = []
+        for r in moved:
+            b = base[r.id]
+            pairs = [(r.predicted_tps_per_gpu, b.predicted_tps_per_gpu)] if b.measured_tps_per_gpu else []
+            pairs += [(r.predicted_mem_gib, b.predicted_mem_gib)] if b.measured_mem_gib else []
+            moves = [abs(math.log(new / old)) for new, old in pairs if new and old]
+            if moves:
+                effect.append((max(moves), r.id))
+        effect.sort(reverse=True)
+        out[(sid, path)] = ", ".join(f"{rid} ({e / math.log(1.1):.2f})" for e, rid in effect[:top] if e > 1e-6) or "none"
+    return out
 
 
 def fmt(v: float | None) -> str:
@@ -194,6 +218,7 @@ def report(rows: list[dict], rounds: int, intervals: bool = False) -> str:
     try:
         fitted_all = refit(rows, rounds)
         insample = errors(rows)
+        pinned = constraining_rows(rows)
         by_doc = cross_validate(rows, lambda r: document(r.get("source", "")), rounds, "document")
         by_hw = cross_validate(rows, lambda r: r.get("hardware", ""), rounds, "hardware")
         write_held_out(by_doc[3] + by_hw[3])
@@ -216,10 +241,13 @@ def report(rows: list[dict], rounds: int, intervals: bool = False) -> str:
     out += ["", "| held out | runs | tokens/s/GPU MAPE | memory MAPE |", "|---|---|---|---|"]
     for f in by_doc[1] + by_hw[1]:
         out.append(f"| {f['fold']} | {f['rows']} | {fmt(f['tps'])} | {fmt(f['mem'])} |")
-    out += ["", "| constant | fit on all runs | range over the folds |", "|---|---|---|"]
+    out += ["", "The runs that pin each constant down are those whose prediction moves most with it (in brackets: "
+            "d log(prediction) / d log(constant) at the fit on all runs).", "",
+            "| constant | fit on all runs | range over the folds | runs that constrain it most |", "|---|---|---|---|"]
     for sid, path, _, _ in C.PARAMS:
         vals = [f[(sid, path)] for f in by_doc[2] + by_hw[2]]
-        out.append(f"| {sid} `{path}` | {fitted_all[(sid, path)]:.3g} | {min(vals):.3g} - {max(vals):.3g} |")
+        out.append(f"| {sid} `{path}` | {fitted_all[(sid, path)]:.3g} | {min(vals):.3g} - {max(vals):.3g} | "
+                   f"{pinned[(sid, path)]} |")
     return "\n".join(out)
 
 
