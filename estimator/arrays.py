@@ -23,6 +23,7 @@ from meshplan.estimator.config import (
     TrainConfig,
     lora_mask,
 )
+from meshplan.estimator.physics.stages import DEFAULT_LESS
 
 
 @dataclass
@@ -51,11 +52,15 @@ class ConfigArrays:
     lora_targets: np.ndarray | None = None  # bitmask over LORA_TARGETS (`lora_mask`)
     cpu_offload: np.ndarray | None = None
     bf16_state: np.ndarray | None = None  # 1: training.dtype bfloat16 (parameters, gradients, AdamW state in bf16)
+    # torchtitan's pipeline split weights: the embedding / the norm + output count as this many layers (default 1)
+    pp_first_stage_less_layers: np.ndarray | None = None
+    pp_last_stage_less_layers: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
         for name, default in (("finetune", 0), ("lora_rank", 16), ("lora_targets", lora_mask(LORA_TARGETS)),
-                              ("cpu_offload", 0), ("bf16_state", 0)):
+                              ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
+                              ("pp_last_stage_less_layers", DEFAULT_LESS)):
             if getattr(self, name) is None:
                 setattr(self, name, np.int64(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -95,11 +100,17 @@ class ConfigArrays:
             cols["lora_targets"].append(lora_mask(c.lora_targets))
             cols["cpu_offload"].append(c.cpu_offload)
             cols["bf16_state"].append(c.dtype == "bfloat16")
+            cols["pp_first_stage_less_layers"].append(c.pp_first_stage_less_layers)
+            cols["pp_last_stage_less_layers"].append(c.pp_last_stage_less_layers)
         return cls(**{k: np.asarray(v, dtype=np.int64) for k, v in cols.items()})
 
     def take(self, idx: np.ndarray) -> ConfigArrays:
         """The configurations at `idx` (an index or boolean array)."""
         return ConfigArrays(**{k: v[idx] for k, v in vars(self).items()})
+
+    def concat(self, other: ConfigArrays) -> ConfigArrays:
+        """These configurations followed by `other`'s."""
+        return ConfigArrays(**{k: np.concatenate([v, getattr(other, k)]) for k, v in vars(self).items()})
 
     def __len__(self) -> int:
         return 1 if self.is_single else len(self.tp)

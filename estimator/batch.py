@@ -51,7 +51,8 @@ def estimate_arrays(
     `host_full_load_bytes_per_node`, `trainable_params_rank` (after FSDP), one per
     TIME_CATEGORIES entry (seconds per optimizer step; they sum to `step_time_s`), `step_time_s`,
     `tokens_per_sec_per_gpu`, `mfu`, `worst_stage` (0-based pipeline stage index), `microbatches`,
-    `microbatch_time_s`.
+    `microbatch_time_s`. Each stage's rank holds the blocks torchtitan's split gives it (physics/stages.py); the
+    step is timed on the rank holding the most (`shapes.rank_params`).
     """
     lay = layout_of(c)
     rp = rank_params(model, lay)
@@ -60,7 +61,7 @@ def estimate_arrays(
     reserved = reserved_bytes(hw, stack, mem.allocated_bytes)
     step = step_time(model, hw, stack, lay, rp, act.vocab_rank)
     weights = finetune.weights(model, lay, rp)
-    state = finetune.stage_state(weights, lay, rp, rp.most)
+    state = finetune.stage_state(weights, lay, rp, rp.most, stack)
     return {
         **{k: mem.parts[k] for k in ALLOCATED_CATEGORIES},
         "fragmentation": reserved - mem.allocated_bytes,

@@ -15,6 +15,7 @@ from meshplan.estimator.errors import ConfigError, InputError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
 
 # The value types of the configuration, shared by TrainConfig, the plan file and the core's RunConfig; the
 # tuples give each value its integer code in the estimator's arrays.
@@ -97,6 +98,12 @@ class TrainConfig(BaseModel):
     ep: int = Field(default=1, description="expert parallel degree (MoE): carved from dp_shard x cp x tp, as torchtitan")
     pp_schedule: PPSchedule = "1F1B"
     vpp: int | None = Field(default=None, description="stages per pipeline rank; Interleaved1F1B default 2")
+    pp_first_stage_less_layers: int = Field(
+        default=DEFAULT_LESS, description="torchtitan's pipeline_parallel_first_stage_less_layers: the embedding counts "
+        "as this many layers when the blocks are split over the stages, so the first stage holds that many fewer")
+    pp_last_stage_less_layers: int = Field(
+        default=DEFAULT_LESS, description="torchtitan's pipeline_parallel_last_stage_less_layers: the final norm and "
+        "output count as this many layers, so the last stage holds that many fewer blocks")
     seq_len: int = 8192
     global_batch_size: int = Field(default=0, description="sequences per optimizer step; 0: one per DP rank")
     micro_batch_size: int = 1
@@ -185,6 +192,6 @@ class TrainConfig(BaseModel):
         )
 
         problem = rules.check(model, hw, c.rule_fields(), predict=True)
-        if problem:
-            raise ConfigError(problem)
+        if problem:  # the pipeline split's weights are named by the rule's message: the CLI names their flag
+            raise ConfigError(problem, field=next((f for f in LESS_FIELDS if problem.startswith(f)), None))
         return c

@@ -14,6 +14,7 @@ from meshplan.estimator.batch import (
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.stages import blocks_on_ranks, less_fields
 from meshplan.estimator.stack import StackProfile, load_stack
 
 FLOP_CONVENTION = ("6*(N_active - N_embedding) + 12*L*h*s per token (torchtitan; a MoE model's top-k experts; "
@@ -174,15 +175,19 @@ def _stage_name(k: int, pp: int) -> str:
 
 
 def per_stage(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, cfg: TrainConfig) -> list[dict]:
-    """Peak reserved memory and its breakdown (GiB) for each pipeline stage of a resolved config."""
+    """Peak reserved memory and its breakdown (GiB) for each pipeline stage of a resolved config, with the
+    transformer blocks its rank holds (torchtitan's split, physics/stages.py)."""
     import numpy as np
 
     n = min(cfg.pp, MAX_STAGES_LISTED)
     arrays = ConfigArrays.from_configs([cfg] * n)
     r = estimate_arrays(model, hw, stack, arrays, stage=np.arange(n))
+    blocks = blocks_on_ranks(model.layers, cfg.pp, cfg.vpp, cfg.pp_first_stage_less_layers,
+                             cfg.pp_last_stage_less_layers, range(n))
     return [
         {
             "stage": k,
+            "blocks": int(blocks[k]),
             "peak_gib": _r(r["peak_bytes"][k] / GIB),
             "breakdown_gib": {c: _r(r[c][k] / GIB) for c in MEMORY_CATEGORIES},
             "peak_phase": PEAK_PHASES[int(r["peak_phase"][k])],
@@ -205,6 +210,7 @@ def config_dict(cfg: TrainConfig) -> dict:
         "ep": cfg.ep,
         "pp_schedule": cfg.pp_schedule,
         "vpp": cfg.vpp,
+        **less_fields(cfg.pp_first_stage_less_layers, cfg.pp_last_stage_less_layers),
         "seq_len": cfg.seq_len,
         "global_batch_size": cfg.global_batch_size,
         "micro_batch_size": cfg.micro_batch_size,

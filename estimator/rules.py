@@ -37,6 +37,7 @@ from meshplan.estimator.config import (
 )
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS, stage_share
 
 INTERLEAVED = int(Schedule.INTERLEAVED_1F1B)
 MXFP8 = int(Float8.MXFP8)
@@ -101,21 +102,33 @@ def _ep_ranks(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.n
     return (c.ep > 1) & ((c.dp_shard * c.cp * c.tp) % xp.maximum(c.ep, 1) != 0)
 
 
-def titan_layers_per_stage(layers, stages):
+def titan_layers_per_stage(layers, stages, first_less=DEFAULT_LESS, last_less=DEFAULT_LESS):
     """torchtitan's `pipeline_parallel_layers_per_stage` for `stages` stages, and whether it gives exactly that many
-    (ints or arrays). torchtitan splits layers + 2 (the embedding and the output count as one layer each) into
-    ceil((layers + 2) / layers_per_stage) stages; the smallest value giving at most `stages` is the candidate."""
-    total = layers + 2
+    (ints or arrays). torchtitan splits layers + first_less + last_less (the embedding and the output count as that
+    many layers) into ceil((layers + first_less + last_less) / layers_per_stage) stages; the smallest value giving
+    at most `stages` is the candidate."""
+    total = layers + first_less + last_less
     lps = -(-total // stages)
     return lps, -(-total // lps) == stages
+
+
+def _less(c: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
+    return c.pp_first_stage_less_layers, c.pp_last_stage_less_layers
 
 
 def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
     # without layers_per_stage torchtitan takes its default (2 stages per rank for Interleaved1F1B, 1 otherwise);
     # any other stage count must be one it can split into
     default = xp.where(c.schedule == INTERLEAVED, 2, 1)
-    _, exact = titan_layers_per_stage(m.layers, xp.maximum(c.pp * c.vpp, 1))
+    _, exact = titan_layers_per_stage(m.layers, xp.maximum(c.pp * c.vpp, 1), *_less(c))
     return (c.pp > 1) & (c.vpp != default) & xp.logical_not(exact)
+
+
+def _stage_less(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    # torchtitan refuses a weight above the smallest stage's share; a negative one means nothing anywhere
+    first, last = _less(c)
+    share = stage_share(m.layers, c.pp * c.vpp, first, last)
+    return (first < 0) | (last < 0) | ((c.pp > 1) & ((first > share) | (last > share)))
 
 
 NF4_BLOCK = 64 * 256  # torchao's to_nf4: 64-value blocks whose scales are quantized in groups of 256
@@ -150,6 +163,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: c.tp > c.gpus_per_node, policy=True),
     Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers",
          lambda m, c, hw: c.pp * c.vpp > m.layers),
+    Rule(31, "pp_stage_less", "{stage_less}", _stage_less),
     Rule(4, "pp_microbatches", "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill (each "
          "stage idles for pp - 1 of pp + microbatches - 1 microbatch times)", _pp_fill, predicted=True, ranking=True),
     Rule(28, "pp_1f1b_fill", "{microbatches} microbatches per step < pp {pp}: torch's Schedule1F1B refuses fewer "
@@ -249,9 +263,25 @@ def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
         arch="mixture-of-experts layers" if moe else "multi-head latent attention",
         finetune={"qlora": "QLoRA"}.get(cfg.get("finetune"), "LoRA"),
     )
+    out.update(_less_values(model, cfg, pp * vpp))
     out.setdefault("ep", 1)
     out.setdefault("microbatches", gb // max(dp * mb, 1))
     return out
+
+
+def _less_values(model: ModelSpec, cfg: dict, stages: int) -> dict:
+    """`stage_less`: what is wrong with the pipeline split's weights, naming the first one at fault (the CLI turns
+    the leading field name into its flag)."""
+    first, last = (cfg.get(f, DEFAULT_LESS) for f in LESS_FIELDS)
+    share = stage_share(model.layers, stages, first, last)
+    for field, v in zip(LESS_FIELDS, (first, last), strict=True):
+        if v < 0:
+            return {"stage_less": f"{field} {v} is negative: it counts layers (0 or more)"}
+        if v > share:
+            return {"stage_less": f"{field} {v} exceeds {share}, the layers each of the {stages} stages gets at "
+                                  f"least when torchtitan splits the {model.layers} layers + {first} + {last} over "
+                                  "them (it refuses a larger weight)"}
+    return {"stage_less": f"{LESS_FIELDS[0]} {first} and {LESS_FIELDS[1]} {last} are in range"}
 
 
 def message(code: int, model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> str:
@@ -278,6 +308,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         finetune=col(FINETUNE_MODES.index(cfg.get("finetune") or "none")), lora_rank=col(cfg.get("lora_rank") or 16),
         lora_targets=col(lora_mask(cfg.get("lora_targets") or LORA_TARGETS)),
         cpu_offload=col(bool(cfg.get("cpu_offload", False))), bf16_state=col(cfg.get("dtype") == "bfloat16"),
+        **{f: col(cfg.get(f, DEFAULT_LESS)) for f in LESS_FIELDS},
     )
 
 

@@ -31,6 +31,7 @@ from meshplan.estimator.config import (
 from meshplan.estimator.errors import ConfigError, InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
 
 PLAN_VERSION = 1
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -60,6 +61,10 @@ class Parallel(BaseModel):
     ep: int = Field(default=1, ge=1, description="expert parallel degree (MoE); carved from dp_shard x cp x tp")
     pp_schedule: PPSchedule = "1F1B"
     vpp: int = Field(default=1, ge=1)
+    pp_first_stage_less_layers: int = Field(default=DEFAULT_LESS, ge=0, description="torchtitan's pipeline_parallel_"
+                                            "first_stage_less_layers: the first stage holds that many fewer blocks")
+    pp_last_stage_less_layers: int = Field(default=DEFAULT_LESS, ge=0, description="torchtitan's pipeline_parallel_"
+                                           "last_stage_less_layers: the last stage holds that many fewer blocks")
     micro_batch_size: int = Field(default=1, ge=1)
     ac: ACMode = "selective"
     float8: Float8Recipe = "none"
@@ -177,6 +182,7 @@ class Plan(BaseModel):
         cfg = TrainConfig(
             gpus=self.cluster.gpus, gpus_per_node=self.cluster.gpus_per_node, dp_replicate=p.dp_replicate,
             dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, pp_schedule=p.pp_schedule, vpp=p.vpp,
+            pp_first_stage_less_layers=p.pp_first_stage_less_layers, pp_last_stage_less_layers=p.pp_last_stage_less_layers,
             seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
             cpu_offload=p.cpu_offload, **self.finetune_fields(),
@@ -221,7 +227,8 @@ def make_plan(
         cluster=Cluster(nodes=nodes, gpus_per_node=gpn),
         parallel=Parallel(
             dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep,
-            pp_schedule=cfg.pp_schedule, vpp=cfg.vpp or 1, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
+            pp_schedule=cfg.pp_schedule, vpp=cfg.vpp or 1, pp_first_stage_less_layers=cfg.pp_first_stage_less_layers,
+            pp_last_stage_less_layers=cfg.pp_last_stage_less_layers, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
             float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp, cpu_offload=cfg.cpu_offload,
         ),
         training=Training(
@@ -262,7 +269,7 @@ def plan_fingerprint(plan: Plan) -> str:
     # before them keep their fingerprint (and resume)
     model = _model_dump(plan.model)
     parallel = plan.parallel.model_dump(mode="json")
-    for field, unset in (("ep", 1), ("cpu_offload", False)):
+    for field, unset in (("ep", 1), ("cpu_offload", False), *((f, DEFAULT_LESS) for f in LESS_FIELDS)):
         if parallel.get(field) == unset:
             parallel.pop(field)
     key = {
@@ -334,6 +341,9 @@ def plan_yaml(plan: Plan) -> str:
         body.pop("finetune")
     if not plan.parallel.cpu_offload:
         body["parallel"].pop("cpu_offload")
+    for field in LESS_FIELDS:  # torchtitan's default split: the plan reads as it did before the fields existed
+        if body["parallel"][field] == DEFAULT_LESS:
+            body["parallel"].pop(field)
     return header + yaml.safe_dump(body, sort_keys=False, width=110)
 
 

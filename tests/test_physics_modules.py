@@ -34,10 +34,15 @@ def test_tp_shards_everything_but_the_norms():
 
 
 def test_pipeline_stages_split_the_blocks():
-    # 70B: 80 blocks over pp 4 = 20 per stage; the first adds the embedding (128,256 x 8,192 = 1,050,673,152)
-    rp = shapes.rank_params(M70, lay(M70, gpus=32, pp=4, dp_shard=8, seq_len=2048, global_batch_size=64))
-    assert rp.layers[0] == 20
-    assert rp.first[0] - rp.blocks[0] == 1_050_673_152
+    # 70B on pp 4, torchtitan's split: 80 + 1 (embedding) + 1 (output) = 82 = 4 x 20 + 2, so 21, 21, 20, 20 layer
+    # units: 20, 21, 20, 19 blocks. The step is timed on the second stage (21 blocks); the first adds the embedding
+    # (128,256 x 8,192 = 1,050,673,152) to its 20 blocks
+    la = lay(M70, gpus=32, pp=4, dp_shard=8, seq_len=2048, global_batch_size=64)
+    rp = shapes.rank_params(M70, la)
+    assert rp.layers[0] == 21
+    first = rp.at_stage(0)
+    assert first.layers[0] == 20 and rp.first[0] - first.blocks[0] == 1_050_673_152
+    assert [int(rp.at_rank(M70, la, k).layers[0]) for k in range(4)] == [20, 21, 20, 19]
 
 
 def test_model_state_is_16_bytes_per_parameter_over_fsdp():
@@ -69,11 +74,13 @@ def test_group_bandwidth_inside_and_across_nodes():
     [("GPipe", 1, 64), ("1F1B", 1, 32), ("Interleaved1F1B", 2, 44)],
 )
 def test_layers_in_flight_on_the_first_stage(schedule, vpp, expected):
-    # 8B (32 blocks), pp 4, 8 microbatches. GPipe: 8 microbatches x 8 blocks = 64. 1F1B: min(8, 4) x 8 = 32.
-    # Interleaved, vpp 2 (4 blocks a chunk): 4 x 2 x (4 + 3 / 2) = 44 chunk-blocks.
+    # 8B (32 blocks), pp 4, 8 microbatches; the first stage's rank holds 8 blocks (34 layer units over 4 stages: 9,
+    # less the embedding's 1; over 8 stages: 5 - 1 + 4). GPipe: 8 microbatches x 8 blocks = 64. 1F1B: min(8, 4) x 8
+    # = 32. Interleaved, vpp 2 (4 blocks a chunk): 4 x 2 x (4 + 3 / 2) = 44 chunk-blocks.
     la = lay(gpus=4, pp=4, pp_schedule=schedule, vpp=vpp, seq_len=2048, global_batch_size=8)
-    rp = shapes.rank_params(M8, la)
-    assert pipeline.layers_in_flight(la, 32.0, rp.layers, np.array([0.0]))[0] == expected
+    rp = shapes.rank_params(M8, la).at_stage(0)
+    assert rp.layers[0] == 8
+    assert pipeline.layers_in_flight(la, rp.layers, np.array([0.0]))[0] == expected
 
 
 def test_bubble_is_pp_minus_one_microbatches_over_vpp():

@@ -28,9 +28,14 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune
 from meshplan.estimator.physics.activations import Activations
 from meshplan.estimator.physics.layout import Layout
-from meshplan.estimator.physics.pipeline import head_microbatches, layers_in_flight, receive_buffer_bytes
+from meshplan.estimator.physics.pipeline import (
+    head_microbatches,
+    layers_in_flight,
+    microbatches_in_flight,
+    receive_buffer_bytes,
+)
 from meshplan.estimator.physics.shapes import RankParams
-from meshplan.estimator.physics.state import BF16, GRAD_BYTES, autocast, replicated_grad_copies, state_scale
+from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_scale, weight_copy_bytes
 from meshplan.estimator.stack import StackProfile
 
 # the categories of the allocated peak, in the order they are reported (they sum to the allocated bytes)
@@ -116,13 +121,13 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
     block = w.block_gather_bytes_per_param * rp.block + BF16 * w.adapters_block
     block_trainable = xp.where(lay.lora, w.adapters_block, rp.block - xp.where(lay.ep > 1, rp.routed_block, 0.0))
     fsdp = lay.fsdp
-    cast = xp.where(autocast(stack, lay), 1.0, 0.0)  # autocast's bf16 copies (no FSDP) of the matmuls' weights:
-    matmuls = BF16 * (prank - root + xp.where(last, rp.output, 0.0))  # every weight but the embedding's
-    cast_backward = cast * xp.where(lay.full_ac | lay.selective_ac, BF16 * rp.block, matmuls)
+    cast = weight_copy_bytes(stack, lay)  # autocast's bf16 copies (no FSDP) of the matmuls' weights:
+    matmuls = cast * (prank - root + xp.where(last, rp.output, 0.0))  # every weight but the embedding's
+    cast_backward = xp.where(lay.full_ac | lay.selective_ac, cast * rp.block, matmuls)
     return Unsharded(
-        current=xp.where(fsdp, xp.where(resharded, block + BF16 * root, whole), cast * matmuls),
+        current=xp.where(fsdp, xp.where(resharded, block + BF16 * root, whole), matmuls),
         backward=xp.where(fsdp, xp.where(resharded, stack.prefetch_blocks * block + BF16 * root, whole), cast_backward),
-        loss=xp.where(fsdp, xp.where(resharded, BF16 * xp.where(last, rp.output, 0.0), whole), cast * matmuls),
+        loss=xp.where(fsdp, xp.where(resharded, BF16 * xp.where(last, rp.output, 0.0), whole), matmuls),
         end=xp.where(fsdp, xp.where(resharded, BF16 * root, whole), 0.0),
         # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
         # backward: the block's own reduce-scatter input, held until the next one, is the rest
@@ -138,8 +143,8 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     first, last = stage == 0, stage == p - 1
     prank = rp.of_stage(first, last)
     w = finetune.weights(model, lay, rp)
-    state = finetune.stage_state(w, lay, rp, prank)
-    gf = state.grads_bytes * (1 + replicated_grad_copies(stack, lay))  # DDP: + its all-reduce buckets
+    state = finetune.stage_state(w, lay, rp, prank, stack)
+    gf = state.grads_bytes
     single, pp_nosync = lay.single_stage, xp.logical_not(lay.single_stage)
     # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches
     acc = xp.where(pp_nosync & (m > 1) & lay.fsdp, stack.reduce_bytes * w.trainable(lay, prank), 0.0)
@@ -147,7 +152,7 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first)
     recv_all = m * recv
-    acts_blocks = act.block_bytes * layers_in_flight(lay, float(model.layers), rp.layers, stage) + recv_all \
+    acts_blocks = act.block_bytes * layers_in_flight(lay, rp.layers, stage) + recv_all \
         - xp.where(first, act.first_block_unsaved_per_token * lay.tokens_mb, 0.0)
     acc = acc + recv_all
     head = xp.where(last, act.head_per_token * lay.tokens_mb * head_microbatches(lay), 0.0)
@@ -188,7 +193,7 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
         parts={k: parts[k] for k in ALLOCATED_CATEGORIES},
         # saved for backward at the end of a forward: the receive buffers of the microbatches in flight only
         saved_activations_bytes=acts_blocks - recv_all
-        + recv * layers_in_flight(lay, float(model.layers), rp.layers, stage) / rp.layers + head,
+        + recv * microbatches_in_flight(lay, stage) + head,
         grads_after_backward_bytes=gf,
         peak_phase=xp.as_float(phase),
         unsharded_params_max_bytes=up.backward,
@@ -226,17 +231,18 @@ def worst_stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: R
                        stage=None) -> tuple[StageMemory, np.ndarray]:
     """(the peak, the 0-based stage it is on): of pipeline stage `stage` when given (an int or an array), else of
     the worst stage — the first (most microbatches in flight, the embedding), the second (the most in flight
-    among those holding receive buffers) or the last (the logits)."""
+    among those holding receive buffers, and the most blocks of the middle stages: torchtitan gives the extra
+    blocks to the first stages) or the last (the logits). Each stage's rank holds its own blocks (`rp.at_stage`)."""
     p = lay.pp
     if stage is not None:
         k = xp.minimum(stage if isinstance(stage, int) and not xp.is_array(p) else np.asarray(stage, dtype=np.float64), p - 1)
-        return stage_memory(model, stack, lay, rp, act, k), k
-    worst = stage_memory(model, stack, lay, rp, act, xp.zeros_like(p))
+        return stage_memory(model, stack, lay, rp.at_rank(model, lay, k), act, k), k
     worst_stage = xp.zeros_like(p)
+    worst = stage_memory(model, stack, lay, rp.at_stage(0), act, worst_stage)
     if xp.all_(p <= 1):  # no pipeline anywhere: the one stage is the worst
         return worst, worst_stage
-    for k in (xp.minimum(1.0, p - 1), p - 1):
-        cand = stage_memory(model, stack, lay, rp, act, k)
+    for i, k in ((1, xp.minimum(1.0, p - 1)), (2, p - 1)):
+        cand = stage_memory(model, stack, lay, rp.at_stage(i), act, k)
         worse = cand.allocated_bytes > worst.allocated_bytes
         worst = worst.where(worse, cand)
         worst_stage = xp.where(worse, k, worst_stage)

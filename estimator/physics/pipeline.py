@@ -12,19 +12,22 @@ from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_
 from meshplan.estimator.stack import StackProfile
 
 
-def layers_in_flight(lay: Layout, layers: float, layers_rank: np.ndarray, stage: np.ndarray) -> np.ndarray:
-    """Microbatch-layers whose activations pipeline stage `stage` (0-based) holds at the end of its forwards:
-    1F1B keeps min(m, pp - k) microbatches on stage k, interleaved 1F1B adds (pp - 1 - k) / vpp more
-    chunk-microbatches, GPipe keeps all m. Without PP: the model's `layers` for the one microbatch."""
+def microbatches_in_flight(lay: Layout, stage: np.ndarray) -> np.ndarray:
+    """Microbatches whose activations pipeline stage `stage` (0-based) holds at the end of its forwards, in whole
+    passes over its blocks: 1F1B keeps min(m, pp - k) on stage k, interleaved 1F1B adds (pp - 1 - k) / vpp more
+    (chunk-microbatches over vpp, at most every one of them), GPipe keeps all m. Without PP: the one microbatch."""
     p, v, m = lay.pp, lay.vpp, lay.microbatches
-    per_stage_layers = layers / (p * v)
     ahead = xp.minimum(m, p - stage)
-    one_f = ahead * per_stage_layers * v
-    inter = per_stage_layers * xp.minimum(v * ahead + (p - 1 - stage), v * m)  # at most every chunk-microbatch
-    gpipe = m * layers_rank
+    inter = xp.minimum(v * ahead + (p - 1 - stage), v * m) / v
     sched = lay.schedule
-    by_schedule = xp.where(sched == int(Schedule.GPIPE), gpipe, xp.where(sched == int(Schedule.INTERLEAVED_1F1B), inter, one_f))
-    return xp.where(lay.single_stage, layers, by_schedule)
+    by_schedule = xp.where(sched == int(Schedule.GPIPE), m, xp.where(sched == int(Schedule.INTERLEAVED_1F1B), inter, ahead))
+    return xp.where(lay.single_stage, 1.0, by_schedule)
+
+
+def layers_in_flight(lay: Layout, layers_rank: np.ndarray, stage: np.ndarray) -> np.ndarray:
+    """Microbatch-layers whose activations pipeline stage `stage` holds at the end of its forwards, on a rank of
+    `layers_rank` blocks (its vpp chunks taken as equal: torchtitan's chunks differ by at most one block)."""
+    return microbatches_in_flight(lay, stage) * layers_rank
 
 
 def head_microbatches(lay: Layout) -> np.ndarray:

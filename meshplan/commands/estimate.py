@@ -59,6 +59,12 @@ def estimate_cmd(
                                                  "carved from dp_shard x cp x tp"),
     pp_schedule: Schedule = typer.Option(Schedule.one_f_one_b, "--pp-schedule", help="pipeline schedule"),
     vpp: int = typer.Option(None, "--vpp", min=1, help="stages per pipeline rank [default: 2 for Interleaved1F1B]"),
+    pp_first_stage_less_layers: int = typer.Option(
+        1, "--pp-first-stage-less-layers", help="torchtitan's pipeline split: the embedding counts as this many "
+        "layers, so the first stage holds that many fewer blocks (0: as many as the others; pp > 1)"),
+    pp_last_stage_less_layers: int = typer.Option(
+        1, "--pp-last-stage-less-layers", help="torchtitan's pipeline split: the final norm and output count as this "
+        "many layers, so the last stage holds that many fewer blocks (0: as many as the others; pp > 1)"),
     seq_len: int = typer.Option(8192, "--seq-len", min=1, help="tokens per sequence"),
     global_batch_size: int = typer.Option(
         None, "--global-batch-size", min=1, help="sequences per optimizer step [default: one micro-batch per DP rank]"
@@ -112,7 +118,8 @@ def estimate_cmd(
     hw = load_hardware(hardware)
     cfg = TrainConfig(
         gpus=gpus, gpus_per_node=gpus_per_node, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
-        cp=cp, ep=ep, pp_schedule=pp_schedule.value, vpp=vpp, seq_len=seq_len, global_batch_size=global_batch_size or 0,
+        cp=cp, ep=ep, pp_schedule=pp_schedule.value, vpp=vpp, pp_first_stage_less_layers=pp_first_stage_less_layers,
+        pp_last_stage_less_layers=pp_last_stage_less_layers, seq_len=seq_len, global_batch_size=global_batch_size or 0,
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
     )
