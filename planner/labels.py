@@ -32,7 +32,7 @@ def short_config(cfg: dict) -> str:
         if cfg.get(k, 1) > 1:
             parts.append(f"{k} {cfg[k]}")
     if cfg["pp"] > 1:
-        parts.append(cfg["pp_schedule"] + (f"/v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
+        parts.append(cfg["pp_schedule"] + (f"/v{cfg['vpp']}" if cfg["vpp"] > 1 else "") + _split(cfg, " split "))
     parts.append(f"mbs {cfg['micro_batch_size']}")
     parts.append(f"AC {cfg['ac']}")
     if cfg["float8"] != "none":
@@ -45,6 +45,12 @@ def short_config(cfg: dict) -> str:
         parts.append("CPU offload")
     return ", ".join(parts)
 
+
+def _split(cfg: dict, prefix: str) -> str:
+    """The pipeline split's first / last stage less layers (`prefix` + `0/0`), or nothing for torchtitan's default
+    (1 and 1)."""
+    first, last = cfg.get("pp_first_stage_less_layers", 1), cfg.get("pp_last_stage_less_layers", 1)
+    return "" if (first, last) == (1, 1) else f"{prefix}{first}/{last}"
 
 
 _SCHED = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "i1f1b"}
@@ -61,7 +67,7 @@ def compact_config(cfg: dict) -> str:
             parts.append(f"{k}{cfg[k]}")
     if cfg["pp"] > 1:
         sched = _SCHED.get(cfg["pp_schedule"], cfg["pp_schedule"])
-        parts.append(f"pp{cfg['pp']}/{sched}" + (f"v{cfg['vpp']}" if cfg["vpp"] > 1 else ""))
+        parts.append(f"pp{cfg['pp']}/{sched}" + (f"v{cfg['vpp']}" if cfg["vpp"] > 1 else "") + _split(cfg, ":s"))
     parts.append(f"mb{cfg['micro_batch_size']}")
     parts.append({"none": "AC:no", "selective": "AC:sel", "full": "AC:full"}[cfg["ac"]])
     if cfg["float8"] != "none":

@@ -18,9 +18,17 @@ from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.stages import less_fields
 from meshplan.estimator.stack import StackProfile
 from meshplan.planner.labels import OBJECTIVES, short_config
-from meshplan.planner.space import REASON_KEYS, SearchSpace, describe_reason, enumerate_space
+from meshplan.planner.space import (
+    REASON_KEYS,
+    SearchSpace,
+    describe_reason,
+    enumerate_space,
+    even_split_variants,
+    rule_reasons,
+)
 
 CHUNK = 16_384  # configurations per estimator call: cache-sized arrays (250,000 spilled the cache; 16k measured 1.5-2x faster)
 
@@ -84,6 +92,7 @@ class SearchResult:
             "compile": bool(c.compile[i]),
             "async_tp": bool(c.async_tp[i]),
             "cpu_offload": bool(c.cpu_offload[i]),
+            **less_fields(int(c.pp_first_stage_less_layers[i]), int(c.pp_last_stage_less_layers[i])),
             **(self.finetune or {}),
         }
 
@@ -178,24 +187,10 @@ def plan_search(
         raise InputError(f"the batch tolerance is a fraction in [0, 1), got {space.batch_tolerance}",
                          field="batch_tolerance")
     configs, reason = enumerate_space(model, hw, world, gpus_per_node, seq_len, global_batch, space)
-    n = len(reason)
-    peak = np.full(n, np.nan)
-    tps = np.full(n, np.nan)
-    step = np.full(n, np.nan)
-    mfu = np.full(n, np.nan)
-    host = np.full(n, np.nan)
-    valid = np.flatnonzero(reason == 0)
-    for start in range(0, len(valid), CHUNK):
-        idx = valid[start : start + CHUNK]
-        r = estimate_arrays(model, hw, stack, configs.take(idx))
-        peak[idx] = r["peak_bytes"] / GIB
-        tps[idx] = r["tokens_per_sec_per_gpu"]
-        step[idx] = r["step_time_s"]
-        mfu[idx] = r["mfu"]
-        host[idx] = r["host_bytes_per_node"] / GIB
-        if progress:
-            progress(min(start + CHUNK, len(valid)), len(valid))
     limit = hw.usable_hbm_gib * memory_margin
+    found = _evaluate(model, hw, stack, configs, reason, progress)
+    configs, reason, found = _with_even_splits(model, hw, stack, space, configs, reason, found, limit)
+    peak, tps, step, mfu, host = (found[k] for k in ("peak", "tps", "step", "mfu", "host"))
     fit_prob = intervals.fit_probability(peak, limit, stack.id)
     too_big = (fit_prob < fit_confidence) if fit_confidence is not None else (peak > limit)
     reason[(reason == 0) & too_big] = rules.MEMORY
@@ -209,6 +204,46 @@ def plan_search(
         pareto=pareto_front(tps, peak, fits), host_gib=host,
         finetune=space.finetune_fields() or None, space=space, fit_confidence=fit_confidence, fit_prob=fit_prob,
     )
+
+
+def _evaluate(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, configs: ConfigArrays, reason: np.ndarray,
+              progress: Callable[[int, int], None] | None) -> dict[str, np.ndarray]:
+    """Peak (GiB), tokens/s/GPU, step (s), MFU and host RAM per node (GiB) of every configuration no rule rejects
+    (NaN for the others), in cache-sized chunks."""
+    n = len(reason)
+    found = {k: np.full(n, np.nan) for k in ("peak", "tps", "step", "mfu", "host")}
+    valid = np.flatnonzero(reason == 0)
+    for start in range(0, len(valid), CHUNK):
+        idx = valid[start : start + CHUNK]
+        r = estimate_arrays(model, hw, stack, configs.take(idx))
+        found["peak"][idx] = r["peak_bytes"] / GIB
+        found["tps"][idx] = r["tokens_per_sec_per_gpu"]
+        found["step"][idx] = r["step_time_s"]
+        found["mfu"][idx] = r["mfu"]
+        found["host"][idx] = r["host_bytes_per_node"] / GIB
+        if progress:
+            progress(min(start + CHUNK, len(valid)), len(valid))
+    return found
+
+
+# how far above the memory limit a pipeline with torchtitan's default split may peak and still have its even split
+# tried: the even split takes at most one block off the heaviest rank, which holds 4 or more where it matters
+EVEN_SPLIT_REACH = 1.25
+
+
+def _with_even_splits(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, space: SearchSpace,
+                      configs: ConfigArrays, reason: np.ndarray, found: dict[str, np.ndarray], limit: float):
+    """The configurations, reasons and results with the even-split variants (`even_split_variants`: both split
+    weights 0) of the uneven pipelines that pass every rule and peak within EVEN_SPLIT_REACH of `limit` (GiB)
+    appended and evaluated: the search size grows by those only."""
+    near = np.flatnonzero((reason == 0) & (found["peak"] <= limit * EVEN_SPLIT_REACH))
+    variants = even_split_variants(model, configs, near)
+    if not len(variants):
+        return configs, reason, found
+    extra = rule_reasons(model, hw, variants, space.allow_tp_across_nodes)
+    more = _evaluate(model, hw, stack, variants, extra, None)
+    return (configs.concat(variants), np.concatenate([reason, extra]),
+            {k: np.concatenate([v, more[k]]) for k, v in found.items()})
 
 
 def explain_empty(res: SearchResult) -> str:

@@ -5,7 +5,9 @@ Degrees are enumerated so that dp_replicate x dp_shard x cp x tp x pp equals the
 the world (so 3, 5, 6, 12 or 24 nodes plan as well as powers of two: PP 3 or 5, HSDP over 3 replicas); a
 mixture-of-experts model adds the expert-parallel degree (a divisor of its experts and of dp_shard x cp x tp,
 torchtitan's rule). The other knobs (schedule, stages per rank, micro-batch, AC, Float8, compile, async TP) are
-crossed with them.
+crossed with them. Pipelines split as torchtitan does by default (the first and last stage one block lighter:
+physics/stages.py); :func:`even_split_variants` gives the same configurations with both weights 0 where that
+default leaves a rank with more blocks, which the search tries for those that (nearly) fit.
 
 The global batch is a target: each layout takes the nearest batch (in sequences) that its dp x micro-batch divides
 and its pipeline can fill, within `batch_tolerance` of the target (:func:`nearest_batch`); the search result says
@@ -32,6 +34,7 @@ from meshplan.estimator.config import (
 )
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS, uneven
 
 # Rejection reasons, by code (0 = valid): the shared rules of `estimator.rules` plus the planner's memory rule.
 REASONS = {r.code: r.message for r in rules.RULES}
@@ -218,6 +221,18 @@ def enumerate_space(
         lora_targets=np.full(n, lora_mask(sp.lora_targets), dtype=np.int64),
     )
     return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
+
+
+def even_split_variants(model: ModelSpec, c: ConfigArrays, idx: np.ndarray) -> ConfigArrays:
+    """The configurations at `idx` whose pipeline torchtitan's default split leaves a rank with more blocks than
+    the others, with both split weights 0 instead (the first and last stage as heavy as the rest)."""
+    sub = c.take(idx)
+    keep = (sub.pp > 1) & (sub.pp_first_stage_less_layers == DEFAULT_LESS) \
+        & (sub.pp_last_stage_less_layers == DEFAULT_LESS) & uneven(model.layers, sub.pp, sub.vpp)
+    variants = sub.take(keep)
+    for f in LESS_FIELDS:
+        setattr(variants, f, np.zeros_like(getattr(variants, f)))
+    return variants
 
 
 def rule_reasons(model: ModelSpec, hw: HardwareProfile, c: ConfigArrays, allow_tp_across_nodes: bool) -> np.ndarray:

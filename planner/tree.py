@@ -14,6 +14,7 @@ import numpy as np
 from meshplan.estimator import rules
 from meshplan.estimator.batch import estimate_arrays
 from meshplan.estimator.config import AC_MODES, Float8
+from meshplan.estimator.physics.stages import LESS_FIELDS
 from meshplan.estimator.report import GIB_DECIMALS
 from meshplan.planner.search import SearchResult, short_config
 
@@ -285,7 +286,7 @@ def _ac_step(res: SearchResult) -> dict:
     c = res.configs
     same = np.ones(res.evaluated, dtype=bool)
     for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "vpp", "schedule", "micro_batch", "float8",
-                 "compile", "async_tp", "cpu_offload"):
+                 "compile", "async_tp", "cpu_offload", *LESS_FIELDS):
         arr = getattr(c, name)
         same &= arr == arr[w]
     parts = []

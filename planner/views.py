@@ -11,10 +11,11 @@ import numpy as np
 
 from meshplan.estimator import rules
 from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.estimator.physics.stages import LESS_FIELDS
 from meshplan.planner.capacity import DEFAULT_NODES
 from meshplan.planner.search import SearchResult
 
-SWEEP_COLUMNS = ["dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", "micro_batch_size", "ac",
+SWEEP_COLUMNS = ["dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "vpp", *LESS_FIELDS, "micro_batch_size", "ac",
                  "float8", "compile", "async_tp", "status", "peak_gib", "tokens_per_sec_per_gpu", "mfu", "step_time_s",
                  "reason"]
 
@@ -41,7 +42,8 @@ def sweep_csv(res: SearchResult) -> str:
                     reasons_cache[key] = reason
         w.writerow([
             int(c.dp_replicate[i]), int(c.dp_shard[i]), int(c.cp[i]), int(c.tp[i]), int(c.pp[i]),
-            PP_SCHEDULES[int(c.schedule[i])], int(c.vpp[i]), int(c.micro_batch[i]), AC_MODES[int(c.ac[i])],
+            PP_SCHEDULES[int(c.schedule[i])], int(c.vpp[i]), *(int(getattr(c, f)[i]) for f in LESS_FIELDS),
+            int(c.micro_batch[i]), AC_MODES[int(c.ac[i])],
             FLOAT8_RECIPES[int(c.float8[i])], bool(c.compile[i]), bool(c.async_tp[i]), status,
             "" if np.isnan(res.peak_gib[i]) else round(float(res.peak_gib[i]), 3),
             "" if np.isnan(res.tps[i]) else round(float(res.tps[i]), 1),
