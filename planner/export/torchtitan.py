@@ -17,6 +17,7 @@ import json
 import math
 
 from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.physics.stages import less_fields
 from meshplan.estimator.rules import titan_layers_per_stage
 from meshplan.planner.export._common import (
     TITAN_MODELS,
@@ -53,9 +54,10 @@ def _toml_value(v: object) -> str:
 def layers_per_stage(plan: Plan) -> int | None:
     """`pipeline_parallel_layers_per_stage` that yields the plan's stages per rank, or None for torchtitan's default.
 
-    torchtitan splits into ceil((layers + 2) / layers_per_stage) virtual stages (the first and last stage count
-    the embedding and the output as one layer each) and defaults to 2 stages per rank for looped schedules
-    (Interleaved1F1B) and 1 otherwise.
+    torchtitan splits into ceil((layers + first + last) / layers_per_stage) virtual stages (the first and last stage
+    count the embedding and the output as `pipeline_parallel_first_stage_less_layers` / `..._last_stage_less_layers`
+    layers, 1 each by default) and defaults to 2 stages per rank for looped schedules (Interleaved1F1B) and 1
+    otherwise.
     """
     p = plan.parallel
     if p.pp == 1:
@@ -63,12 +65,23 @@ def layers_per_stage(plan: Plan) -> int | None:
     default = 2 if p.pp_schedule == "Interleaved1F1B" else 1
     if p.vpp == default:
         return None
-    lps, exact = titan_layers_per_stage(plan.model.layers, p.pp * p.vpp)
+    lps, exact = titan_layers_per_stage(plan.model.layers, p.pp * p.vpp, p.pp_first_stage_less_layers,
+                                        p.pp_last_stage_less_layers)
     if exact:
         return int(lps)
     raise MeshplanError(  # a plan file passes estimator.rules first, so only a hand-made Plan gets here
         f"no layers-per-stage gives {p.pp * p.vpp} stages for {plan.model.layers} layers; choose another pp x vpp"
     )
+
+
+def stage_less_layers(plan: Plan) -> dict[str, int]:
+    """torchtitan's `pipeline_parallel_first_stage_less_layers` / `..._last_stage_less_layers` where the plan's
+    differ from torchtitan's default (1 each; 0.2.2 and 0.3.0 alike), so a default plan's export reads as before."""
+    p = plan.parallel
+    if p.pp == 1:
+        return {}
+    values = less_fields(p.pp_first_stage_less_layers, p.pp_last_stage_less_layers)
+    return {"pipeline_parallel_" + f.removeprefix("pp_"): v for f, v in values.items()}
 
 
 def lr_schedule(plan: Plan) -> dict:
@@ -209,6 +222,8 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         lps = layers_per_stage(plan)
         if lps is not None:
             par.append(("pipeline_parallel_layers_per_stage", lps, f"{p.vpp} stages per rank"))
+        par += [(k, v, f"the {k.split('_')[2]} stage holds {v} blocks fewer than its share of the split "
+                 "(torchtitan's default: 1)") for k, v in stage_less_layers(plan).items()]
     sections.append(("parallelism", par))
     sections.append(("checkpoint", [
         ("enable", True, "DCP checkpoints; a restarted job resumes from the latest"),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export._common import TITAN_MODELS, dp_degree, preset_of, titan_initial_load
-from meshplan.planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule
+from meshplan.planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule, stage_less_layers
 from meshplan.planner.plan_file import Plan
 
 RELEASE = "0.3.0"
@@ -131,6 +131,7 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
         lps = layers_per_stage(plan)
         if lps is not None:
             parallelism["pipeline_parallel_layers_per_stage"] = lps
+        parallelism.update(stage_less_layers(plan))
     if plan.model.moe is not None:
         parallelism["expert_parallel_degree"] = p.ep
         if p.ep > 1:  # 0.3.0: the standard all-to-all dispatcher syncs with the host, which CUDA graphs refuse
