@@ -63,6 +63,8 @@ def estimate(
     from meshplan.estimator import rules
 
     for key, w in rules.predicted_warnings(model, hw, cfg.rule_fields()):
+        if key in rules.stack_skips(stack):
+            continue
         if key == "pp_microbatches":
             w += f"; predicted anyway: the bubble is {r['pp_bubble'] / max(r['step_time_s'], 1e-12):.0%} of the step"
         elif key == "fp32_without_fsdp":

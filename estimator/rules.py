@@ -229,17 +229,24 @@ def _applies(rule: Rule, hw: HardwareProfile | None, policies: bool, planner: bo
 
 def violations(
     model: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None, *, policies: bool = False, planner: bool = False,
-    predict: bool = False,
+    predict: bool = False, skip: frozenset[str] = frozenset(),
 ) -> np.ndarray:
     """Code of the first rule each configuration breaks (0: none), in RULES order. Hardware rules are skipped
     when `hw` is None; search policies (TP inside a node) only with `policies`; ranking rules only for the
-    `planner`; rules whose configurations the estimator predicts are skipped with `predict`."""
+    `planner`; rules whose configurations the estimator predicts are skipped with `predict`; rules whose key is in
+    `skip` are skipped (:func:`stack_skips`)."""
     reason = xp.zeros_like(c.tp, dtype=np.int64)
     for rule in RULES:
-        if not _applies(rule, hw, policies, planner, predict):
+        if not _applies(rule, hw, policies, planner, predict) or rule.key in skip:
             continue
         reason = xp.where((reason == 0) & rule.bad(model, c, hw), rule.code, reason)  # a scalar `bad` broadcasts
     return reason
+
+
+def stack_skips(stack) -> frozenset[str]:
+    """Keys of the rules that describe torchtitan's behaviour and do not hold for `stack` (a StackProfile): without
+    FSDP a stack whose mixed precision does not need it trains TP and PP in bf16, not fp32."""
+    return frozenset() if stack is None or stack.mixed_precision_needs_fsdp else frozenset({"fp32_without_fsdp"})
 
 
 def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:

@@ -50,6 +50,24 @@ class FineTuneBehaviour(BaseModel):
     cpu_optimizer_efficiency: float = Field(gt=0, le=1, description="CPU AdamW's share of the host DRAM bandwidth")
 
 
+class ReplicatedState(BaseModel):
+    """Bytes per parameter a rank keeps when no FSDP shards the model (data parallel by replicas, TP or PP alone, one
+    device) in fp32 training dtype; every field documented in the stack YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weights: float = Field(4.0, gt=0, description="the model's own weights (fp32 under autocast, bf16 when the model "
+                                                  "is kept in bf16 beside an fp32 master copy)")
+    weight_copies: float = Field(2.0, ge=0, description="bf16 copies autocast casts of the matmul weights")
+    grads: float = Field(4.0, ge=0, description="gradients (or the fp32 buffer they accumulate into)")
+    grad_buckets: float = Field(4.0, ge=0, description="a second copy of the gradients data parallel keeps for its "
+                                                       "all-reduce (DDP's flat buckets), with replicas only")
+    master: float = Field(0.0, ge=0, description="fp32 master weights the optimizer holds")
+    optimizer: float = Field(8.0, ge=0, description="AdamW's moments")
+    zero1: bool = Field(False, description="the master weights and optimizer state are sharded over the replicas "
+                                           "(ZeRO-1)")
+
+
 class StackProfile(BaseModel):
     """Behaviour of a training stack that the estimator needs; all fields documented in the YAML."""
 
@@ -111,8 +129,8 @@ class StackProfile(BaseModel):
     process_host_gib: float = Field(ge=0, description="host RAM per training process, GiB")
     mixed_precision_needs_fsdp: bool = Field(
         default=False, description="TP or PP without FSDP/HSDP/CP trains in fp32 (torchtitan's maybe_enable_amp)")
-    replicate_grad_buckets: bool = Field(
-        default=True, description="DDP (data parallel without FSDP) keeps flat all-reduce buckets beside the grads")
+    replicated_state: ReplicatedState = Field(
+        default_factory=ReplicatedState, description="what a rank keeps without FSDP (DDP, TP or PP alone)")
     float8: dict[str, Float8Recipe]
     moe: MoEBehaviour | None = Field(default=None, description="mixture-of-experts behaviour; none: dense only")
     finetune: FineTuneBehaviour | None = Field(default=None, description="LoRA / QLoRA / CPU offload behaviour")

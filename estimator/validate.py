@@ -14,7 +14,9 @@ differently (torchtitan before 2025 did not compile the loss), so when the `sour
 the run (torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md`), the release profile covering that
 month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
 which software ran, never what it measured. A framework with no profile (say `megatron`) is predicted
-with torchtitan's profile rather than failing; `--json` rows name the profile used (`stack`).
+with the `generic` profile (torchtitan's constants, the bf16-model + fp32-master conventions most frameworks share)
+rather than failing; a row whose notes say ZeRO-1 uses the framework's `-zero1` profile where one exists
+(`nanotron-zero1`); `--json` rows name the profile used (`stack`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -138,16 +141,21 @@ def _float(cell: str | None) -> float | None:
     return float(cell) if cell else None
 
 
-DEFAULT_STACK = "torchtitan"
+DEFAULT_STACK = "torchtitan"  # an empty framework cell
+FALLBACK_STACK = "generic"  # a framework without a profile
+_ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1\b")
 
 
 def row_stack(row: dict) -> str:
     """The stack profile that predicts a row: its framework's release that ran the job (the month the
-    `source` names, e.g. a benchmark file dated 202412; else the current release). A framework without a
-    profile in `data/stacks/` is predicted with torchtitan's, and the row's `stack` says so."""
+    `source` names, e.g. a benchmark file dated 202412; else the current release), or its ZeRO-1 variant when the
+    notes say so. A framework without a profile in `data/stacks/` is predicted with `generic`, and the row's `stack`
+    says so."""
     framework = (row.get("framework") or DEFAULT_STACK).strip()
     if framework not in stack_names():
-        framework = DEFAULT_STACK
+        framework = FALLBACK_STACK
+    if _ZERO1.search(row.get("notes") or "") and f"{framework}-zero1" in stack_names():
+        return f"{framework}-zero1"
     return stack_for_run(framework, source_month(row.get("source") or ""))
 
 

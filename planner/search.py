@@ -187,6 +187,7 @@ def plan_search(
         raise InputError(f"the batch tolerance is a fraction in [0, 1), got {space.batch_tolerance}",
                          field="batch_tolerance")
     configs, reason = enumerate_space(model, hw, world, gpus_per_node, seq_len, global_batch, space)
+    reason = _stack_rules(model, hw, stack, space, configs, reason)
     limit = hw.usable_hbm_gib * memory_margin
     found = _evaluate(model, hw, stack, configs, reason, progress)
     configs, reason, found = _with_even_splits(model, hw, stack, space, configs, reason, found, limit)
@@ -244,6 +245,20 @@ def _with_even_splits(model: ModelSpec, hw: HardwareProfile, stack: StackProfile
     more = _evaluate(model, hw, stack, variants, extra, None)
     return (configs.concat(variants), np.concatenate([reason, extra]),
             {k: np.concatenate([v, more[k]]) for k, v in found.items()})
+
+
+def _stack_rules(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, space: SearchSpace,
+                 configs: ConfigArrays, reason: np.ndarray) -> np.ndarray:
+    """Reasons with the rules that do not hold for `stack` lifted (`rules.stack_skips`): the configurations one
+    rejected are checked again against every other rule."""
+    skip = rules.stack_skips(stack)
+    codes = [r.code for r in rules.RULES if r.key in skip]
+    again = np.flatnonzero(np.isin(reason, codes))
+    if len(again):
+        reason = reason.copy()
+        reason[again] = rules.violations(model, configs.take(again), hw, policies=not space.allow_tp_across_nodes,
+                                         planner=True, skip=skip)
+    return reason
 
 
 def explain_empty(res: SearchResult) -> str:

@@ -9,7 +9,14 @@ import pytest
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run
-from meshplan.estimator.validate import MEASURED_COLUMNS, predict_row, read_rows, summarize, validate_rows
+from meshplan.estimator.validate import (
+    MEASURED_COLUMNS,
+    predict_row,
+    read_rows,
+    row_stack,
+    summarize,
+    validate_rows,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -178,14 +185,27 @@ def test_stack_profile_extends_a_builtin(tmp_path):
         load_stack(str(a))
 
 
-def test_a_framework_without_a_profile_is_predicted_with_torchtitans(ground_truth):
+def test_a_framework_without_a_profile_is_predicted_with_the_generic_profile(ground_truth):
+    """FSDP rows of an unknown framework are predicted as torchtitan's current release would run them (same
+    constants); without FSDP the generic profile keeps the model in bf16 (no fp32 fallback for TP / PP, no autocast)."""
     rows = [r for r in read_rows(ground_truth) if r["id"] in ("r0041", "r0000")]
     other = [{**r, "framework": "megatron-lm"} for r in rows]
-    got, ref = validate_rows(other), validate_rows(rows)
+    got = validate_rows(other)
     assert [r.error for r in got] == [None, None]
-    assert [r.stack for r in got] == [r.stack for r in ref] == ["torchtitan-2024", "torchtitan-2025-08"]
-    assert [r.predicted_mem_gib for r in got] == [r.predicted_mem_gib for r in ref]
+    assert [r.stack for r in got] == ["generic", "generic"]
+    assert [predict_row(r) for r in other] == [predict_row(r, "torchtitan") for r in rows]
     assert summarize(got)["by_framework"]["megatron-lm"]["rows"] == 2
+    # 8 x TP 8, no FSDP: torchtitan trains it in fp32; the generic profile and nanotron in bf16
+    tp8 = {**rows[0], "dp_shard": "1", "tp": "8", "global_batch_size": "8", "micro_batch_size": "1"}
+    titan, generic = predict_row(tp8, "torchtitan"), predict_row({**tp8, "framework": "megatron-lm"})
+    assert generic[0] > 3 * titan[0] and generic[1] < titan[1]
+
+
+@pytest.mark.parametrize("notes,stack", [("ZeRO-1, DP 4", "nanotron-zero1"), ("zero_stage=1", "nanotron-zero1"),
+                                         ("zero stage 1", "nanotron-zero1"), ("ZeRO-0", "nanotron"), ("", "nanotron")])
+def test_a_zero1_note_picks_the_frameworks_zero1_profile(notes, stack):
+    assert row_stack({"framework": "nanotron", "notes": notes, "source": "x"}) == stack
+    assert row_stack({"framework": "torchtitan", "notes": notes, "source": "x"}) == "torchtitan"
 
 
 def test_the_shipped_runs_match_shared_ground_truth(ground_truth):

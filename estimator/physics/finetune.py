@@ -27,7 +27,7 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.shapes import RankParams
-from meshplan.estimator.physics.state import ADAMW_BYTES, BF16, GRAD_BYTES, PARAM_BYTES, state_scale
+from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_bytes
 from meshplan.estimator.stack import StackProfile
 
 NF4_BYTES = 0.5 + 1 / 64 + 2 / (64 * 256)  # codes + int8 block scale + bf16 scale of 256 scales (torchao to_nf4)
@@ -176,12 +176,14 @@ class StageState:
     stored_sharded_bytes: np.ndarray  # the rank's shard of every weight as stored (what offload copies H2D)
 
 
-def stage_state(w: Weights, lay: Layout, rp: RankParams, base: np.ndarray) -> StageState:
-    """State of a rank of a stage holding `base` base parameters (TP-sharded, before FSDP)."""
+def stage_state(w: Weights, lay: Layout, rp: RankParams, base: np.ndarray, stack: StackProfile | None = None
+                ) -> StageState:
+    """State of a rank of a stage holding `base` base parameters (TP-sharded, before FSDP). Without FSDP the
+    stack's replicated state applies (:func:`~meshplan.estimator.physics.state.state_bytes`)."""
     train = rp.sharded(w.trainable(lay, base), lay)
     frozen = w.frozen(lay, base) / lay.fsdp_ranks
-    scale = state_scale(lay)  # training.dtype bfloat16: all three in bf16
-    params, grads, optim = PARAM_BYTES * scale * train, GRAD_BYTES * scale * train, ADAMW_BYTES * scale * train
+    per = state_bytes(stack, lay)  # bytes a trainable parameter (training.dtype bfloat16: half)
+    params, grads, optim = per.params * train, per.grads * train, per.optimizer * train
     frozen_b = w.frozen_bytes_per_param * frozen
     on_gpu = xp.where(lay.offload, 0.0, 1.0)
     return StageState(

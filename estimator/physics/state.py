@@ -50,13 +50,41 @@ def fp32_compute(stack, lay: Layout) -> np.ndarray:
 
 
 def autocast(stack, lay: Layout) -> np.ndarray:
-    """Configurations without FSDP that train fp32 weights under torch.autocast (DDP, one device): every matmul
-    casts its weight to bf16, and the cast copies live from the forward to their backward."""
+    """Configurations without FSDP that train under torch.autocast (DDP, one device; TP or PP too on a stack whose
+    mixed precision does not need FSDP): the stack's bf16 copies of the matmul weights live from the forward to their
+    backward."""
     return xp.logical_not(lay.fsdp) & xp.logical_not(fp32_compute(stack, lay)) & xp.logical_not(lay.bf16_state)
 
 
-def replicated_grad_copies(stack, lay: Layout) -> np.ndarray:
-    """Extra gradient copies per trainable parameter: DDP without FSDP keeps its flat all-reduce buckets beside
-    param.grad (torchtitan's replicate(): gradient_as_bucket_view False) when the stack says so; else 0."""
-    return xp.where(xp.logical_not(lay.fsdp) & (lay.dp_replicate > 1) & np.bool_(stack.replicate_grad_buckets),
-                    1.0, 0.0)
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per trainable parameter a rank keeps (after FSDP's or ZeRO-1's sharding is applied by the caller)."""
+
+    params: np.ndarray  # weights (+ an fp32 master copy)
+    grads: np.ndarray  # gradients (+ data parallel's buckets)
+    optimizer: np.ndarray  # AdamW's moments
+
+
+def state_bytes(stack, lay: Layout) -> StateBytes:
+    """FSDP: fp32 parameters, gradients and AdamW state (4 + 4 + 8 bytes), sharded by the caller. Without FSDP the
+    stack's replicated state (torchtitan's DDP: fp32 weights, fp32 gradients and a second copy in DDP's buckets;
+    nanotron: bf16 weights, an fp32 gradient accumulator and an fp32 master copy), the master weights and moments
+    divided over the replicas under ZeRO-1. Training dtype bfloat16 halves all of them (no master copy)."""
+    scale = state_scale(lay)
+    if stack is None:
+        return StateBytes(PARAM_BYTES * scale, GRAD_BYTES * scale, ADAMW_BYTES * scale)
+    rs = stack.replicated_state
+    zero = 1.0 / lay.dp_replicate if rs.zero1 else 1.0
+    replicas = xp.where(lay.dp_replicate > 1, rs.grad_buckets, 0.0)
+    master = xp.where(lay.bf16_state, 0.0, rs.master)
+    fsdp = lay.fsdp
+    return StateBytes(
+        params=xp.where(fsdp, PARAM_BYTES, rs.weights + master * zero) * scale,
+        grads=xp.where(fsdp, GRAD_BYTES, rs.grads + replicas) * scale,
+        optimizer=xp.where(fsdp, ADAMW_BYTES, rs.optimizer * zero) * scale,
+    )
+
+
+def weight_copy_bytes(stack, lay: Layout) -> np.ndarray:
+    """Bytes per matmul weight autocast keeps as a bf16 copy (0 where it does not apply)."""
+    return xp.where(autocast(stack, lay), stack.replicated_state.weight_copies, 0.0)

@@ -60,7 +60,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     tp = tp_times(model, hw, stack, lay, layers)
     cp = cp_exposed_s(model, hw, stack, lay, layers, comp.attention_s)
     w = finetune.weights(model, lay, rp)
-    st = finetune.stage_state(w, lay, rp, rp.most)
+    st = finetune.stage_state(w, lay, rp, rp.most, stack)
     fsdp = fsdp_times(hw, stack, lay, rp, w)
     busy = comp.busy_s
     fsdp_exposed = xp.maximum(0.0, fsdp.per_microbatch_s - stack.fsdp_overlap * busy)
