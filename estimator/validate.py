@@ -65,6 +65,8 @@ class RowResult:
     measured_mem_gib: float | None
     error: str | None = None
     stack: str | None = None  # the stack profile (framework release) that predicted the row
+    status: str = ""  # the run's status column: ok, or oom (it ran out of memory)
+    predicted_fits: bool | None = None  # the predicted peak is within the hardware's usable HBM
 
     @property
     def tps_err(self) -> float | None:
@@ -106,6 +108,8 @@ class RowResult:
             "measured_mem_gib": self.measured_mem_gib,
             "tps_error": None if self.tps_err is None else round(self.tps_err, 4),
             "mem_error": None if self.mem_err is None else round(self.mem_err, 4),
+            "status": self.status,
+            "predicted_fits": self.predicted_fits,
             "error": self.error,
         }
 
@@ -292,11 +296,13 @@ def validate_rows(rows: list[dict]) -> list[RowResult]:
             stack=row_stack(row),
             measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu")),
             measured_mem_gib=_float(row.get("measured_mem_gib")),
+            status=(row.get("status") or "").strip().lower(),
         )
         try:
             cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS}
             tps, mem = predict_row(cells, base["stack"])
-            results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, **base))
+            fits = mem <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib
+            results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, predicted_fits=fits, **base))
         except MeshplanError as exc:
             results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))
     return results
@@ -323,6 +329,18 @@ def _coverage(rows: list[RowResult], measured: str, interval: str) -> float | No
     return round(sum(inside) / len(inside), 3) if inside else None
 
 
+def _fit_agreement(rows: list[RowResult]) -> dict | None:
+    """How often the prediction says what the run's status says (ok: it fit; oom: it did not), over the rows with
+    one of those statuses that could be predicted; None without such rows."""
+    judged = [r for r in rows if r.status in ("ok", "oom") and r.predicted_fits is not None]
+    if not judged:
+        return None
+    right = sum(r.predicted_fits == (r.status == "ok") for r in judged)
+    oom = [r for r in judged if r.status == "oom"]
+    return {"rows": len(judged), "share": round(right / len(judged), 4), "oom_rows": len(oom),
+            "oom_predicted": sum(not r.predicted_fits for r in oom)}
+
+
 def summarize(results: list[RowResult]) -> dict:
     """Mean absolute percentage error of tokens/s/GPU and memory, by framework and overall, and the share of
     measured values inside their 80 % interval (`*_coverage`; in-sample on the calibration rows)."""
@@ -341,6 +359,7 @@ def summarize(results: list[RowResult]) -> dict:
             "mem": _stats(mem),
             "worst_tps_row": worst.id if worst else None,
             "worst_mem_row": worst_mem.id if worst_mem else None,
+            "fit_agreement": _fit_agreement(rs),
             "tps_interval_coverage": _coverage(rs, "measured_tps_per_gpu", "tps_interval"),
             "mem_interval_coverage": _coverage(rs, "measured_mem_gib", "mem_interval"),
         }

@@ -221,3 +221,23 @@ def test_validate_defaults_to_the_shipped_runs(cli, tmp_path):
     out = cli("validate", "--json", cwd=tmp_path)  # anywhere, not only next to ../shared
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["rows"]) == 132
+
+
+def test_validate_says_how_often_fit_and_oom_agree(ground_truth, tmp_path, cli):
+    """A sweep's OOM runs (status oom, nothing measured) against the predicted peak: 8B with DDP over 8 replicas
+    keeps ~22 bytes a parameter on every GPU under torchtitan (it cannot fit 80 GB), FSDP 8 fits."""
+    header, first = ground_truth.read_text().splitlines()[:2]
+    cols = header.split(",")
+    row = dict(zip(cols, first.split(",")[: len(cols)], strict=False))
+    ddp = {**row, "id": "ddp", "dp_replicate": "8", "dp_shard": "1", "measured_tps_per_gpu": "", "measured_mem_gib": "",
+           "status": "oom", "notes": "", "hardware": "h100-sxm"}
+    ok = {**row, "id": "fsdp", "status": "ok", "hardware": "h100-sxm", "notes": ""}
+    path = tmp_path / "sweep.csv"
+    path.write_text("\n".join([header] + [",".join(r.get(c, "") for c in cols) for r in (ddp, ok)]) + "\n")
+    out = cli("validate", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["predicted_fits"] for r in data["rows"]] == [False, True]
+    assert data["summary"]["all"]["fit_agreement"] == {"rows": 2, "share": 1.0, "oom_rows": 1, "oom_predicted": 1}
+    table = cli("validate", str(path))
+    assert "fit / OOM as the runs' status says: 100% of 2 runs (1 of the 1 that ran out of memory" in table.stdout

@@ -71,6 +71,10 @@ def validate_cmd(
         )
     console.print(stable)
     cov = summary["all"]
+    fit = cov.get("fit_agreement")
+    if fit and fit["oom_rows"]:
+        console.print(f"fit / OOM as the runs' status says: {fit['share']:.0%} of {fit['rows']} runs "
+                      f"({fit['oom_predicted']} of the {fit['oom_rows']} that ran out of memory predicted not to fit)")
     if cov["tps_interval_coverage"] is not None:
         mem = cov["mem_interval_coverage"]
         console.print(f"80 % intervals (from the cross-validated error) hold {cov['tps_interval_coverage']:.0%} of the "
