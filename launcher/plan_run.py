@@ -26,6 +26,8 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "ep": p.ep,
         "pp_schedule": p.pp_schedule,
         "vpp": p.vpp,
+        "pp_first_stage_less_layers": p.pp_first_stage_less_layers,
+        "pp_last_stage_less_layers": p.pp_last_stage_less_layers,
         "micro_batch_size": p.micro_batch_size,
         "global_batch_size": t.global_batch_size,
         "seq_len": t.seq_len,

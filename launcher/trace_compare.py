@@ -26,6 +26,7 @@ def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int, offload:
     tc = TrainConfig(
         gpus=cfg.world_size, gpus_per_node=min(hw.gpus_per_node, cfg.world_size), dp_replicate=cfg.dp_replicate,
         dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, ep=cfg.ep, pp_schedule=cfg.pp_schedule, vpp=cfg.vpp,
+        pp_first_stage_less_layers=cfg.pp_first_stage_less_layers, pp_last_stage_less_layers=cfg.pp_last_stage_less_layers,
         seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.micro_batch_size,
         ac=cfg.ac, compile=False, float8="none", async_tp=False, finetune=cfg.finetune, lora_rank=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets, cpu_offload=offload,

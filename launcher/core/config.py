@@ -23,10 +23,11 @@ from meshplan.estimator.config import (
     PPSchedule,
 )
 from meshplan.estimator.model_spec import ModelSpec, load_model
+from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
 
 RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "pp_schedule", "vpp", "micro_batch_size",
                "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp", "finetune", "lora_rank",
-               "lora_targets", "cpu_offload"}
+               "lora_targets", "cpu_offload", *LESS_FIELDS}
 
 
 class RunConfig(BaseModel):
@@ -44,6 +45,12 @@ class RunConfig(BaseModel):
     ep: int = Field(1, ge=1, description="expert parallel degree (MoE): ranks carved from dp_shard x cp x tp")
     pp_schedule: PPSchedule = "1F1B"
     vpp: int = Field(1, ge=1, description="pipeline stages per rank (>1 needs Interleaved1F1B)")
+    pp_first_stage_less_layers: int = Field(DEFAULT_LESS, ge=0, description="the embedding counts as this many "
+                                            "layers in the stage split: the first stage holds that many fewer blocks "
+                                            "(torchtitan's pipeline_parallel_first_stage_less_layers)")
+    pp_last_stage_less_layers: int = Field(DEFAULT_LESS, ge=0, description="the norm and output count as this many "
+                                           "layers: the last stage holds that many fewer blocks (torchtitan's "
+                                           "pipeline_parallel_last_stage_less_layers)")
     micro_batch_size: int = Field(1, ge=1, description="sequences per microbatch per data-parallel rank")
     global_batch_size: int = Field(8, ge=1, description="sequences per optimizer step, all ranks together")
     seq_len: int = Field(64, ge=2)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from meshplan.estimator.physics.stages import DEFAULT_LESS, stage_blocks
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.model import ContextParallel, Transformer, build_meta_model
 from meshplan.launcher.core.moe import moe_modules
@@ -157,12 +158,12 @@ def build_parallel(cfg: RunConfig, device: torch.device) -> Parallel:
 
 
 # --- stages ------------------------------------------------------------------------------------------------
-def stage_layers(layers: int, stages: int) -> list[list[int]]:
-    """Split layer indices evenly over stages (earlier stages take the remainder)."""
-    base, extra = divmod(layers, stages)
+def stage_layers(layers: int, stages: int, first_less: int = DEFAULT_LESS,
+                 last_less: int = DEFAULT_LESS) -> list[list[int]]:
+    """Layer indices of each stage, split as torchtitan splits them (the plan's estimate assumes the same): the
+    embedding and the output count as `first_less` / `last_less` layers (estimator/physics/stages.py)."""
     out, start = [], 0
-    for s in range(stages):
-        n = base + (1 if s < extra else 0)
+    for n in stage_blocks(layers, stages, first_less, last_less):
         out.append(list(range(start, start + n)))
         start += n
     return out
@@ -186,7 +187,7 @@ def build_model_parts(
     trace passes one that allocates fake tensors."""
     n_stages = cfg.pp * cfg.vpp
     ids = stage_ids(cfg, par.pp_rank) if cfg.pp > 1 else [0]
-    split = stage_layers(cfg.model.layers, n_stages)
+    split = stage_layers(cfg.model.layers, n_stages, cfg.pp_first_stage_less_layers, cfg.pp_last_stage_less_layers)
     pretrained = open_pretrained(cfg) if cfg.init_from and init_weights and materialize is None else None
     parts = []
     for sid in ids:

@@ -42,6 +42,8 @@ def make(**overrides) -> RunConfig:
         ({"pp_schedule": "Zero Bubble"}, "pp_schedule"),
         ({"async_tp": True, "tp": 2}, "async TP is a torch.compile pass: it needs compile on"),
         ({"pp": 4, "global_batch_size": 4}, "2 microbatches per step < pp 4"),
+        ({"pp": 2, "pp_last_stage_less_layers": 6}, "pp_last_stage_less_layers 6 exceeds 5, the layers each of the 2"),
+        ({"pp": 2, "pp_first_stage_less_layers": -1}, "pp_first_stage_less_layers"),
         ({"tp": 2, "model": {**TINY_MODEL, "vocab": 255}}, "tp 2 does not divide the vocabulary (255)"),
         ({"tp": 2, "model": {**TINY_MODEL, "tied_embeddings": True}}, "ties its input and output embeddings"),
     ],
@@ -122,7 +124,11 @@ def test_float8_converts_block_linears_but_not_output():
 
 
 def test_pipeline_stage_assignment():
-    assert stage_layers(5, 4) == [[0, 1], [2], [3], [4]]
+    # torchtitan's split: 5 layers + 1 (embedding) + 1 (output) = 7 over 4 stages = 2, 2, 2, 1 layer units, less the
+    # embedding's on the first and the output's on the last; with both weights 0 the first stage takes the extra
+    assert stage_layers(5, 4) == [[0], [1, 2], [3, 4], []]
+    assert stage_layers(5, 4, 0, 0) == [[0, 1], [2], [3], [4]]
+    assert [len(s) for s in stage_layers(80, 8)] == [10, 11, 10, 10, 10, 10, 10, 9]
     cfg = make(pp=2, vpp=2, pp_schedule="Interleaved1F1B")
     assert stage_ids(cfg, 0) == [0, 2] and stage_ids(cfg, 1) == [1, 3]
 
