@@ -9,7 +9,7 @@ import pytest
 from meshplan.estimator import load_hardware, load_model, load_stack, rules, xp
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.batch import estimate_arrays
-from meshplan.planner.space import SearchSpace, enumerate_space
+from meshplan.planner.space import SearchSpace, enumerate_space, even_split_variants, rule_reasons
 
 CASES = [  # (model, hardware, stack, GPUs, seq, global batch, search space)
     ("llama3-70b", "h100-sxm", "torchtitan", 64, 8192, 512, None),
@@ -33,6 +33,8 @@ def test_scalar_path_equals_the_vectorised_one(case):
     name, hw_id, stack_id, gpus, seq, gbs, space = case
     model, hw, stack = load_model(name), load_hardware(hw_id), load_stack(stack_id)
     arrays, reasons = enumerate_space(model, hw, gpus, hw.gpus_per_node, seq, gbs, space)
+    even = even_split_variants(model, arrays, np.flatnonzero(reasons == 0))  # what the planner tries besides
+    arrays, reasons = arrays.concat(even), np.concatenate([reasons, rule_reasons(model, hw, even, False)])
     rng = np.random.default_rng(7)
     valid = np.flatnonzero(reasons == 0)
     idx = np.concatenate([rng.choice(valid, min(SAMPLE, len(valid)), replace=False),

@@ -27,6 +27,7 @@ from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.physics.stages import stage_blocks
 from meshplan.planner.export import render, torchtitan_train_argv
 from meshplan.planner.export.torchtitan_03 import job, titan_lora_params
 from meshplan.planner.export.torchtitan_py import DEPENDENCY_NAMES, TORCHTITAN_NAMES, module_name
@@ -75,6 +76,9 @@ def cases(float8_tensorwise: bool) -> dict[str, Plan]:
                            seq_len=8192, ac="none"),
         "70b-pp-1f1b": plan("llama3-70b", 64, decay="linear", tp=8, pp=2, pp_schedule="1F1B", global_batch_size=64,
                             seq_len=4096, ac="full"),
+        # torchtitan's split with both weights 0 (the planner's even split): 80 blocks, 10 on each of 8 stages
+        "70b-pp8-even-split": plan("llama3-70b", 128, tp=8, pp=8, pp_schedule="1F1B", global_batch_size=64,
+                                   seq_len=4096, ac="full", pp_first_stage_less_layers=0, pp_last_stage_less_layers=0),
         "8b-mxfp8-b200": plan("llama3-8b", 8, hw="b200", global_batch_size=16, seq_len=4096, float8="mxfp8",
                               compile=True),
         # mixture of experts: torchtitan's own flavors, expert parallelism carved from dp_shard x cp x tp
@@ -107,8 +111,8 @@ FT_030 = {  # 0.3.0's LoRAConverter: every linear (q, k, v fused into wqkv) or t
 CASES_022 = cases(float8_tensorwise=True) | MOE_022 | FT_022
 CASES_030 = cases(float8_tensorwise=False) | MOE_030 | FT_030
 # What 0.3.0's command line can express: the config function's built-in Float8 must be the plan's.
-CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b", "qwen3-30b-ep8-full-ac",
-             "70b-full-offload"]
+CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b", "70b-pp8-even-split",
+             "qwen3-30b-ep8-full-ac", "70b-full-offload"]
 CLI_REFUSED = ["70b-fsdp-tp-float8-compile-asynctp", "405b-pp-interleaved-vpp4", "8b-mxfp8-b200"]
 
 
@@ -173,8 +177,10 @@ def expected(p: Plan, output_name: str) -> dict:
     if m is not None:  # torchtitan keeps the routing bias (DeepSeek-V3's e_score_correction_bias) as a buffer
         out["params"] -= p.model.moe_layers * m.experts if m.router_bias else 0
         out |= {"ep": par.ep, "experts": m.experts, "top_k": m.top_k, "moe layers": p.model.moe_layers}
-    if par.pp > 1:
-        out |= {"pp_schedule": par.pp_schedule, "stages per PP rank": par.vpp}
+    if par.pp > 1:  # the blocks of each stage as the estimate has them (estimator/physics/stages.py)
+        out |= {"pp_schedule": par.pp_schedule, "stages per PP rank": par.vpp,
+                "blocks per stage": stage_blocks(p.model.layers, par.pp * par.vpp, par.pp_first_stage_less_layers,
+                                                 par.pp_last_stage_less_layers)}
     ft = p.finetune
     out |= {"cpu offload": bool(par.cpu_offload), "initial load path": ft.init_from if ft else None,
             "trainable params": out["params"]}
@@ -257,7 +263,8 @@ def actual_022(r: dict) -> dict:
     if c["activation_checkpoint"]["mode"] == "selective":
         assert c["activation_checkpoint"]["selective_ac_option"] == "op"  # op-level SAC, as the estimate assumes
     if pp > 1:
-        out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"]}
+        out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"],
+                "blocks per stage": r["pipeline"]["blocks"]}
     return out
 
 
@@ -290,7 +297,8 @@ def actual_030(r: dict) -> dict:
         **_finetune(c, r),
     }
     if pp > 1:
-        out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"]}
+        out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"],
+                "blocks per stage": r["pipeline"]["blocks"]}
         assert tr["disable_cuda_graphs"] is True
     return out
 
@@ -332,6 +340,43 @@ def compare(release: str, case: str, want: dict, got: dict, tol: dict[str, float
         with open(report, "a") as fh:
             fh.write("\n".join(rows) + "\n")
     assert not bad, f"torchtitan {release} read {case} differently:\n" + "\n".join(bad)
+
+
+# --------------------------------------------------------------------------------------------- the stage split
+SPLIT_GRID = [(layers, stages, first, last) for layers in (4, 5, 26, 61, 80, 126) for stages in (2, 3, 4, 5, 8, 16)
+              for first in (0, 1, 2) for last in (0, 1, 3)]
+SPLIT_SCRIPT = """
+import json, sys
+from torchtitan.distributed import pipeline_parallel as pp
+generate = getattr(pp, "generate_llm_fqn_per_model_part", None) or pp._generate_llm_fqn_per_model_part
+out = []
+for layers, stages, first, last in json.loads(sys.stdin.read()):
+    try:
+        parts = generate(stages, layers, first, last)
+    except ValueError:
+        out.append(None)
+        continue
+    out.append([sum(1 for m in part if m.startswith("layers.")) for part in parts])
+print("MESHPLAN_PROBE_JSON " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version", ["0.2.2", "0.3.0"])
+def test_stage_split_is_the_releases_own(version):
+    """The blocks the estimate puts on each stage (estimator/physics/stages.py) are those the release's own split
+    function gives, over layer counts, stage counts and both weights; and the weights the release refuses are
+    those above a stage's share (or a share of 0), as rule 31 has them."""
+    from meshplan.estimator.physics.stages import stage_share
+
+    out = run_release(version, ["-c", SPLIT_SCRIPT], stdin=json.dumps(SPLIT_GRID))
+    lines = [line for line in out.stdout.splitlines() if line.startswith(MARK)]
+    assert out.returncode == 0 and lines, out.stderr[-4000:]
+    for (layers, stages, first, last), theirs in zip(SPLIT_GRID, json.loads(lines[-1][len(MARK):]), strict=True):
+        share = stage_share(layers, stages, first, last)
+        refused = share == 0 or first > share or last > share
+        assert (theirs is None) == refused, (layers, stages, first, last, theirs)
+        if theirs is not None:
+            assert stage_blocks(layers, stages, first, last) == theirs, (layers, stages, first, last)
 
 
 # --------------------------------------------------------------------------------------------- 0.2.2: TOML

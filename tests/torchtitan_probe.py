@@ -11,7 +11,8 @@ What runs, all of it the release's code:
 * `ConfigManager().parse_args(argv)` with `sys.argv` as torchrun leaves it (0.2.2: `--job.config_file FILE`;
   0.3.0: `--module M --config F [--section.option ...]`), which rejects unknown options;
 * `ParallelDims` from the parsed degrees and the world size (its own validation), and on 0.3.0 the pipeline
-  stage split `_get_pipeline_metadata` uses (virtual stages per rank from schedule / layers per stage);
+  stage split `_get_pipeline_metadata` uses (virtual stages per rank from schedule / layers per stage); on both
+  the blocks of each stage by the release's own split (the first / last stage less layers it parsed);
 * the model: 0.2.2 `TrainSpec.model_args[flavor]` built on the meta device, 0.3.0 `model_spec.model.build()`
   on meta as Trainer does; then its Float8 converters (0.2.2 `build_model_converters` + `convert`; 0.3.0 they
   ran inside model_registry), reporting which Linear layers were converted;
@@ -104,6 +105,26 @@ def stages_per_rank_022(cfg, pp: int) -> int:
     return 1 if single else 2
 
 
+def blocks_per_stage(generate, stages: int, layers: int, first_less: int, last_less: int) -> list[int]:
+    """Transformer blocks on each of `stages` stages as the release's own split (`generate`: 0.2.2's
+    generate_llm_fqn_per_model_part, 0.3.0's _generate_llm_fqn_per_model_part) gives them."""
+    parts = generate(stages, layers, first_less, last_less)
+    return [sum(1 for name in part if name.startswith("layers.")) for part in parts]
+
+
+def pipeline_022(cfg, pp: int) -> dict:
+    """0.2.2's stages per rank and the blocks its split puts on each stage, with the parsed weights."""
+    from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    par = cfg.parallelism
+    per_rank = stages_per_rank_022(cfg, pp)
+    layers = get_train_spec(cfg.model.name).model_args[cfg.model.flavor].n_layers
+    blocks = blocks_per_stage(generate_llm_fqn_per_model_part, pp * per_rank, layers,
+                              par.pipeline_parallel_first_stage_less_layers, par.pipeline_parallel_last_stage_less_layers)
+    return {"per_rank": per_rank, "blocks": blocks}
+
+
 def params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -183,7 +204,7 @@ def probe_022(req: dict) -> dict:
                   "max_seq_len": args.max_seq_len,
                   "moe": moe_facts(model)},
         "converters": [type(c).__name__ for c in converters.converters],
-        "pipeline": {"per_rank": stages_per_rank_022(cfg, dims.pp)} if dims.pp > 1 else None,
+        "pipeline": pipeline_022(cfg, dims.pp) if dims.pp > 1 else None,
         "linears": linears(model),
         "float8": [{"fsdp_float8_all_gather": c.config.enable_fsdp_float8_all_gather,
                     "precompute_scale": c.precompute_scale,
@@ -199,7 +220,10 @@ def probe_030(req: dict) -> dict:
     import torch.nn as nn
     from torchtitan.config import ConfigManager
     from torchtitan.distributed import ParallelDims
-    from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+        _get_pipeline_metadata,
+    )
 
     gate_capability(req.get("cc"))
     cfg = ConfigManager().parse_args(req["argv"])  # what torchtitan.train.main() does first (with sys.argv[1:])
@@ -209,7 +233,8 @@ def probe_030(req: dict) -> dict:
     if dims.pp > 1:
         num_virtual, num_layers, first_w, last_w = _get_pipeline_metadata(dims, cfg.parallelism, cfg.model_spec.model)
         stages = {"virtual_stages": num_virtual, "per_rank": num_virtual // dims.pp, "layers": num_layers,
-                  "first_stage_less": first_w, "last_stage_less": last_w}
+                  "first_stage_less": first_w, "last_stage_less": last_w,
+                  "blocks": blocks_per_stage(_generate_llm_fqn_per_model_part, num_virtual, num_layers, first_w, last_w)}
     model_cfg = cfg.model_spec.model
     model_cfg.update_from_config(config=cfg)  # Trainer.__init__ does this before building the model
     with torch.device("meta"):
