@@ -1,6 +1,7 @@
 """The estimator's physics, one module per term, in the order a step reads:
 
 - :mod:`.layout`       the configuration as float arrays: degrees, microbatches, tokens a rank holds
+- :mod:`.stages`       torchtitan's pipeline split: the blocks each stage and each pipeline rank holds
 - :mod:`.shapes`       parameters a rank holds (per pipeline stage, TP-sharded, before FSDP)
 - :mod:`.state`        parameter, gradient and optimizer-state bytes (FSDP-sharded)
 - :mod:`.activations`  bytes saved for backward per AC mode, backward temporaries, logits and head
