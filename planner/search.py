@@ -241,7 +241,7 @@ def _with_even_splits(model: ModelSpec, hw: HardwareProfile, stack: StackProfile
     variants = even_split_variants(model, configs, near)
     if not len(variants):
         return configs, reason, found
-    extra = rule_reasons(model, hw, variants, space.allow_tp_across_nodes)
+    extra = _stack_rules(model, hw, stack, space, variants, rule_reasons(model, hw, variants, space.allow_tp_across_nodes))
     more = _evaluate(model, hw, stack, variants, extra, None)
     return (configs.concat(variants), np.concatenate([reason, extra]),
             {k: np.concatenate([v, more[k]]) for k, v in found.items()})
