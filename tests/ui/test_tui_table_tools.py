@@ -71,9 +71,8 @@ async def _test_labels_fit_80_columns():
         table = screen.query_one("#table", DataTable)
         shown = cells(table)
         full = [screen.result.compact[i] for i in screen.rows]
-        header = str(column(table, "config").label)
-        assert header.startswith("default: ")
-        default = [w for w in header.removeprefix("default: ").split() if w not in ("↑", "↓")]
+        assert str(column(table, "config").label).startswith("default: ")
+        default = screen.defaults  # the header shows those it has room for (test_config_header_fits_80_columns)
         assert {"AC:full", "+c"} <= set(default)
         markers = {"tp1", "cp1", "ep1", "pp1", "bf16", "-c", "-atp", "-off"}
         for cell, label in zip(shown, full, strict=True):  # a cell holds its label's words less the defaults
@@ -88,6 +87,67 @@ async def _test_labels_fit_80_columns():
 
 def test_labels_fit_80_columns():
     asyncio.run(_test_labels_fit_80_columns())
+
+
+def test_config_header_keeps_whole_words_in_its_room():
+    words = ["tp2", "cp2", "mb4", "AC:full", "fp8:ten", "+c", "+atp"]
+    assert logic.config_header(words, 80) == ("default: tp2 cp2 mb4 AC:full fp8:ten +c +atp", [])
+    # no room for all: the last words (the flags before the layout) leave, and … says some did
+    assert logic.config_header(words, 27) == ("default: tp2 cp2 mb4 …", ["AC:full", "fp8:ten", "+c", "+atp"])
+    # the words the filter names leave first: every plan shown has them, and the filter box says so
+    assert logic.config_header(words, 40, "TP2 +atp") == ("default: cp2 mb4 AC:full fp8:ten +c", [])
+    assert logic.config_header(words, 12) == ("configuration", words)
+    assert logic.config_header([], 27) == ("configuration", [])
+
+
+def check_config_header(screen, table: DataTable) -> None:
+    """The configuration header is whole on screen: default words only, the rest named by the filter or listed in
+    the detail."""
+    from meshplan.ui.tui.widgets import PlanDetail
+
+    header = str(column(table, "config").label).removesuffix(" ↑").removesuffix(" ↓")
+    left = sum(c.get_render_width(table) for k, c in table.columns.items() if k.value != "config")
+    assert left + table.cell_padding + len(header) <= table.scrollable_content_region.width, header
+    shown = header.removeprefix("default: ").removesuffix(" …").split() if header.startswith("default: ") else []
+    named = screen.query_text.lower().split()
+    # the defaults the filter does not name, in order: those the header shows, then those the detail lists
+    assert shown + screen.defaults_left == [w for w in screen.defaults if w.lower() not in named]
+    assert header.endswith(" …") == bool(screen.defaults_left) or header == "configuration"
+    detail = str(screen.query_one("#detail", PlanDetail).render())
+    if screen.defaults_left:
+        assert f"header …: {' '.join(screen.defaults_left)}" in detail
+    else:
+        assert "header …:" not in detail
+
+
+async def _test_config_header_fits_80_columns():
+    app = MeshplanApp()  # 70B on 8 x 8 H100
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        screen = app.get_screen_main()
+        table = screen.query_one("#table", DataTable)
+        check_config_header(screen, table)
+        assert screen.defaults_left  # the top plans share more words than 80 columns hold beside the numbers
+        await pilot.press("slash")
+        for query in ("tp2 +atp", "cp2 mb4", "+c"):
+            screen.query_one("#filter", Input).value = query
+            await settle(pilot)
+            assert screen.query_text == query
+            check_config_header(screen, table)
+            assert not {w.lower() for w in str(column(table, "config").label).split()} & set(query.lower().split())
+        await pilot.press("enter")
+        # a wider terminal gives the header room for every word; back at 80 columns they leave again
+        await pilot.resize_terminal(160, 40)
+        await settle(pilot)
+        check_config_header(screen, table)
+        assert not screen.defaults_left
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        check_config_header(screen, table)
+
+
+def test_config_header_fits_80_columns():
+    asyncio.run(_test_config_header_fits_80_columns())
 
 
 async def _test_filter_sort_and_copy(tmp_path):

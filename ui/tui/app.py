@@ -30,7 +30,7 @@ from meshplan.ui.tui.form import (
     parse_form,
 )
 from meshplan.ui.tui.panes import CapacityPane, ComparePane, FormPane, HardwarePane, TreePane
-from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, cell, fill
+from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, cell, column_widths, fill
 
 TABS = ("plans", "tree", "compare", "hardware", "capacity")
 THEMES = {"dark": "textual-dark", "light": "textual-light"}
@@ -76,6 +76,9 @@ class MainScreen(Screen):
         self.sort_keys: list[str] = list(SORTS)
         self.query_text = ""  # the plans filter (/): words every shown configuration contains
         self.matched = 0  # fitting plans that pass the filter
+        self.defaults: list[str] = []  # the words most plans in the table share
+        self.defaults_left: list[str] = []  # those the configuration header has no room for (the detail lists them)
+        self.others_width = 0  # cells the table's columns left of the configuration take
 
     # ---- layout ------------------------------------------------------------------------------------
 
@@ -253,14 +256,37 @@ class MainScreen(Screen):
             rows.append((str(i), cells))
         self.sort_keys = [*keys, "config"]  # s cycles through the columns on screen
         columns = [(key, Text(self._sort_label(key), justify="right")) for key in keys]
-        head = "default: " + " ".join(common) if common else SORTS["config"][0]
-        columns.append(("config", Text(self._sort_label("config", head))))
         table = self.query_one("#table", DataTable)
-        fill(table, columns, rows, extra={"rank": 1})  # room for the compare mark
+        extra = {"rank": 1}  # room for the compare mark
+        # the columns left of the configuration, padding included: the header has the rest of the line
+        self.others_width = sum(w + 2 * table.cell_padding for w in column_widths(columns, rows, extra))
+        self.defaults = common
+        head, self.defaults_left = logic.config_header(common, self.config_room(), self.query_text)
+        columns.append(("config", Text(self._sort_label("config", head))))
+        fill(table, columns, rows, extra)
         if keep is not None and keep in self.rows:
             table.move_cursor(row=self.rows.index(keep), animate=False)
         self.update_filter_note()
         self.update_detail()
+
+    def config_room(self) -> int:
+        """Cells the configuration column's header has on screen, right of the other columns."""
+        table = self.query_one("#table", DataTable)
+        arrow = 2 if self.sort_key == "config" else 0  # " ↑"
+        width = (table.size.width or self.app.size.width) - table.styles.scrollbar_size_vertical
+        return width - self.others_width - 2 * table.cell_padding - arrow
+
+    def on_resize(self) -> None:
+        """A wider or narrower terminal: the configuration header takes the room it has now."""
+        self.call_after_refresh(self._refit_header)
+
+    def _refit_header(self) -> None:
+        """Refill the table when the configuration header at the current width would show other words."""
+        from meshplan.ui.tui import logic
+
+        if self.result is not None and self.rows:
+            if logic.config_header(self.defaults, self.config_room(), self.query_text)[1] != self.defaults_left:
+                self.fill_table(keep=self.selected())
 
     def _sort_label(self, key: str, label: str | None = None) -> str:
         label = label or SORTS[key][0]
@@ -296,6 +322,7 @@ class MainScreen(Screen):
             "rank": rank, "summary": short_config(res.config(i)), "estimate": logic.estimate_of(result, i),
             "train": logic.train(result, i), "tokens": result.inputs.tokens, "price": result.price,
             "limit_gib": res.limit_gib, "margin": res.memory_margin, "host_limit_gib": res.hw.host_ram_gib_per_node,
+            "defaults_left": self.defaults_left,
         })
 
     @on(DataTable.RowSelected, "#table")

@@ -150,6 +150,25 @@ def sorted_indices(result: Result, key: str, reverse: bool = False, limit: int =
     return [int(i) for i in order[:limit]]
 
 
+DEFAULT_PREFIX = "default: "
+
+
+def config_header(defaults: list[str], room: int, query: str = "") -> tuple[str, list[str]]:
+    """The configuration column's header in at most `room` cells, and the default words it has no room for.
+
+    `defaults` are the words most plans shown share (planner.labels.differences), in their order: the layout before
+    the flags. A word the filter `query` names leaves first (every plan shown contains it, and the filter box on
+    screen says so); then, while the header is too wide, the last words leave and `…` says some did (the detail
+    lists them). Every word shown is whole; with no default, or no room for one, the header is `configuration`."""
+    named = {w.lower() for w in query.split()}
+    words = [w for w in defaults if w.lower() not in named]
+    for keep in range(len(words), 0, -1):
+        head = DEFAULT_PREFIX + " ".join(words[:keep]) + (" …" if keep < len(words) else "")
+        if len(head) <= room:
+            return head, words[keep:]
+    return SORTS["config"][0], words
+
+
 def searchable(result: Result, i: int) -> str:
     """What the plans filter matches: the compact label and the words of the detail (lower case), cached."""
     text = result.search_text.get(i)

@@ -62,8 +62,10 @@ HELP = (
         ("GiB", "peak reserved GPU memory of the worst rank (what torch.cuda.max_memory_reserved reports)"),
         ("tok/s", "tokens per second per GPU;  MFU: model FLOPs utilisation;  step s: seconds per optimizer step"),
         ("train, cost", "days and US$ to train the token budget at the profile's price per GPU-hour"),
-        ("all: …", "words every plan shown shares: the configuration cells keep only what tells plans apart; the "
-                   "detail below spells the chosen plan out"),
+        ("default: …", "words most plans shown share: the configuration cells keep only what tells plans apart (a "
+                       "plan without a default says how it differs: -c, bf16, tp1); the detail below spells the "
+                       "chosen plan out. Words the filter names stay out of the header (every plan shown has them); "
+                       "a closing … means the header had no room for more: the detail lists them"),
         ("fsdp64", "FSDP2 sharding over 64 GPUs;  hsdp2x32: 2 replicas of 32-way FSDP (HSDP)"),
         ("tp cp ep", "tensor, context and expert parallel degrees (tp8 cp2 ep8)"),
         ("pp4/1f1b", "4 pipeline stages with the 1F1B schedule; gpipe = GPipe, i1f1bv2 = interleaved 1F1B with "

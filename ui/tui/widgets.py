@@ -20,13 +20,19 @@ def cell(text: str, style: str = "", right: bool = True) -> Text:
     return Text(text, style=style, justify="right" if right else "left")
 
 
+def column_widths(columns: list[tuple[str, Text]], rows: list[tuple[str, list[Text]]],
+                  extra: dict[str, int] | None = None) -> list[int]:
+    """Each column's width in cells (padding not counted): its widest cell or label, plus `extra` for its key."""
+    return [max([label.cell_len, *(cells[n].cell_len for _, cells in rows)]) + (extra or {}).get(key, 0)
+            for n, (key, label) in enumerate(columns)]
+
+
 def fill(table: DataTable, columns: list[tuple[str, Text]], rows: list[tuple[str, list[Text]]],
          extra: dict[str, int] | None = None) -> None:
     """Replace a table's columns and rows, with column widths measured here from the cells: the same
     layout on every frame (DataTable would otherwise measure lazily, on idle)."""
     table.clear(columns=True)
-    for n, (key, label) in enumerate(columns):
-        width = max([label.cell_len, *(cells[n].cell_len for _, cells in rows)]) + (extra or {}).get(key, 0)
+    for (key, label), width in zip(columns, column_widths(columns, rows, extra), strict=True):
         table.add_column(label, key=key, width=width)
     for key, cells in rows:
         table.add_row(*cells, key=key)
@@ -102,6 +108,10 @@ def detail_text(info: dict, width: int, dark: bool = True) -> Text:
     out = Text(no_wrap=False)
     out.append(f"#{info['rank']} ", "bold")
     out.append(info["summary"], "bold")
+    if info.get("defaults_left"):  # the default words the table's configuration header had no room for
+        more = f"header …: {' '.join(info['defaults_left'])}"
+        out.append("  " if out.cell_len + 2 + len(more) <= width else "\n")
+        out.append(more, "dim")
     out.append("\n")
     out.append(f"{thr['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU", "bold")
     tlo, thi = thr["tokens_per_sec_per_gpu_interval"]
