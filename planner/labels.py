@@ -1,6 +1,7 @@
 """A configuration in words, the same in every view: `short_config` for tables and the CLI (`dp 1x64, tp 8,
 pp 4, ep 8, 1F1B, mbs 1, AC selective`), `compact_config` for an 80-column terminal (`fsdp64 tp8 ep8 pp4/1f1b mb1
-AC:sel`).
+AC:sel`). bf16 training state (torchtitan's training.dtype bfloat16) reads `dtype bf16` / `dt:b16`; a bare `bf16`
+in a compact header means no Float8.
 Pure Python (no numpy), so the terminal UI can import it before its first frame."""
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def short_config(cfg: dict) -> str:
     parts.append(f"AC {cfg['ac']}")
     if cfg["float8"] != "none":
         parts.append(f"fp8 {cfg['float8']}")
+    if cfg.get("dtype", "float32") != "float32":
+        parts.append("dtype bf16")
     if cfg["compile"]:
         parts.append("compile")
     if cfg["async_tp"]:
@@ -57,7 +60,8 @@ _SCHED = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "i1f1b"}
 
 
 def compact_config(cfg: dict) -> str:
-    """A short form for table cells: `fsdp64 tp8 pp4/1f1b mb1 AC:sel fp8:row +c +atp`."""
+    """A short form for table cells: `fsdp64 tp8 pp4/1f1b mb1 AC:sel fp8:row dt:b16 +c +atp` (dt:b16: training dtype
+    bfloat16)."""
     if cfg["dp_replicate"] > 1:
         parts = [f"hsdp{cfg['dp_replicate']}x{cfg['dp_shard']}"]
     else:
@@ -72,6 +76,8 @@ def compact_config(cfg: dict) -> str:
     parts.append({"none": "AC:no", "selective": "AC:sel", "full": "AC:full"}[cfg["ac"]])
     if cfg["float8"] != "none":
         parts.append(f"fp8:{cfg['float8'][:3]}")
+    if cfg.get("dtype", "float32") != "float32":
+        parts.append("dt:b16")
     if cfg["compile"]:
         parts.append("+c")
     if cfg["async_tp"]:
@@ -84,7 +90,7 @@ def compact_config(cfg: dict) -> str:
 # compact_config's words by kind, in its order, and how a label without that word reads when most labels have it
 _KINDS = (("dp", ("fsdp", "hsdp"), None), ("tp", ("tp",), "tp1"), ("cp", ("cp",), "cp1"), ("ep", ("ep",), "ep1"),
           ("pp", ("pp",), "pp1"), ("mb", ("mb",), None), ("ac", ("AC:",), None), ("fp8", ("fp8:",), "bf16"),
-          ("c", ("+c",), "-c"), ("atp", ("+atp",), "-atp"), ("off", ("+off",), "-off"))
+          ("dt", ("dt:",), "dt:f32"), ("c", ("+c",), "-c"), ("atp", ("+atp",), "-atp"), ("off", ("+off",), "-off"))
 
 
 def _kind(word: str) -> str:

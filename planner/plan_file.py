@@ -27,13 +27,15 @@ from meshplan.estimator.config import (
     LRDecay,
     PPSchedule,
     TrainConfig,
+    TrainingDtype,
 )
-from meshplan.estimator.errors import ConfigError, InputError, MeshplanError
+from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
 
 PLAN_VERSION = 1
+DEFAULT_DTYPE = "float32"  # torchtitan's training.dtype default: left out of the YAML and the fingerprint
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -119,6 +121,9 @@ class Training(BaseModel):
     global_batch_size: int = Field(ge=1, description="sequences per optimizer step")
     steps: int = Field(default=1000, ge=1)
     tokens: int | None = Field(default=None, ge=1, description="token budget the steps were derived from")
+    dtype: TrainingDtype = Field(default="float32", description="torchtitan's training.dtype: float32 keeps fp32 "
+                                 "parameters, gradients and AdamW state (bf16 mixed-precision compute); bfloat16 "
+                                 "keeps all of them in bf16, without an fp32 master copy (RoPE and the loss in fp32)")
     grad_clip: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     seed: int = 0
     checkpoint_interval: int = Field(default=500, ge=1, description="steps between DCP checkpoints")
@@ -166,7 +171,7 @@ class Plan(BaseModel):
         """The torchtitan-named values `estimator.rules` checks."""
         return {**self.parallel.model_dump(), "seq_len": self.training.seq_len,
                 "global_batch_size": self.training.global_batch_size, "gpus_per_node": self.cluster.gpus_per_node,
-                **self.finetune_fields()}
+                "dtype": self.training.dtype, **self.finetune_fields()}
 
     def finetune_fields(self) -> dict:
         """The estimator's fine-tuning fields (TrainConfig names) of this plan."""
@@ -185,7 +190,7 @@ class Plan(BaseModel):
             pp_first_stage_less_layers=p.pp_first_stage_less_layers, pp_last_stage_less_layers=p.pp_last_stage_less_layers,
             seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
-            cpu_offload=p.cpu_offload, **self.finetune_fields(),
+            cpu_offload=p.cpu_offload, dtype=self.training.dtype, **self.finetune_fields(),
         )
         return cfg.resolve(self.model, self.hardware)
 
@@ -208,9 +213,6 @@ def make_plan(
 ) -> Plan:
     """A plan for one resolved configuration; `tokens` (a budget) sets the steps when `steps` is not given."""
     cfg = cfg.resolve(model, hardware)
-    if cfg.dtype != "float32":
-        raise ConfigError("training dtype bfloat16 is estimated but not yet written into plan files (their launch "
-                          "and torchtitan exports train with fp32 state): estimate without -o, or drop --dtype")
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     if steps is None:
         steps = max(1, -(-tokens // tokens_per_step)) if tokens else 1000
@@ -232,7 +234,7 @@ def make_plan(
             float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp, cpu_offload=cfg.cpu_offload,
         ),
         training=Training(
-            seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens,
+            seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens, dtype=cfg.dtype,
             **training_defaults(cfg.finetune, steps),
         ),
         finetune=finetuning_of(cfg, init_from),
@@ -263,8 +265,8 @@ def finetuning_of(cfg: TrainConfig, init_from: str | None = None) -> FineTuning 
 
 def plan_fingerprint(plan: Plan) -> str:
     """A short hash (16 hex digits) of what makes a run's checkpoints this plan's: the model, the parallel
-    layout (degrees, schedule, micro-batch, AC, Float8, compile), the sequence length, the global batch and the
-    seed. Two plans with the same fingerprint can resume each other's run directories; any other cannot."""
+    layout (degrees, schedule, micro-batch, AC, Float8, compile), the sequence length, the global batch, the
+    training dtype (bf16 state cannot resume fp32 state, nor the other way round) and the seed. Two plans with the same fingerprint can resume each other's run directories; any other cannot."""
     # fields added after a plan's schema was first published count only when set, so the runs of a plan written
     # before them keep their fingerprint (and resume)
     model = _model_dump(plan.model)
@@ -281,6 +283,8 @@ def plan_fingerprint(plan: Plan) -> str:
     }
     if plan.finetune is not None:  # the starting point and what trains (the checkpoint folder by its path)
         key["finetune"] = plan.finetune.model_dump(mode="json")
+    if plan.training.dtype != DEFAULT_DTYPE:
+        key["dtype"] = plan.training.dtype
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -344,6 +348,8 @@ def plan_yaml(plan: Plan) -> str:
     for field in LESS_FIELDS:  # torchtitan's default split: the plan reads as it did before the fields existed
         if body["parallel"][field] == DEFAULT_LESS:
             body["parallel"].pop(field)
+    if plan.training.dtype == DEFAULT_DTYPE:  # fp32 state: the plan reads as it did before the field existed
+        body["training"].pop("dtype")
     return header + yaml.safe_dump(body, sort_keys=False, width=110)
 
 

@@ -94,6 +94,7 @@ class SearchResult:
             "cpu_offload": bool(c.cpu_offload[i]),
             **less_fields(int(c.pp_first_stage_less_layers[i]), int(c.pp_last_stage_less_layers[i])),
             **(self.finetune or {}),
+            **({"dtype": "bfloat16"} if c.bf16_state[i] else {}),  # fp32 state (the default) reads as before
         }
 
     def train_config(self, i: int) -> TrainConfig:

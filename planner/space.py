@@ -5,7 +5,7 @@ Degrees are enumerated so that dp_replicate x dp_shard x cp x tp x pp equals the
 the world (so 3, 5, 6, 12 or 24 nodes plan as well as powers of two: PP 3 or 5, HSDP over 3 replicas); a
 mixture-of-experts model adds the expert-parallel degree (a divisor of its experts and of dp_shard x cp x tp,
 torchtitan's rule). The other knobs (schedule, stages per rank, micro-batch, AC, Float8, compile, async TP) are
-crossed with them. Pipelines split as torchtitan does by default (the first and last stage one block lighter:
+crossed with them; the fine-tuning mode and the training dtype are the user's, one for the whole search. Pipelines split as torchtitan does by default (the first and last stage one block lighter:
 physics/stages.py); :func:`even_split_variants` gives the same configurations with both weights 0 where that
 default leaves a rank with more blocks, which the search tries for those that (nearly) fit.
 
@@ -75,6 +75,8 @@ class SearchSpace:
     lora_rank: int = 16
     lora_alpha: float = 32.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    # torchtitan's training.dtype, one for the whole search (no dimension of it): "float32" or "bfloat16"
+    dtype: str = "float32"
 
     def finetune_fields(self) -> dict:
         """The search's fine-tuning settings as TrainConfig fields (empty for pre-training)."""
@@ -219,6 +221,7 @@ def enumerate_space(
         finetune=np.full(n, FINETUNE_MODES.index(sp.finetune), dtype=np.int64),
         lora_rank=np.full(n, sp.lora_rank, dtype=np.int64),
         lora_targets=np.full(n, lora_mask(sp.lora_targets), dtype=np.int64),
+        bf16_state=np.full(n, sp.dtype == "bfloat16", dtype=np.int64),
     )
     return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
 

@@ -40,11 +40,6 @@ class Float8(StrEnum):
     mxfp8 = "mxfp8"
 
 
-class TrainingDtype(StrEnum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-
-
 def estimate_cmd(
     model: str = typer.Option("llama3-8b", "--model", "-m", help="preset name, meshplan model YAML, or HF config.json"),
     hardware: str = typer.Option("h100-sxm", "--hardware", help="hardware profile id or YAML path"),
@@ -79,9 +74,7 @@ def estimate_cmd(
     lora_alpha: float = ft.LORA_ALPHA,
     lora_targets: str = ft.LORA_TARGETS_OPT,
     cpu_offload: bool = ft.CPU_OFFLOAD,
-    dtype: TrainingDtype = typer.Option(TrainingDtype.float32, "--dtype", help="training dtype (torchtitan's "
-                                        "training.dtype): float32 = fp32 parameters, gradients and AdamW state with "
-                                        "bf16 compute; bfloat16 = all of them in bf16, no fp32 master copy"),
+    dtype: ft.TrainingDtype = ft.DTYPE,
     init_from: str = typer.Option(None, "--init-from", help="with -o: the Hugging Face checkpoint folder the plan "
                                   "starts from (recorded in the plan; `meshplan launch --init-from` sets it too)"),
     stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan (current release), torchtitan-2024, llm-foundry, or a YAML path"),
@@ -170,6 +163,7 @@ def render(result: dict, console: Console | None = None) -> None:
         + f" | seq {c['seq_len']}, global batch {c['global_batch_size']}, micro-batch {c['micro_batch_size']}"
         f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {'on' if c['compile'] else 'off'}, "
         f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "") + (", CPU offload" if c.get("cpu_offload") else "")
+        + (f", training dtype {c['dtype']}" if c.get("dtype") else "")
     )
     if c.get("finetune"):
         what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[c["finetune"]]

@@ -1,4 +1,5 @@
-"""The fine-tuning options `meshplan estimate` and `meshplan plan` share (one definition, one parser)."""
+"""The options `meshplan estimate` and `meshplan plan` share (one definition, one parser): fine-tuning, and the
+training dtype."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ LORA_ALPHA = typer.Option(32.0, "--lora-alpha", help="LoRA alpha: the adapters' 
 LORA_TARGETS_OPT = typer.Option(
     "all", "--lora-targets", help="linears to adapt, comma-separated: q,k,v,o,w1,w2,w3 (or q_proj, ..., gate_proj, "
     "up_proj, down_proj), or all / attention / mlp [default: all, as torchtune's recipes with apply_lora_to_mlp]")
+
+
+class TrainingDtype(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+DTYPE = typer.Option(TrainingDtype.float32, "--dtype", help="training dtype (torchtitan's training.dtype): float32 = "
+                     "fp32 parameters, gradients and AdamW state with bf16 compute; bfloat16 = all of them in bf16, no "
+                     "fp32 master copy (RoPE and the loss stay fp32)")
 CPU_OFFLOAD = typer.Option(False, "--cpu-offload/--no-cpu-offload",
                            help="FSDP2 CPU offload: weights, gradients and AdamW state in host RAM, the optimizer "
                                 "step on the CPU (FSDP alone: tp, pp and ep 1)")

@@ -133,6 +133,7 @@ def plan_cmd(
     lora_rank: int = ft.LORA_RANK,
     lora_alpha: float = ft.LORA_ALPHA,
     lora_targets: str = ft.LORA_TARGETS_OPT,
+    dtype: ft.TrainingDtype = ft.DTYPE,
     cpu_offload: str = typer.Option(None, "--cpu-offload", help="pin CPU offload: on, off or on,off [default: both "
                                     "where FSDP shards alone]"),
     init_from: str = typer.Option(None, "--init-from", help="the Hugging Face checkpoint folder the plan starts "
@@ -149,6 +150,9 @@ def plan_cmd(
 
     Fine-tuning: meshplan plan --model llama3-70b --nodes 2 --seq-len 4096 --global-batch-size 32
     --finetune lora (or full, qlora) --init-from /ckpt/Llama-3.1-70B -o plan.yaml
+
+    bf16 state: --dtype bfloat16 plans every configuration with bf16 parameters, gradients and AdamW state
+    (torchtitan's training.dtype; no fp32 master copy) and writes it into the plan.
     """
     if objective not in OBJECTIVES:
         raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
@@ -166,7 +170,7 @@ def plan_cmd(
         ac=_str_list(ac, "ac", ("none", "selective", "full")),
         float8=_str_list(float8, "float8", ("none", "tensorwise", "rowwise", "mxfp8")),
         cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
-        allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance,
+        allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance, dtype=dtype.value,
     )
     ftf = ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, False)
     space.finetune, space.lora_rank, space.lora_alpha = ftf["finetune"], ftf["lora_rank"], ftf["lora_alpha"]
@@ -215,12 +219,18 @@ def batch_span(res: SearchResult) -> str:
     return f" (a target: each layout takes the nearest it divides, within ±{tol:.0%})" if tol > 0 else ""
 
 
+def dtype_note(res: SearchResult) -> str:
+    """', training dtype bfloat16' when the search plans bf16 state; '' for fp32 state (the default)."""
+    dtype = res.space.dtype if res.space is not None else "float32"
+    return f", training dtype {dtype}" if dtype != "float32" else ""
+
+
 def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float | None, output: Path | None) -> None:
     console = Console()
     console.print(
         f"[bold]{res.model.name}[/] on {res.world // res.gpus_per_node} x {res.gpus_per_node} {res.hw.id}, "
         f"seq {res.seq_len}, global batch {res.global_batch} sequences ({res.global_batch * res.seq_len:,} tokens)"
-        f"{batch_span(res)}: "
+        f"{batch_span(res)}{dtype_note(res)}: "
         f"{res.evaluated:,} configurations, {len(res.ranked):,} fit, {res.rejected:,} rejected "
         f"({', '.join(f'{k} {v:,}' for k, v in res.reason_counts().items())})"
     )

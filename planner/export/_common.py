@@ -113,6 +113,8 @@ def describe(plan: Plan) -> list[str]:
         feats.insert(0, f"expert parallel {p.ep}")
     if p.async_tp:
         feats.append("async TP")
+    if t.dtype != "float32":
+        feats.append(f"training dtype {t.dtype}")
     lines = [
         f"plan: {plan.name}",
         f"model: {m.name} ({model_size(m.params, m.active_params, *((m.moe.experts, m.moe.top_k) if m.moe else ()))}"

@@ -84,6 +84,12 @@ def stage_less_layers(plan: Plan) -> dict[str, int]:
     return {"pipeline_parallel_" + f.removeprefix("pp_"): v for f, v in values.items()}
 
 
+def training_dtype(plan: Plan) -> dict[str, str]:
+    """torchtitan's `training.dtype` (0.2.2 and 0.3.0 alike) where the plan's is not the default float32, so a
+    default plan's export reads as before."""
+    return {"dtype": plan.training.dtype} if plan.training.dtype != "float32" else {}
+
+
 def lr_schedule(plan: Plan) -> dict:
     """torchtitan's `lr_scheduler` values (0.2.x and 0.3.0 alike): warmup, then the decay, or none ("constant":
     decay_ratio 0 leaves the whole run after warmup stable)."""
@@ -203,6 +209,8 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ("dataset", "c4", "torchtitan's default; point it at your data"),
         *([("enable_cpu_offload", True, "FSDP2 CPUOffloadPolicy: params, grads, optimizer state on the host")]
           if p.cpu_offload else []),
+        *[(k, v, "parameters, gradients and AdamW state in bf16, no fp32 master copy")
+          for k, v in training_dtype(plan).items()],
     ]))
     par: list[tuple[str, object, str]] = [
         ("data_parallel_replicate_degree", p.dp_replicate, ""),

@@ -11,6 +11,7 @@ tests/test_torchtitan_real.py:
 * AC is a tyro subcommand (`activation-checkpoint:selective|full|none`); SelectiveAC is op-level.
 * AdamW values live in `optimizer.param_groups[0].optimizer_kwargs` (lr, betas, eps, weight_decay).
 * Async TP is `compile.enable_async_tensor_parallel`.
+* The training dtype is `training.dtype` (as in 0.2.x): the Trainer builds the model under that default dtype.
 * Float8 is a model converter: `Float8LinearConverter` knows only the rowwise recipes (no tensorwise), MXFP8 is
   `MXFP8LinearConverter`; llama3's output projection is `lm_head` (0.2.x: `output`).
 """
@@ -21,7 +22,13 @@ from dataclasses import dataclass, field
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export._common import TITAN_MODELS, dp_degree, preset_of, titan_initial_load
-from meshplan.planner.export.torchtitan import layers_per_stage, local_batch, lr_schedule, stage_less_layers
+from meshplan.planner.export.torchtitan import (
+    layers_per_stage,
+    local_batch,
+    lr_schedule,
+    stage_less_layers,
+    training_dtype,
+)
 from meshplan.planner.plan_file import Plan
 
 RELEASE = "0.3.0"
@@ -119,6 +126,7 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
                 "max_norm": float(t.grad_clip), "steps": t.steps}
     if p.cpu_offload:
         training["enable_cpu_offload"] = True  # FSDP2 CPUOffloadPolicy, cuda:nccl,cpu:gloo (trainer.py)
+    training.update(training_dtype(plan))  # bf16 parameters, gradients and AdamW state (the model built in bf16)
     lora = lora_converter(plan, what)
     parallelism: dict = {
         "data_parallel_replicate_degree": p.dp_replicate, "data_parallel_shard_degree": p.dp_shard,

@@ -1,0 +1,122 @@
+"""Training dtype bfloat16 (torchtitan's training.dtype: parameters, gradients and AdamW state in bf16, no fp32 master
+copy) through the chain: plan file, planner, `meshplan plan / estimate --dtype`, labels and the torchtitan exports.
+The default (float32) leaves every plan file, fingerprint and export as it was. The training core's bf16 run is in
+tests/launcher/test_end_to_end.py, the real releases' reading of the exports in tests/test_torchtitan_real.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from meshplan.estimator import TrainConfig, load_hardware, load_model, load_stack
+from meshplan.estimator.model_spec import ModelSpec
+from meshplan.planner.export import render
+from meshplan.planner.export.torchtitan_03 import job
+from meshplan.planner.labels import compact_config, differences, short_config
+from meshplan.planner.plan_file import load_plan, make_plan, plan_fingerprint, plan_yaml, save_plan
+from meshplan.planner.search import plan_search
+from meshplan.planner.space import SearchSpace
+
+H100, TT = load_hardware("h100-sxm"), load_stack("torchtitan")
+M8 = load_model("llama3-8b")
+SMALL = ModelSpec(name="fp-8l", layers=8, hidden=512, heads=8, kv_heads=4, ffn_hidden=1536, vocab=2048)
+FSDP8 = dict(gpus=8, dp_shard=8, seq_len=1024, global_batch_size=16)
+
+
+def _plan(dtype: str = "float32", model: ModelSpec = SMALL, **kw):
+    return make_plan(model, model.name, H100, TrainConfig(**{**FSDP8, **kw}, dtype=dtype), steps=100)
+
+
+def test_default_plans_keep_their_bytes_and_fingerprints():
+    # computed with the plan code before the field existed: their run directories still resume, their files read
+    # byte for byte as before
+    for kw, fingerprint, yaml_sha in (({}, "7d176933fd64bcba", "4d8b86e1fa76a642"),
+                                      ({"finetune": "lora"}, "c873d0998c25f2a4", "c93fd43e99fcd004")):
+        plan = _plan(**kw)
+        assert plan_fingerprint(plan) == fingerprint
+        assert hashlib.sha256(plan_yaml(plan).encode()).hexdigest()[:16] == yaml_sha
+        assert "dtype" not in plan_yaml(plan)
+
+
+def test_plan_file_round_trips_bf16_and_gets_its_own_fingerprint(tmp_path):
+    plan = _plan("bfloat16")
+    text = plan_yaml(plan)
+    training = text[text.index("\ntraining:\n"):text.index("\n  grad_clip:")]
+    assert "\n  dtype: bfloat16" in training
+    back = load_plan(save_plan(plan, tmp_path / "plan.yaml"))
+    assert back.training.dtype == "bfloat16" and back.train_config().dtype == "bfloat16"
+    assert plan_fingerprint(back) == plan_fingerprint(plan)
+    # bf16 state must not resume an fp32 run's checkpoints (nor the other way round): another fingerprint
+    assert plan_fingerprint(plan) != plan_fingerprint(_plan())
+
+
+def test_plan_file_refuses_an_unknown_dtype_in_one_line(tmp_path):
+    text = plan_yaml(_plan("bfloat16")).replace("dtype: bfloat16", "dtype: float16", 1)
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(Exception, match="training.dtype") as err:
+        load_plan(tmp_path / "bad.yaml")
+    assert "\n" not in str(err.value)
+
+
+def test_planner_plans_the_dtype_asked_for():
+    """No dtype dimension: every configuration gets the user's. bf16 state lifts rule 29 (TP without FSDP trains in
+    fp32), so tp 8 on one node is ranked; the search result hands the dtype on to the plan."""
+    space = dict(tp=[8], cp=[1], pp=[1], ac=["full"], float8=["none"], compile=[False])
+    fp32 = plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(**space))
+    bf16 = plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(**space, dtype="bfloat16"))
+    assert len(fp32.ranked) == 0 and len(bf16.ranked) > 0
+    assert (bf16.configs.bf16_state == 1).all() and (fp32.configs.bf16_state == 0).all()
+    best = bf16.train_config(int(bf16.ranked[0]))
+    assert best.dtype == "bfloat16" and "dtype" not in fp32.config(0)
+    assert make_plan(M8, "llama3-8b", H100, best).training.dtype == "bfloat16"
+
+
+def test_plan_cli_writes_the_dtype(cli, tmp_path):
+    args = ("plan", "--model", "llama3-8b", "--nodes", "1", "--seq-len", "4096", "--global-batch-size", "16",
+            "--tp", "1", "--pp", "1", "--cp", "1", "--ac", "full", "--float8", "none", "--top", "2")
+    out = cli(*args, "--dtype", "bfloat16", "--json", "-o", str(tmp_path / "bf16.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert all(p["config"]["dtype"] == "bfloat16" for p in json.loads(out.stdout)["plans"])
+    assert load_plan(tmp_path / "bf16.yaml").training.dtype == "bfloat16"
+    text = cli(*args, "--dtype", "bfloat16")
+    assert text.returncode == 0 and "training dtype bfloat16" in text.stdout and "dtype bf16" in text.stdout
+    bad = cli(*args, "--dtype", "fp16")
+    assert bad.returncode != 0 and "--dtype" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_estimate_cli_writes_the_dtype_and_reads_it_back(cli, tmp_path):
+    path = tmp_path / "plan.yaml"
+    out = cli("estimate", "--gpus", "8", "--seq-len", "4096", "--dtype", "bfloat16", "-o", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "training dtype bfloat16" in out.stdout
+    assert load_plan(path).training.dtype == "bfloat16"
+    again = cli("estimate", "--plan", str(path), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["config"]["dtype"] == "bfloat16"
+
+
+def test_labels_name_the_training_dtype_apart_from_float8():
+    cfg = {"dp_replicate": 1, "dp_shard": 8, "tp": 1, "pp": 1, "cp": 1, "micro_batch_size": 1, "ac": "full",
+           "float8": "none", "compile": False, "async_tp": False}
+    assert "dtype" not in short_config(cfg) and "dt:" not in compact_config(cfg)
+    bf16 = {**cfg, "dtype": "bfloat16"}
+    assert short_config(bf16) == "dp 1x8, mbs 1, AC full, dtype bf16"
+    assert compact_config(bf16) == "fsdp8 mb1 AC:full dt:b16"
+    # a column of mostly bf16-state plans: the word goes to the header, an fp32 one says so
+    labels = [compact_config(bf16)] * 3 + [compact_config({**cfg, "float8": "rowwise"})]
+    header, cells = differences(labels)
+    assert header == ["mb1", "AC:full", "dt:b16"] and cells[-1] == "fsdp8 fp8:row dt:f32"
+
+
+def test_torchtitan_exports_write_the_dtype_only_for_bf16():
+    fp32, bf16 = _plan(model=M8), _plan("bfloat16", model=M8)
+    toml = render(bf16, "torchtitan-toml", "plan.yaml")
+    training = toml[toml.index("[training]"):toml.index("[parallelism]")]
+    assert '\ndtype = "bfloat16"' in training
+    assert "dtype" not in render(fp32, "torchtitan-toml", "plan.yaml").replace("# ", "")
+    assert job(bf16).training["dtype"] == "bfloat16" and "dtype" not in job(fp32).training
+    assert "--training.dtype bfloat16" in render(bf16, "torchtitan-cli", "plan.yaml")
+    assert "dtype='bfloat16'" in render(bf16, "torchtitan-py", "plan.yaml")
+    for fmt in ("torchtitan-cli", "torchtitan-py"):
+        assert "dtype" not in render(fp32, fmt, "plan.yaml")
