@@ -146,7 +146,12 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
             "torch.compile is not traced: the trace runs eager (compile saves fewer activations; the "
             "analytical model's compile factor is not checked here)"
         )
-    if cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1:
+    if cfg.dtype == "bfloat16":
+        notes.append(
+            "training dtype bfloat16: the model is built in bf16, so params, grads, AdamW state and activations "
+            "are bf16 in this trace (no fp32 master copy)"
+        )
+    elif cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1:
         notes.append(
             "no FSDP: the training core then trains in fp32 (no mixed-precision policy), so params, "
             "activations and grads are fp32 in this trace"
@@ -353,11 +358,12 @@ def trace_rank(cfg: RunConfig, rank: int, progress: Progress | None = None) -> R
 
 def _recv_buffers(trainer: Any) -> list[torch.Tensor]:
     """The activations a non-first stage receives, one buffer per microbatch as PipelineStage keeps them:
-    (micro-batch, seq / tp, hidden), bf16 under FSDP's mixed precision."""
+    (micro-batch, seq / tp, hidden), bf16 under FSDP's mixed precision or training dtype bfloat16."""
     cfg = trainer.cfg
     if trainer.has_first:
         return []
-    dtype = torch.bfloat16 if cfg.dp_replicate * cfg.dp_shard * cfg.cp > 1 else torch.float32
+    bf16 = cfg.dp_replicate * cfg.dp_shard * cfg.cp > 1 or cfg.dtype == "bfloat16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
     shape = (cfg.micro_batch_size, cfg.seq_len // cfg.tp, cfg.model.hidden)
     return [torch.empty(shape, dtype=dtype, requires_grad=True) for _ in range(cfg.microbatches)]
 

@@ -29,7 +29,7 @@ def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int, offload:
         pp_first_stage_less_layers=cfg.pp_first_stage_less_layers, pp_last_stage_less_layers=cfg.pp_last_stage_less_layers,
         seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.micro_batch_size,
         ac=cfg.ac, compile=False, float8="none", async_tp=False, finetune=cfg.finetune, lora_rank=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets, cpu_offload=offload,
+        lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets, cpu_offload=offload, dtype=cfg.dtype,
     ).resolve(cfg.model, hw)
     r = estimate_arrays(cfg.model, hw, stack, ConfigArrays.from_configs([tc]), stage=pp_rank)
     return {k: float(v[0]) for k, v in r.items()}
@@ -127,7 +127,8 @@ def trace_plan(plan: Any, progress: Progress | None = None) -> dict[str, Any]:
         "model": plan.model.name,
         "config": {**{k: result.config[k] for k in (
             "dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "micro_batch_size",
-            "global_batch_size", "seq_len", "ac", "finetune")}, "cpu_offload": result.offload},
+            "global_batch_size", "seq_len", "ac", "finetune")}, "cpu_offload": result.offload,
+            **({"dtype": result.config["dtype"]} if result.config["dtype"] != "float32" else {})},
         "traced_ranks": [{"rank": r["rank"], "pp_rank": r["pp_rank"]} for r in rows],
         "worst_rank": worst["rank"],
         "ranks": rows,

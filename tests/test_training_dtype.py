@@ -120,3 +120,36 @@ def test_torchtitan_exports_write_the_dtype_only_for_bf16():
     assert "dtype='bfloat16'" in render(bf16, "torchtitan-py", "plan.yaml")
     for fmt in ("torchtitan-cli", "torchtitan-py"):
         assert "dtype" not in render(fp32, fmt, "plan.yaml")
+
+
+def test_plan_maps_the_dtype_onto_the_core():
+    from meshplan.launcher.core.config import RunConfig
+    from meshplan.launcher.plan_run import run_config_fields
+
+    assert RunConfig.from_dict(run_config_fields(_plan("bfloat16"))).dtype == "bfloat16"
+    assert RunConfig.from_dict(run_config_fields(_plan())).dtype == "float32"
+    with pytest.raises(ValueError, match="invalid run config: dtype") as err:
+        RunConfig.from_dict({**run_config_fields(_plan()), "dtype": "float16"})
+    assert "\n" not in str(err.value)
+
+
+def test_core_builds_bf16_parameters_with_fp32_rope_and_routing_buffers():
+    """torchtitan keeps RoPE and the loss in fp32 under bf16 training: the core builds every parameter in bf16 but
+    its RoPE tables and MoE routing buffers in fp32, rotates q / k in fp32 and restores torch's default dtype."""
+    from needs import require_module
+
+    torch = require_module("torch")
+    from meshplan.launcher.core.model import apply_rope, build_meta_model, cross_entropy, rope_tables
+
+    moe = ModelSpec.model_validate({**SMALL.model_dump(), "name": "moe-8l", "moe": {
+        "experts": 8, "top_k": 2, "expert_ffn_hidden": 256, "shared_ffn_hidden": 256}})
+    model = build_meta_model(moe, 64, torch.bfloat16)
+    assert torch.get_default_dtype() == torch.float32
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {b.dtype for b in model.buffers()} == {torch.float32}  # rope_cos / rope_sin, expert_bias, counts
+    x = torch.randn(1, 8, 2, 16).to(torch.bfloat16)
+    cos, sin = rope_tables(torch.arange(8), 16)
+    got = apply_rope(x, cos, sin)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, apply_rope(x.float(), cos, sin).to(torch.bfloat16))
+    logits = torch.randn(1, 8, 32).to(torch.bfloat16)
+    assert cross_entropy(logits, torch.zeros(1, 8, dtype=torch.long)).dtype == torch.float32

@@ -21,13 +21,14 @@ from meshplan.estimator.config import (
     LoRATarget,
     LRDecay,
     PPSchedule,
+    TrainingDtype,
 )
 from meshplan.estimator.model_spec import ModelSpec, load_model
 from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
 
 RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "pp_schedule", "vpp", "micro_batch_size",
                "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp", "finetune", "lora_rank",
-               "lora_targets", "cpu_offload", *LESS_FIELDS}
+               "lora_targets", "cpu_offload", "dtype", *LESS_FIELDS}
 
 
 class RunConfig(BaseModel):
@@ -58,6 +59,9 @@ class RunConfig(BaseModel):
     compile: bool = False
     float8: Float8Recipe = "none"
     async_tp: bool = False
+    dtype: TrainingDtype = Field("float32", description="torchtitan's training.dtype: float32 = fp32 parameters, "
+                                 "gradients and AdamW state (bf16 compute under FSDP on GPUs); bfloat16 = the model "
+                                 "built in bf16, so all of them are bf16 (RoPE tables and the loss stay fp32)")
     # --- training -------------------------------------------------------------------------------------
     steps: int = Field(10, ge=1, description="total optimizer steps (sets the LR schedule)")
     stop_at_step: int | None = Field(None, ge=1, description="checkpoint and exit after this step")

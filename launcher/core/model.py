@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import zlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -90,11 +91,13 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x (batch, seq, heads, d_head)."""
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x (batch, seq, heads, d_head) in fp32, as torchtitan does
+    (`xq.float()` against fp32 tables), and return them in x's dtype (bf16 under mixed precision or bf16 training)."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
-    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+    xf = x.float()  # a no-op for fp32 activations
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[None, :, None, :].float(), sin[None, :, None, :].float()
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
 
 
 def rope_dim(spec: ModelSpec) -> int:
@@ -306,8 +309,11 @@ class Transformer(nn.Module):
         # RoPE base and scaling: the core's default, or a pretrained checkpoint's (`--init-from`, config.json)
         self.rope_theta: float = ROPE_THETA
         self.rope_scaling: dict | None = None
-        self.register_buffer("rope_cos", torch.empty(seq_len, rope_dim(spec) // 2), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(seq_len, rope_dim(spec) // 2), persistent=False)
+        # fp32 whatever the default dtype (bf16 training builds the parameters in bf16, never the RoPE tables)
+        self.register_buffer("rope_cos", torch.empty(seq_len, rope_dim(spec) // 2, dtype=torch.float32),
+                             persistent=False)
+        self.register_buffer("rope_sin", torch.empty(seq_len, rope_dim(spec) // 2, dtype=torch.float32),
+                             persistent=False)
 
     def keep_stage(self, layer_ids: list[int], first: bool, last: bool) -> Transformer:
         """Drop what a pipeline stage does not own (in place) and return self."""
@@ -324,8 +330,10 @@ class Transformer(nn.Module):
     def set_context_parallel(self, cp: ContextParallel) -> None:
         """Shard the sequence across the cp group: local positions for RoPE, K/V all-gather in attention."""
         self.positions = cp.positions
-        self.rope_cos = torch.empty(len(cp.positions), rope_dim(self.spec) // 2, device=self.rope_cos.device)
-        self.rope_sin = torch.empty(len(cp.positions), rope_dim(self.spec) // 2, device=self.rope_sin.device)
+        self.rope_cos = torch.empty(len(cp.positions), rope_dim(self.spec) // 2, dtype=torch.float32,
+                                    device=self.rope_cos.device)
+        self.rope_sin = torch.empty(len(cp.positions), rope_dim(self.spec) // 2, dtype=torch.float32,
+                                    device=self.rope_sin.device)
         for block in self.layers.values():
             block.attention.cp = cp
 
@@ -452,9 +460,26 @@ def init_region(
     return torch.cat(pieces) * init_std(name, spec)
 
 
-def build_meta_model(spec: ModelSpec, seq_len: int) -> Transformer:
-    """The full model with parameters on the meta device (no memory)."""
-    with torch.device("meta"):
+# torchtitan's training.dtype -> the dtype the model's parameters are built in (TORCH_DTYPE_MAP)
+PARAM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default floating dtype set to `dtype` inside (torchtitan's utils.set_default_dtype, around its model
+    build): parameters made without an explicit dtype take it."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def build_meta_model(spec: ModelSpec, seq_len: int, dtype: torch.dtype = torch.float32) -> Transformer:
+    """The full model with parameters on the meta device (no memory), in `dtype` (bf16 for training dtype
+    bfloat16; buffers that must stay fp32 say so)."""
+    with torch.device("meta"), default_dtype(dtype):
         return Transformer(spec, seq_len)
 
 

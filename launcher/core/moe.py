@@ -145,8 +145,9 @@ class MoE(nn.Module):
         self.router = nn.Linear(spec.hidden, m.experts, bias=False)
         self.experts = GroupedExperts(spec)
         self.shared_experts = SharedExperts(spec) if m.shared_ffn_hidden else None
-        self.register_buffer("expert_bias", torch.zeros(m.experts), persistent=True)
-        self.register_buffer("tokens_per_expert", torch.zeros(m.experts), persistent=False)
+        # fp32 under bf16 training too (torchtitan's expert_bias / tokens_per_expert are fp32 buffers)
+        self.register_buffer("expert_bias", torch.zeros(m.experts, dtype=torch.float32), persistent=True)
+        self.register_buffer("tokens_per_expert", torch.zeros(m.experts, dtype=torch.float32), persistent=False)
         self.ep_group: Any = None
         self.tp_group: Any = None  # set when TP shards the routed experts (no EP)
         self.ep_size = 1

@@ -3,6 +3,10 @@
 Order per pipeline stage (torchtitan's): Float8 conversion -> TP (sequence + loss parallel) -> context
 parallel -> activation checkpointing -> per-block torch.compile -> FSDP2 / HSDP -> materialise (to_empty +
 seeded init).
+
+Training dtype bfloat16 builds the parameters in bf16 (torchtitan's default dtype around its model build), so
+FSDP2's MixedPrecisionPolicy (bf16 params, fp32 reduce on GPUs) casts nothing, the sharded gradients are bf16 and
+AdamW's state, made like its parameters, is bf16: no fp32 master copy anywhere.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshplan.estimator.physics.stages import DEFAULT_LESS, stage_blocks
 from meshplan.launcher.core.config import RunConfig
-from meshplan.launcher.core.model import ContextParallel, Transformer, build_meta_model
+from meshplan.launcher.core.model import (
+    PARAM_DTYPES,
+    ContextParallel,
+    Transformer,
+    build_meta_model,
+    default_dtype,
+)
 from meshplan.launcher.core.moe import moe_modules
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -191,7 +201,7 @@ def build_model_parts(
     pretrained = open_pretrained(cfg) if cfg.init_from and init_weights and materialize is None else None
     parts = []
     for sid in ids:
-        part = build_meta_model(cfg.model, cfg.seq_len)
+        part = build_meta_model(cfg.model, cfg.seq_len, PARAM_DTYPES[cfg.dtype])
         if cfg.pp > 1:
             part.keep_stage(split[sid], first=sid == 0, last=sid == n_stages - 1)
         if pretrained is not None:
@@ -251,7 +261,9 @@ def parallelize_part(
     if cfg.finetune in ("lora", "qlora"):
         from meshplan.launcher.core.lora import apply_lora
 
-        apply_lora(model, cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets), torch.bfloat16 if mixed else None)
+        with default_dtype(PARAM_DTYPES[cfg.dtype]):  # bf16 training: the adapters bf16 too (torchtitan 0.3.0's)
+            apply_lora(model, cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets),
+                       torch.bfloat16 if mixed else None)
     if cfg.float8 != "none":
         convert_float8(model, cfg.float8)
     for moe in moe_modules([model]):

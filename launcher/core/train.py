@@ -364,6 +364,10 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True, stop: StopFlag |
     # the checkpoints (they come from init_from, or the seed, again)
     frozen = cfg.finetune in ("lora", "qlora")
     trainer = Trainer(cfg, device, init_weights=path is None or frozen)
+    if cfg.dtype != "float32" and rank == 0 and log:  # what the model was built in, read off its parameters
+        built = sorted({str(p.dtype).removeprefix("torch.") for p in trainer.params})
+        print(f"training dtype {cfg.dtype}: trainable parameters in {', '.join(built)} (their gradients and AdamW "
+              "state too; no fp32 master copy)", flush=True)
     loaded = getattr(trainer, "pretrained_stats", None)
     if loaded is not None and rank == 0 and log:
         print(f"loaded {cfg.init_from}: {loaded.params} tensors, {loaded.bytes_read / 2**30:.2f} GiB read by rank 0 "

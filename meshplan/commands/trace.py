@@ -66,7 +66,8 @@ def render(report: dict, console: Console | None = None) -> None:
         f"[bold]{report['model']}[/]: dp_replicate {c['dp_replicate']} x dp_shard {c['dp_shard']} x cp {c['cp']} "
         f"x tp {c['tp']} x pp {c['pp']}" + (f" ({c['pp_schedule']})" if c["pp"] > 1 else "")
         + f" | seq {c['seq_len']}, micro-batch {c['micro_batch_size']}, global batch {c['global_batch_size']}"
-        f" | AC {c['ac']} | traced in {report['seconds']:.1f} s, {report['max_rss_mib']:.0f} MiB RAM"
+        f" | AC {c['ac']}" + (f" | training dtype {c['dtype']}" if c.get("dtype") else "")
+        + f" | traced in {report['seconds']:.1f} s, {report['max_rss_mib']:.0f} MiB RAM"
     )
     # small models (smoke tests) read better in MiB
     unit, div = ("GiB", GIB) if max(r["traced"]["total"] for r in report["ranks"]) >= GIB else ("MiB", 2**20)
@@ -79,6 +80,8 @@ def render(report: dict, console: Console | None = None) -> None:
             t, a, e = row["traced"][key], row["analytical"][key], row["error"][key]
             if key == "params" and report["config"].get("finetune") in ("lora", "qlora"):
                 name = "params (frozen bf16 + fp32 adapters)"
+            if report["config"].get("dtype") == "bfloat16":  # training dtype bfloat16: bf16 state
+                name = name.replace("fp32", "bf16")
             table.add_row(name, f"{t / div:.3f}", f"{a / div:.3f}", f"{e:+.1%}" if t else "-")
         off = row.get("offload")
         if off:  # CPU offload: what leaves the GPU, and the GPU's peak without it

@@ -61,6 +61,11 @@ CASES = {
     "lora-fsdp-full": cfg(4, ac="full", finetune="lora", lora_rank=16),
     "lora-mlp-none": cfg(4, ac="none", finetune="lora", lora_rank=8, lora_targets=["w1", "w2", "w3"]),
     "offload-fsdp-selective": cfg(4, ac="selective", finetune="full", cpu_offload=True),
+    # training dtype bfloat16: the model built in bf16 (params, grads, AdamW state 2 bytes each), with FSDP, with
+    # TP and with a pipeline
+    "bf16-fsdp-selective": cfg(4, ac="selective", dtype="bfloat16"),
+    "bf16-tp-sp-none": cfg(2, tp=2, ac="none", dtype="bfloat16"),
+    "bf16-pp-1f1b-selective": cfg(2, pp=2, ac="selective", dtype="bfloat16"),
 }
 _CACHE: dict[str, object] = {}
 
@@ -142,6 +147,16 @@ def test_tp_pp_first_stage_holds_a_full_vocabulary_embedding_gradient():
     assert embedding_partial_bytes(CASES["tp-sp-selective"], 0) == 0  # no PP: one microbatch, no no-sync
 
 
+def test_bf16_training_dtype_halves_the_state():
+    """Training dtype bfloat16: params, grads and AdamW moments half the fp32 run's bytes (the step counters stay
+    fp32), the compute copies FSDP all-gathers are the same bf16."""
+    bf16, fp32 = traced("bf16-fsdp-selective").ranks[0], traced("fsdp-selective").ranks[0]
+    for key in ("params", "grads"):
+        assert bf16.state[key] == fp32.state[key] // 2
+    assert bf16.state["optimizer"] - 4 * bf16.param_tensors == (fp32.state["optimizer"] - 4 * fp32.param_tensors) // 2
+    assert bf16.category_max["unsharded_params"] == fp32.category_max["unsharded_params"]
+
+
 def test_dtypes_are_the_gpu_runs():
     """bf16 compute params under FSDP: the largest all-gathered buffer is 2 bytes per parameter."""
     r = traced("fsdp-selective").ranks[0]
@@ -197,6 +212,26 @@ def test_cli_trace_json_and_errors(tmp_path):
     assert missing.returncode == 2
     assert missing.stderr.strip().count("\n") == 0 and "plan file not found" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_cli_traces_a_bf16_plan(tmp_path):
+    """`meshplan trace` of a plan with training dtype bfloat16 traces the bf16 model and compares it with the bf16
+    estimate: the state is exact, and the report says bf16."""
+    plan = tmp_path / "plan.yaml"
+    made = _cli("estimate", "--model", "examples/tiny-llama/config.json", "--gpus", "2", "--seq-len", "64",
+                "--global-batch-size", "2", "--dtype", "bfloat16", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    out = _cli("trace", str(plan), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["config"]["dtype"] == "bfloat16" and any("bfloat16" in n for n in report["notes"])
+    row = report["ranks"][0]
+    for key in ("params", "grads", "optimizer"):
+        assert row["traced"][key] == row["analytical"][key], key
+    console = Console(record=True, width=140)
+    render(report, console)
+    text = console.export_text()
+    assert "training dtype bfloat16" in text and "params (bf16, sharded)" in text
 
 
 def test_help_does_not_import_torch():
