@@ -86,6 +86,8 @@ def cases(float8_tensorwise: bool) -> dict[str, Plan]:
                                     ep=8, float8=f8, compile=True),
         "qwen3-30b-ep8-full-ac": plan("qwen3-30b-a3b", 16, decay="linear", global_batch_size=32, seq_len=4096,
                                       ep=8, ac="full"),
+        # training dtype bfloat16 (bf16 parameters, gradients and AdamW state), TP without FSDP as the planner ranks it
+        "8b-tp8-bf16": plan("llama3-8b", 8, tp=8, global_batch_size=16, seq_len=4096, ac="full", dtype="bfloat16"),
     }
 
 
@@ -112,7 +114,7 @@ CASES_022 = cases(float8_tensorwise=True) | MOE_022 | FT_022
 CASES_030 = cases(float8_tensorwise=False) | MOE_030 | FT_030
 # What 0.3.0's command line can express: the config function's built-in Float8 must be the plan's.
 CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b", "70b-pp8-even-split",
-             "qwen3-30b-ep8-full-ac", "70b-full-offload"]
+             "qwen3-30b-ep8-full-ac", "70b-full-offload", "8b-tp8-bf16"]
 CLI_REFUSED = ["70b-fsdp-tp-float8-compile-asynctp", "405b-pp-interleaved-vpp4", "8b-mxfp8-b200"]
 
 
@@ -172,6 +174,8 @@ def expected(p: Plan, output_name: str) -> dict:
         "layers": p.model.layers, "hidden": p.model.hidden, "heads": p.model.heads, "kv_heads": p.model.kv_heads,
         "vocab": p.model.vocab, "ffn_hidden": p.model.ffn_hidden if p.model.dense_layers else None,
         "params": p.model.params,
+        # torchtitan's training.dtype, and the dtype its Trainer builds the model's parameters in
+        "training dtype": t.dtype, "parameter dtypes": [f"torch.{t.dtype}"],
     }
     m = p.model.moe
     if m is not None:  # torchtitan keeps the routing bias (DeepSeek-V3's e_score_correction_bias) as a buffer
@@ -306,7 +310,8 @@ def actual_030(r: dict) -> dict:
 def _model(r: dict) -> dict:
     m = r["model"]
     out = {"layers": m["layers"], "hidden": m["dim"], "heads": m["heads"], "kv_heads": m["kv_heads"],
-           "vocab": m["vocab"], "ffn_hidden": m["ffn_hidden"], "params": m["params"]}
+           "vocab": m["vocab"], "ffn_hidden": m["ffn_hidden"], "params": m["params"],
+           "training dtype": r["config"]["training"]["dtype"], "parameter dtypes": m["param_dtypes"]}
     moe = m.get("moe")
     if moe:
         out |= {"ep": r["dims"]["ep"], "experts": moe["experts"], "top_k": moe["top_k"],
@@ -448,7 +453,7 @@ def test_0_3_0_builds_the_python_export_as_planned(results_030_py, case):
         assert r["config"]["training"]["disable_cuda_graphs"] is True
 
 
-@pytest.mark.parametrize("case", ["8b-fsdp-accum", "405b-pp-interleaved", "70b-lora-r16"])
+@pytest.mark.parametrize("case", ["8b-fsdp-accum", "405b-pp-interleaved", "70b-lora-r16", "8b-tp8-bf16"])
 def test_0_3_0_train_entry_point_accepts_the_python_export(py_dir, case, tmp_path):
     """`python -m torchtitan.train --module M --config meshplan_config` itself, up to where training would start
     (`--comm.mode local_tensor` makes 0.3.0's main() stop right after loading the config)."""

@@ -14,8 +14,9 @@ What runs, all of it the release's code:
   stage split `_get_pipeline_metadata` uses (virtual stages per rank from schedule / layers per stage); on both
   the blocks of each stage by the release's own split (the first / last stage less layers it parsed);
 * the model: 0.2.2 `TrainSpec.model_args[flavor]` built on the meta device, 0.3.0 `model_spec.model.build()`
-  on meta as Trainer does; then its Float8 converters (0.2.2 `build_model_converters` + `convert`; 0.3.0 they
-  ran inside model_registry), reporting which Linear layers were converted;
+  on meta as Trainer does, both under the default dtype `training.dtype` names (Trainer's set_default_dtype),
+  reporting the parameters' dtypes; then its Float8 converters (0.2.2 `build_model_converters` + `convert`;
+  0.3.0 they ran inside model_registry), reporting which Linear layers were converted;
 * the optimizer built from the config on a 2x2 Linear (real torch AdamW), and the release's LR scheduler
   stepped through every training step.
 
@@ -84,6 +85,11 @@ def linears(model) -> dict:
                 k.setdefault("lora", set()).add((mod.lora_a.out_features, mod._lora_scaling))
     return {name: {**k, "scaling": sorted(k["scaling"]), **({"lora": sorted(k["lora"])} if "lora" in k else {})}
             for name, k in kinds.items()}
+
+
+def param_dtypes(model) -> list[str]:
+    """The dtypes of the model's parameters (what the release's Trainer builds under training.dtype)."""
+    return sorted({str(p.dtype) for p in model.parameters()})
 
 
 def stages_per_rank_022(cfg, pp: int) -> int:
@@ -170,10 +176,11 @@ def probe_022(req: dict) -> dict:
     import torch.nn as nn
     from torchtitan.components.lr_scheduler import build_lr_schedulers
     from torchtitan.components.optimizer import build_optimizers
-    from torchtitan.config import ConfigManager
+    from torchtitan.config import TORCH_DTYPE_MAP, ConfigManager
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.model_converter import build_model_converters
     from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan.tools import utils
 
     gate_capability(req.get("cc"))
     cfg = ConfigManager().parse_args(req["argv"])  # main() passes sys.argv[1:], the same list
@@ -185,7 +192,7 @@ def probe_022(req: dict) -> dict:
     spec = get_train_spec(cfg.model.name)
     args = spec.model_args[cfg.model.flavor]
     args.update_from_config(cfg)
-    with torch.device("meta"):
+    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[cfg.training.dtype]):  # as Trainer builds it
         model = spec.model_cls(args)
     n_params = params(model)
     converters = build_model_converters(cfg, dims)
@@ -201,7 +208,7 @@ def probe_022(req: dict) -> dict:
         "model": {"layers": args.n_layers, "dim": args.dim, "heads": args.n_heads,
                   "kv_heads": getattr(args, "n_kv_heads", None) or args.n_heads, "vocab": args.vocab_size,
                   "ffn_hidden": dense_ffn_hidden(model), "params": n_params, "trainable": trainable(model),
-                  "max_seq_len": args.max_seq_len,
+                  "max_seq_len": args.max_seq_len, "param_dtypes": param_dtypes(model),
                   "moe": moe_facts(model)},
         "converters": [type(c).__name__ for c in converters.converters],
         "pipeline": pipeline_022(cfg, dims.pp) if dims.pp > 1 else None,
@@ -218,12 +225,13 @@ def probe_022(req: dict) -> dict:
 def probe_030(req: dict) -> dict:
     import torch
     import torch.nn as nn
-    from torchtitan.config import ConfigManager
+    from torchtitan.config import TORCH_DTYPE_MAP, ConfigManager
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed.pipeline_parallel import (
         _generate_llm_fqn_per_model_part,
         _get_pipeline_metadata,
     )
+    from torchtitan.tools import utils
 
     gate_capability(req.get("cc"))
     cfg = ConfigManager().parse_args(req["argv"])  # what torchtitan.train.main() does first (with sys.argv[1:])
@@ -237,7 +245,7 @@ def probe_030(req: dict) -> dict:
                   "blocks": blocks_per_stage(_generate_llm_fqn_per_model_part, num_virtual, num_layers, first_w, last_w)}
     model_cfg = cfg.model_spec.model
     model_cfg.update_from_config(config=cfg)  # Trainer.__init__ does this before building the model
-    with torch.device("meta"):
+    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[cfg.training.dtype]):  # as Trainer builds it
         model = model_cfg.build()
     model.verify_module_protocol()
     layer0 = model.layers[0] if isinstance(model.layers, nn.ModuleList) else model.layers["0"]
@@ -259,7 +267,7 @@ def probe_030(req: dict) -> dict:
                   "dim": model_cfg.dim, "heads": getattr(attn, "n_heads", None),
                   "kv_heads": getattr(attn, "n_kv_heads", None) or getattr(attn, "n_heads", None),
                   "vocab": model_cfg.vocab_size, "ffn_hidden": dense_ffn_hidden(model), "params": params(model),
-                  "trainable": trainable(model), "moe": moe_facts(model)},
+                  "trainable": trainable(model), "param_dtypes": param_dtypes(model), "moe": moe_facts(model)},
         "linears": linears(model),
         "optimizer": {"class": type(opt.optimizers[0]).__name__, "lr": group["lr"], "betas": list(group["betas"]),
                       "eps": group["eps"], "weight_decay": group["weight_decay"]},
