@@ -153,3 +153,14 @@ def test_core_builds_bf16_parameters_with_fp32_rope_and_routing_buffers():
     assert got.dtype == torch.bfloat16 and torch.equal(got, apply_rope(x.float(), cos, sin).to(torch.bfloat16))
     logits = torch.randn(1, 8, 32).to(torch.bfloat16)
     assert cross_entropy(logits, torch.zeros(1, 8, dtype=torch.long)).dtype == torch.float32
+
+
+def test_a_bf16_plan_does_not_resume_an_fp32_run_dir(cli, tmp_path):
+    """The run directory of the fp32 plan is refused to the same plan in bf16 (in one line), as to any other plan."""
+    fp32, bf16 = save_plan(_plan(), tmp_path / "fp32.yaml"), save_plan(_plan("bfloat16"), tmp_path / "bf16.yaml")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.yaml").write_text(fp32.read_text())
+    out = cli("launch", str(bf16), "--dry-run", "--device", "cpu", "--run-dir", str(run))
+    assert out.returncode == 2 and "holds a run of another plan" in out.stderr and out.stderr.count("\n") == 1
+    assert cli("launch", str(fp32), "--dry-run", "--device", "cpu", "--run-dir", str(run)).returncode == 0
