@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import streamlit as st
@@ -55,6 +56,8 @@ VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision t
                 "Time & cost": views_time_cost, "Capacity": views_capacity, "Compare": views_compare, "Export": views_export,
                 "Assumptions": views_assumptions}
 VIEWS = list(VIEW_MODULES)
+# widgets inside views that are not drawn on every run (they keep their values across view switches)
+VIEW_WIDGETS = ("rows", "compare", "cmp_hw", "plan_path", "preview", "init_from")
 PIN_CHOICES = {
     "tp": [1, 2, 4, 8, 16, 32, 64], "pp": [1, 2, 4, 8, 16, 32, 64], "cp": [1, 2, 4, 8, 16, 32],
     "ep": [1, 2, 4, 8, 16, 32, 64, 128, 256],
@@ -87,10 +90,6 @@ if "_url_problems" not in st.session_state:  # a link's values fill the sidebar 
     url_values, st.session_state["_url_problems"] = URL.read(st.query_params.to_dict())
     for k, v in url_values.items():
         st.session_state[k] = float(v) if isinstance(DEFAULTS.get(k), float) else v
-# widgets inside views that are not drawn on every run keep their values across view switches
-for k in ("rows", "compare", "cmp_hw", "plan_path", "preview", "init_from"):
-    if k in st.session_state:
-        st.session_state[k] = st.session_state[k]
 
 
 def _hardware_changed() -> None:
@@ -320,15 +319,19 @@ if st.session_state.get("_job") != key:
     st.session_state["_job"] = key
     st.session_state["chosen"] = 1
     st.session_state["compare"] = [r for r in (1, 2) if r <= len(res.ranked)]
-top = min(int(st.session_state["rows"]), len(res.ranked))
-table = cache.ranked(key, max(top, 1), tokens, price) if len(res.ranked) else None
-
-chosen = est = cfg_json = mem = thr = None
 if len(res.ranked) == 0:
     hint = cache.add_nodes_hint(key)
     st.error(explain_empty(res) + (f"; {hint} (the Capacity view scans them all)" if hint else ""),
              icon=":material/memory:")
-else:
+
+
+def choose_plan(ctx: Context) -> Context:
+    """The chosen-plan list over the ranked plans the Plans table shows; `ctx` with the table, the chosen plan and
+    its estimate filled in (as it came when nothing fits)."""
+    top = min(int(st.session_state["rows"]), len(ctx.res.ranked))
+    if top == 0:
+        return ctx
+    table = cache.ranked(ctx.key, top, ctx.tokens, ctx.price)
     if st.session_state.get("chosen") not in range(1, top + 1):
         st.session_state["chosen"] = 1
     labels = {int(r.rank): f"#{r.rank}  {r.configuration}  ·  {r.peak_gib:.1f} GiB  ·  "
@@ -336,18 +339,25 @@ else:
     st.selectbox("Chosen plan (exports, memory bars and metrics follow it)", list(labels), key="chosen",
                  format_func=labels.get, help="any of the ranked plans (the Plans table's Rows sets how many)")
     chosen = int(table["index"].iloc[st.session_state["chosen"] - 1])
-    cfg = res.config(chosen)
-    cfg_json = json.dumps(cfg, sort_keys=True)
-    est = cache.config_estimate(key, cfg_json)
-    mem, thr = est["memory"], est["throughput"]
-    ttt = time_to_train(tokens, thr["tokens_per_sec_per_gpu"], job.world, price)
+    cfg_json = json.dumps(ctx.res.config(chosen), sort_keys=True)
+    est = cache.config_estimate(ctx.key, cfg_json)
+    return replace(ctx, table=table, top=top, chosen=chosen, cfg_json=cfg_json, est=est, mem=est["memory"],
+                   thr=est["throughput"])
+
+
+def show_metrics(ctx: Context) -> None:
+    """The chosen plan's figures in one row: peak memory, throughput, MFU, step time, days and cost to train, host
+    RAM per node."""
+    mem, thr, hw, tokens = ctx.mem, ctx.thr, ctx.hw, ctx.tokens
+    ttt = time_to_train(tokens, thr["tokens_per_sec_per_gpu"], ctx.job.world, ctx.price)
     m = st.columns(7)
     lo, hi = mem["peak_gib_interval"]
     m[0].metric("peak / GPU", f"{mem['peak_gib']:.1f} GiB",
-                f"{res.limit_gib - mem['peak_gib']:.1f} GiB headroom · fits {mem['fit_probability']:.0%}",
+                f"{ctx.res.limit_gib - mem['peak_gib']:.1f} GiB headroom · fits {mem['fit_probability']:.0%}",
                 delta_color="off", delta_arrow="off",
-                help=f"worst rank: {mem['worst_rank']}; limit {res.limit_gib:.1f} GiB. 80 % interval {lo:.1f}-{hi:.1f} "
-                     "GiB and the probability of fitting, from the estimator's cross-validated error on published runs")
+                help=f"worst rank: {mem['worst_rank']}; limit {ctx.res.limit_gib:.1f} GiB. 80 % interval "
+                     f"{lo:.1f}-{hi:.1f} GiB and the probability of fitting, from the estimator's cross-validated "
+                     "error on published runs")
     tlo, thi = thr["tokens_per_sec_per_gpu_interval"]
     m[1].metric("tokens/s/GPU", f"{thr['tokens_per_sec_per_gpu']:,.0f}", f"80 %: {tlo:,.0f}-{thi:,.0f}",
                 delta_color="off", delta_arrow="off",
@@ -359,29 +369,48 @@ else:
                 f"{tokens / 1e9:,.0f} B tokens" if tokens else "no token budget", delta_color="off", delta_arrow="off")
     m[5].metric("cost", f"${ttt['cost_usd']:,.0f}" if ttt and ttt["cost_usd"] is not None else "—",
                 f"{ttt['gpu_hours'] / 1e3:,.0f}k GPU-h" if ttt else None, delta_color="off", delta_arrow="off",
-                help=f"at ${price:.2f} per GPU-hour" if price else "the profile has no price")
+                help=f"at ${ctx.price:.2f} per GPU-hour" if ctx.price else "the profile has no price")
     offloaded = mem.get("host_ram_offloaded_gib_per_node", 0.0)
     m[6].metric("host RAM / node", f"{mem['host_ram_gib_per_node']:,.0f} GiB",
                 f"{offloaded:,.0f} GiB offloaded" if offloaded else f"of {hw.host_ram_gib_per_node:,.0f} GiB",
                 delta_color="off", delta_arrow="off",
                 help=f"the node has {hw.host_ram_gib_per_node:,.0f} GiB; pinned offloaded state, the processes and "
                      "the checkpoint each rank loads")
+
+
+def show_notes(ctx: Context) -> None:
+    """Under the metrics: the fine-tuning's trainable share, a batch the layout moved, the estimate's warnings."""
     ft = st.session_state["ft_mode"]
     if ft != "none":
         what = FINETUNE_MODES[ft] + (f" r{st.session_state['lora_rank']}" if ft in ("lora", "qlora") else "")
-        trainable = est["model"]["trainable_params"]
-        st.caption(f"{what}: {trainable:,} trainable parameters ({trainable / model.params:.2%} of "
-                   f"{model.params:,}); set the pretrained checkpoint folder in Export.")
-    moved = batch_note(res, chosen)
+        trainable = ctx.est["model"]["trainable_params"]
+        st.caption(f"{what}: {trainable:,} trainable parameters ({trainable / ctx.model.params:.2%} of "
+                   f"{ctx.model.params:,}); set the pretrained checkpoint folder in Export.")
+    moved = batch_note(ctx.res, ctx.chosen)
     if moved:
         st.caption(moved)
-    for w in est["warnings"]:  # the chosen plan fits; what is left are notes on headroom and host RAM
+    for w in ctx.est["warnings"]:  # the chosen plan fits; what is left are notes on headroom and host RAM
         st.markdown(f":orange[:material/warning: {w}]")
 
-tabs = st.tabs(VIEWS, key="view", on_change="rerun")
-ctx = Context(key=key, res=res, job=job, hw=hw, base_hw=base_hw, model=model, table=table, top=top, tokens=tokens,
-              price=price, chosen=chosen, cfg_json=cfg_json, mem=mem, thr=thr)
-for view, pane in zip(VIEWS, tabs, strict=True):
-    with pane:
-        if pane.open:  # only the open view runs (each is a module of meshplan.ui.web.views)
-            VIEW_MODULES[view].render(ctx)
+
+@st.fragment
+def chosen_plan_and_views(ctx: Context) -> None:
+    """The chosen plan, its metrics and the views. A widget in here (the chosen plan, the open view, a view's own
+    inputs) reruns this part alone: the sidebar, the title and the sweep stay on the page as they are, and the
+    browser redraws only what follows the chosen plan."""
+    for k in VIEW_WIDGETS:  # a view's widgets keep their values while another view is open
+        if k in st.session_state:
+            st.session_state[k] = st.session_state[k]
+    ctx = choose_plan(ctx)
+    if ctx.chosen is not None:
+        show_metrics(ctx)
+        show_notes(ctx)
+    tabs = st.tabs(VIEWS, key="view", on_change="rerun")
+    for view, pane in zip(VIEWS, tabs, strict=True):
+        with pane:
+            if pane.open:  # only the open view runs (each is a module of meshplan.ui.web.views)
+                VIEW_MODULES[view].render(ctx)
+
+
+chosen_plan_and_views(Context(key=key, res=res, job=job, hw=hw, base_hw=base_hw, model=model, tokens=tokens,
+                              price=price))

@@ -14,11 +14,12 @@ class Context:
     hw: Any  # the hardware profile, with custom values applied
     base_hw: Any  # the stock profile
     model: Any  # estimator.model_spec.ModelSpec
-    table: Any  # pandas DataFrame of the ranked plans shown, or None when nothing fits
-    top: int  # ranked plans shown
     tokens: float | None  # token budget
     price: float | None  # USD per GPU-hour
-    chosen: int | None  # sweep index of the chosen plan
-    cfg_json: str | None  # its configuration as JSON (cache key)
-    mem: dict | None  # its estimate's memory section
-    thr: dict | None  # its estimate's throughput section
+    table: Any = None  # pandas DataFrame of the ranked plans shown, or None when nothing fits
+    top: int = 0  # ranked plans shown
+    chosen: int | None = None  # sweep index of the chosen plan
+    cfg_json: str | None = None  # its configuration as JSON (cache key)
+    est: dict | None = None  # its estimate (estimator.report's dict)
+    mem: dict | None = None  # its estimate's memory section
+    thr: dict | None = None  # its estimate's throughput section
