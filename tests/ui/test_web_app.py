@@ -30,8 +30,9 @@ def no_errors(at):
 
 @pytest.mark.parametrize("preset", preset_names())
 def test_every_preset_runs(web_app, preset):
-    # the largest models' state does not fit on 64 H100s (16 bytes a parameter over the GPUs)
-    nodes = {"llama3-405b": 16, "llama4-maverick": 32, "deepseek-v3": 64}.get(preset, 8)
+    # the largest models' state does not fit on 64 H100s (16 bytes a parameter over the GPUs; Qwen3-235B peaks at
+    # 72 GiB there, past the 90 % margin)
+    nodes = {"llama3-405b": 16, "llama4-maverick": 32, "deepseek-v3": 64, "qwen3-235b-a22b": 16}.get(preset, 8)
     at = web_app(model=preset, nodes=nodes)
     no_errors(at)
     assert at.title[0].value.startswith(f"{preset} on {nodes} × 8 h100-sxm")

@@ -123,6 +123,9 @@ def config_columns(res: SearchResult, idx: np.ndarray) -> pd.DataFrame:
         "float8": np.asarray(FLOAT8_RECIPES, dtype=object)[c.float8[idx]],
         "compile": c.compile[idx].astype(bool), "async_tp": c.async_tp[idx].astype(bool),
         "cpu_offload": c.cpu_offload[idx].astype(bool),
+        "pp_first_stage_less_layers": c.pp_first_stage_less_layers[idx],
+        "pp_last_stage_less_layers": c.pp_last_stage_less_layers[idx],
+        "dtype": np.where(c.bf16_state[idx] > 0, "bfloat16", "float32").astype(object),
     })
 
 
@@ -134,9 +137,12 @@ def summaries(cols: pd.DataFrame) -> pd.Series:
     for k in ("tp", "pp", "cp", "ep"):
         s = s + np.where(cols[k] > 1, f", {k} " + cols[k].astype(str), "")
     sched = cols.pp_schedule + np.where(cols.vpp > 1, "/v" + cols.vpp.astype(str), "")
+    first, last = cols.pp_first_stage_less_layers, cols.pp_last_stage_less_layers
+    sched = sched + np.where((first != 1) | (last != 1), " split " + first.astype(str) + "/" + last.astype(str), "")
     s = s + np.where(cols.pp > 1, ", " + sched, "")
     s = s + ", mbs " + cols.micro_batch_size.astype(str) + ", AC " + cols.ac
     s = s + np.where(cols.float8 != "none", ", fp8 " + cols.float8, "")
+    s = s + np.where(cols.dtype != "float32", ", dtype bf16", "")
     s = s + np.where(cols.compile, ", compile", "") + np.where(cols.async_tp, ", async TP", "")
     return s + np.where(cols.cpu_offload, ", CPU offload", "")
 
