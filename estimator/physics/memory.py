@@ -122,7 +122,8 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
     block_trainable = xp.where(lay.lora, w.adapters_block, rp.block - xp.where(lay.ep > 1, rp.routed_block, 0.0))
     fsdp = lay.fsdp
     cast = weight_copy_bytes(stack, lay)  # autocast's bf16 copies (no FSDP) of the matmuls' weights:
-    matmuls = cast * (prank - root + xp.where(last, rp.output, 0.0))  # every weight but the embedding's
+    # every weight but the embedding's; LoRA's frozen base weights are bf16 already (only its adapters are cast)
+    matmuls = cast * xp.where(lay.lora, w.adapters, prank - root + xp.where(last, rp.output, 0.0))
     cast_backward = xp.where(lay.full_ac | lay.selective_ac, cast * rp.block, matmuls)
     return Unsharded(
         current=xp.where(fsdp, xp.where(resharded, block + BF16 * root, whole), matmuls),
