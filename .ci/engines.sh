@@ -129,7 +129,9 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 ReturnToService=2
 KillWait=30
-MinJobAge=300
+# sbatch --wait polls every 2 s while 2 >= MinJobAge / 2, else backs off to 8 and 32 s (a 12 s job took 42 s
+# to return at the default 300); ended jobs leave slurmctld after 4 s, sacct keeps them
+MinJobAge=4
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 JobCompType=jobcomp/none

@@ -51,7 +51,7 @@ def test_slurm_job_trains_and_completes(tiny_plans, tmp_path, slurm_jobs):
 
 def test_usr1_checkpoints_completes_and_the_next_submission_resumes(tiny_plans, tmp_path, slurm_jobs, procs):
     run_dir = tmp_path / "run"
-    steps = 200  # ~0.1 s each here: the stop lands long before the end
+    steps = 40  # 0.2-0.3 s each here: the stop (sent once 5 are logged) lands at step 6-8, the rest resume
     first = procs.start(meshplan_argv(*launch_args(tiny_plans["1x2"], run_dir, steps, "--wait")),
                         tmp_path / "launch-1.log")
     job_id = wait_for(lambda: slurm_jobs.find(run_dir), 60, "the job to be queued")
@@ -91,7 +91,7 @@ def test_requeue_resumes_in_the_same_job(tiny_plans, tmp_path, slurm, slurm_jobs
     import subprocess
 
     run_dir = tmp_path / "run"
-    steps = 120
+    steps = 40  # the stop lands at step 6-8 (see above)
     out = meshplan(*launch_args(tiny_plans["1x2"], run_dir, steps), env={"MESHPLAN_REQUEUE": "1"}, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     job_id = slurm_jobs.add(submitted_id(out.stdout + out.stderr))
