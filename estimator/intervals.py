@@ -18,13 +18,13 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from meshplan.estimator.data_files import data_dir
+from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 
 
 def intervals_path() -> Path:
     """data/accuracy/intervals.yaml (looked up on each call, so a test's frozen data folder applies)."""
-    return data_dir("accuracy") / "intervals.yaml"
+    return data_files.data_dir("accuracy") / "intervals.yaml"
 
 
 LEVEL = 0.8  # the interval's coverage: from the 10th to the 90th percentile

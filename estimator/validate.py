@@ -147,15 +147,19 @@ def _float(cell: str | None) -> float | None:
 
 DEFAULT_STACK = "torchtitan"  # an empty framework cell
 FALLBACK_STACK = "generic"  # a framework without a profile
+# frameworks that run another's semantics: meshplan's own training core (launcher/) follows torchtitan's FSDP2 /
+# TP / pipelining and writes `framework=meshplan` in the rows `meshplan compare --append-csv` adds
+FRAMEWORK_STACKS = {"meshplan": "torchtitan"}
 _ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1\b")
 
 
 def row_stack(row: dict) -> str:
     """The stack profile that predicts a row: its framework's release that ran the job (the month the
     `source` names, e.g. a benchmark file dated 202412; else the current release), or its ZeRO-1 variant when the
-    notes say so. A framework without a profile in `data/stacks/` is predicted with `generic`, and the row's `stack`
+    notes say so. meshplan's own runs are predicted with torchtitan's. A framework without a profile in `data/stacks/` is predicted with `generic`, and the row's `stack`
     says so."""
     framework = (row.get("framework") or DEFAULT_STACK).strip()
+    framework = FRAMEWORK_STACKS.get(framework, framework)
     if framework not in stack_names():
         framework = FALLBACK_STACK
     if _ZERO1.search(row.get("notes") or "") and f"{framework}-zero1" in stack_names():

@@ -37,8 +37,10 @@ def frozen_profiles(monkeypatch):
 
 
 async def settle(pilot) -> None:
+    """Searches done, layout and scrolling (a scrollbar's thumb glides) finished."""
     for _ in range(3):
         await pilot.app.workers.wait_for_complete()
+        await pilot.wait_for_scheduled_animations()
         await pilot.pause()
 
 
