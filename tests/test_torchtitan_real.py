@@ -20,8 +20,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from conftest import run_cli
 
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
@@ -132,24 +134,30 @@ def engine(version: str) -> str:
     return f"{folder}{os.pathsep}{triton}"
 
 
-def run_release(version: str, args: list[str], *, stdin: str = "", extra_path: Path | None = None,
-                cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    path = engine(version) + (f"{os.pathsep}{extra_path}" if extra_path else "")
+def probe(version: str, requests: dict, timeout: float = 600) -> dict:
+    """Every request answered by one probe process under the release (tests/torchtitan_probe.py): {name: result}.
+    A request may name folders for sys.path ("path") and a working directory ("cwd")."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    env |= {"PYTHONPATH": path, "PYTHONNOUSERSITE": "1", "PYTHONWARNINGS": "ignore", "COLUMNS": "100"}
-    return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True, cwd=cwd or ROOT,
-                          env=env, timeout=timeout)
-
-
-def probe(version: str, requests: dict, extra_path: Path | None = None) -> dict:
-    out = run_release(version, [str(PROBE)], stdin=json.dumps(requests), extra_path=extra_path)
+    env |= {"PYTHONPATH": engine(version), "PYTHONNOUSERSITE": "1", "PYTHONWARNINGS": "ignore", "COLUMNS": "100"}
+    reqs = {name: {**r, **({"path": [str(p) for p in r["path"]]} if "path" in r else {}),
+                   **({"cwd": str(r["cwd"])} if "cwd" in r else {})} for name, r in requests.items()}
+    out = subprocess.run([sys.executable, str(PROBE)], input=json.dumps(reqs), capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=timeout)
     lines = [line for line in out.stdout.splitlines() if line.startswith(MARK)]
     assert out.returncode == 0 and lines, f"probe under torchtitan {version} failed:\n{out.stderr[-4000:]}"
     results = json.loads(lines[-1][len(MARK):])
+    assert set(results) == set(requests), sorted(set(requests) ^ set(results))
     for name, r in results.items():
         assert r["version"] == version, (name, r["version"])
-        assert "error" in r or r["where"].startswith(str(ENGINES / f"torchtitan-{version}")), r["where"]
+        assert r["where"].startswith(str(ENGINES / f"torchtitan-{version}")), r["where"]
     return results
+
+
+def entry_ok(r: dict) -> None:
+    """`python -m torchtitan.train ... --comm.mode local_tensor` ran 0.3.0's main() up to where training would
+    start."""
+    assert r["rc"] == 0, r["output"][-4000:]
+    assert "Local tensor mode enabled - skipping training execution" in r["output"], r["output"][-4000:]
 
 
 # --------------------------------------------------------------------------------------------- comparisons
@@ -350,33 +358,20 @@ def compare(release: str, case: str, want: dict, got: dict, tol: dict[str, float
 # --------------------------------------------------------------------------------------------- the stage split
 SPLIT_GRID = [(layers, stages, first, last) for layers in (4, 5, 26, 61, 80, 126) for stages in (2, 3, 4, 5, 8, 16)
               for first in (0, 1, 2) for last in (0, 1, 3)]
-SPLIT_SCRIPT = """
-import json, sys
-from torchtitan.distributed import pipeline_parallel as pp
-generate = getattr(pp, "generate_llm_fqn_per_model_part", None) or pp._generate_llm_fqn_per_model_part
-out = []
-for layers, stages, first, last in json.loads(sys.stdin.read()):
-    try:
-        parts = generate(stages, layers, first, last)
-    except ValueError:
-        out.append(None)
-        continue
-    out.append([sum(1 for m in part if m.startswith("layers.")) for part in parts])
-print("MESHPLAN_PROBE_JSON " + json.dumps(out))
-"""
+SPLIT = {"kind": "split", "grid": SPLIT_GRID}
 
 
 @pytest.mark.parametrize("version", ["0.2.2", "0.3.0"])
-def test_stage_split_is_the_releases_own(version):
+def test_stage_split_is_the_releases_own(version, request):
     """The blocks the estimate puts on each stage (estimator/physics/stages.py) are those the release's own split
     function gives, over layer counts, stage counts and both weights; and the weights the release refuses are
     those above a stage's share (or a share of 0), as rule 31 has them."""
     from meshplan.estimator.physics.stages import stage_share
 
-    out = run_release(version, ["-c", SPLIT_SCRIPT], stdin=json.dumps(SPLIT_GRID))
-    lines = [line for line in out.stdout.splitlines() if line.startswith(MARK)]
-    assert out.returncode == 0 and lines, out.stderr[-4000:]
-    for (layers, stages, first, last), theirs in zip(SPLIT_GRID, json.loads(lines[-1][len(MARK):]), strict=True):
+    results = request.getfixturevalue("results_022") if version == "0.2.2" else request.getfixturevalue("tt030").results
+    r = results["split"]
+    assert "error" not in r, r.get("error")
+    for (layers, stages, first, last), theirs in zip(SPLIT_GRID, r["blocks"], strict=True):
         share = stage_share(layers, stages, first, last)
         refused = share == 0 or first > share or last > share
         assert (theirs is None) == refused, (layers, stages, first, last, theirs)
@@ -395,7 +390,12 @@ def results_022(tmp_path_factory) -> dict:
         path.write_text(render(p, "torchtitan-toml", "plan.yaml"))
         reqs[name] = {"argv": ["--job.config_file", str(path)], "world_size": p.cluster.gpus,
                       "cc": CC[p.hardware.id]}
-    return probe("0.2.2", reqs)
+    # the check can fail: a TOML key 0.2.2 has no field for
+    p = CASES_022["8b-fsdp-accum"]
+    bad = d / "bad.toml"
+    bad.write_text(render(p, "torchtitan-toml", "plan.yaml").replace("[training]", "[training]\nnum_tokens = 1"))
+    reqs["bad"] = {"argv": ["--job.config_file", str(bad)], "world_size": p.cluster.gpus}
+    return probe("0.2.2", reqs | {"split": SPLIT})
 
 
 @pytest.mark.parametrize("case", sorted(CASES_022))
@@ -408,12 +408,9 @@ def test_0_2_2_parses_the_toml_export_as_planned(results_022, case):
                                 "scaling": "ScalingGranularity.TENSORWISE"}]
 
 
-def test_0_2_2_rejects_a_field_it_does_not_know(tmp_path):
+def test_0_2_2_rejects_a_field_it_does_not_know(results_022):
     """The check above can fail: 0.2.2's own parser refuses a TOML key it has no field for."""
-    p = CASES_022["8b-fsdp-accum"]
-    bad = tmp_path / "bad.toml"
-    bad.write_text(render(p, "torchtitan-toml", "plan.yaml").replace("[training]", "[training]\nnum_tokens = 1"))
-    r = probe("0.2.2", {"bad": {"argv": ["--job.config_file", str(bad)], "world_size": p.cluster.gpus}})["bad"]
+    r = results_022["bad"]
     assert "Invalid field names" in r["error"] and "num_tokens" in r["error"]
 
 
@@ -430,20 +427,78 @@ def py_path(py_dir: Path, case: str) -> Path:
     return py_dir / f"meshplan_{case.replace('-', '_')}.py"
 
 
+ENTRY_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "70b-lora-r16", "8b-tp8-bf16"]
+LOCAL_TENSOR = ["--comm.mode", "local_tensor"]  # 0.3.0's main() stops right after loading the config
+
+
+def _guarded(make):
+    """make(), or the exception it raised (re-raised by the one test that needs it, not by the whole module)."""
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+def _given(value):
+    if isinstance(value, Exception):
+        raise value
+    return value
+
+
 @pytest.fixture(scope="module")
-def results_030_py(py_dir) -> dict:
+def tt030(tmp_path_factory, py_dir) -> SimpleNamespace:
+    """Every 0.3.0 request of this module, answered by one probe process (its start is most of a request's cost):
+    the Python config modules (parsed and built; and the 4 ENTRY_CASES through `python -m torchtitan.train`
+    itself), the command-line exports (and the refused ones forced on; and one through the entry point), the old
+    flags, `meshplan export`'s module, `meshplan launch --engine torchtitan`'s job, the stage split and the
+    registries. `results` holds the answers; the other fields what the tests check on meshplan's side."""
     engine("0.3.0")
-    reqs = {}
+    tmp = tmp_path_factory.mktemp("tt030")
+    reqs: dict[str, dict] = {}
     for name, p in CASES_030.items():
         argv = torchtitan_train_argv(p, py_path(py_dir, name))
         assert argv[:2] == ["-m", "torchtitan.train"]
-        reqs[name] = {"argv": argv[2:], "world_size": p.cluster.gpus, "cc": CC[p.hardware.id]}
-    return probe("0.3.0", reqs, extra_path=py_dir)
+        reqs[f"py:{name}"] = {"argv": argv[2:], "world_size": p.cluster.gpus, "cc": CC[p.hardware.id], "path": [py_dir]}
+        if name in ENTRY_CASES:
+            reqs[f"entry:py:{name}"] = {"kind": "entry", "argv": [*argv[2:], *LOCAL_TENSOR], "cc": CC[p.hardware.id],
+                                        "path": [py_dir], "cwd": tmp}
+    for name in CLI_CASES:
+        p = CASES_030[name]
+        reqs[f"cli:{name}"] = {"argv": script_argv(p, tmp_path_factory.mktemp(name)), "world_size": p.cluster.gpus,
+                               "cc": CC[p.hardware.id]}
+    # the stopping scripts, forced on with TT_CONFIG = the preset's config function: what the stop prevents
+    for name in CLI_REFUSED:
+        p = CASES_030[name]
+        argv = script_argv(p, tmp_path_factory.mktemp(name), {"TT_CONFIG": job(p).config})
+        reqs[f"forced:{name}"] = {"argv": argv, "world_size": p.cluster.gpus, "cc": CC[p.hardware.id]}
+    p = CASES_030["70b-pp-1f1b"]
+    cli_argv = script_argv(p, tmp_path_factory.mktemp("cli-entry"))
+    reqs["entry:cli"] = {"kind": "entry", "argv": [*cli_argv[:-1], *LOCAL_TENSOR, *cli_argv[-1:]],
+                         "cc": CC[p.hardware.id], "cwd": tmp}
+    # the check can fail: flags the old export wrote, and PP with CUDA graphs on
+    old = ["--training.max_context_length", "8192", "--training.num_tokens_per_microbatch_per_dp_rank", "8192",
+           "--optimizer.beta1", "0.9", "--activation_checkpoint.mode", "full"]
+    base = ["--module", "llama3", "--config", "llama3_8b"]
+    reqs["old"] = {"argv": base + old, "world_size": 8}
+    reqs["pp"] = {"argv": base + ["--parallelism.pipeline_parallel_degree", "2"], "world_size": 8}
+    export = _guarded(lambda: _export_module(tmp / "export"))
+    if not isinstance(export, Exception) and export["out"].returncode == 0:
+        p = CASES_030["8b-hsdp-cp"]
+        reqs["export"] = {"argv": export["argv"][2:], "world_size": p.cluster.gpus, "cc": CC[p.hardware.id],
+                          "path": [export["target"].parent]}
+    launched = _guarded(lambda: _launch_engine_torchtitan(tmp / "launch"))
+    if not isinstance(launched, Exception):
+        p = CASES_030["8b-fsdp-accum"]
+        reqs["entry:launch"] = {"kind": "entry", "argv": [*launched["program"][2:], *LOCAL_TENSOR],
+                                "cc": CC[p.hardware.id], "path": [launched["job_dir"]], "cwd": tmp}
+    reqs["split"] = SPLIT
+    reqs["registries"] = {"kind": "registries"}
+    return SimpleNamespace(results=probe("0.3.0", reqs), cli_argv=cli_argv, export=export, launched=launched)
 
 
 @pytest.mark.parametrize("case", sorted(CASES_030))
-def test_0_3_0_builds_the_python_export_as_planned(results_030_py, case):
-    r = results_030_py[case]
+def test_0_3_0_builds_the_python_export_as_planned(tt030, case):
+    r = tt030.results[f"py:{case}"]
     assert "error" not in r, r.get("error")
     compare("0.3.0 (torchtitan-py)", case, expected(CASES_030[case], "lm_head"), actual_030(r),
             tolerances(CASES_030[case]))
@@ -453,32 +508,33 @@ def test_0_3_0_builds_the_python_export_as_planned(results_030_py, case):
         assert r["config"]["training"]["disable_cuda_graphs"] is True
 
 
-@pytest.mark.parametrize("case", ["8b-fsdp-accum", "405b-pp-interleaved", "70b-lora-r16", "8b-tp8-bf16"])
-def test_0_3_0_train_entry_point_accepts_the_python_export(py_dir, case, tmp_path):
+@pytest.mark.parametrize("case", ENTRY_CASES)
+def test_0_3_0_train_entry_point_accepts_the_python_export(tt030, case):
     """`python -m torchtitan.train --module M --config meshplan_config` itself, up to where training would start
     (`--comm.mode local_tensor` makes 0.3.0's main() stop right after loading the config)."""
-    p = CASES_030[case]
-    argv = torchtitan_train_argv(p, py_path(py_dir, case))
-    out = run_release("0.3.0", [str(PROBE), "--entry", json.dumps(CC[p.hardware.id]), *argv[2:],
-                                "--comm.mode", "local_tensor"], extra_path=py_dir, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "Local tensor mode enabled - skipping training execution" in out.stdout + out.stderr
+    entry_ok(tt030.results[f"entry:py:{case}"])
 
 
-def test_meshplan_export_writes_a_module_0_3_0_runs_as_planned(cli, tmp_path):
+def _export_module(d: Path) -> dict:
+    """`meshplan export PLAN --format torchtitan-py -o DIR/meshplan_job.py` of the 8b-hsdp-cp plan."""
+    plan_file = d / "plan.yaml"
+    (d / "job").mkdir(parents=True)
+    save_plan(CASES_030["8b-hsdp-cp"], plan_file)
+    target = d / "job" / "meshplan_job.py"
+    out = run_cli("export", str(plan_file), "--format", "torchtitan-py", "-o", str(target))
+    argv = torchtitan_train_argv(load_plan(plan_file), target) if out.returncode == 0 else None
+    return {"out": out, "target": target, "argv": argv}
+
+
+def test_meshplan_export_writes_a_module_0_3_0_runs_as_planned(tt030):
     """`meshplan export PLAN --format torchtitan-py -o DIR/meshplan_job.py`, then 0.3.0 with DIR on PYTHONPATH."""
     p = CASES_030["8b-hsdp-cp"]
-    plan_file = tmp_path / "plan.yaml"
-    save_plan(p, plan_file)
-    (tmp_path / "job").mkdir()
-    target = tmp_path / "job" / "meshplan_job.py"
-    out = cli("export", str(plan_file), "--format", "torchtitan-py", "-o", str(target))
-    assert out.returncode == 0, out.stderr
-    assert target.stat().st_mode & 0o777 == 0o644
-    argv = torchtitan_train_argv(load_plan(plan_file), target)
+    export = _given(tt030.export)
+    assert export["out"].returncode == 0, export["out"].stderr
+    assert export["target"].stat().st_mode & 0o777 == 0o644
+    argv = export["argv"]
     assert argv == ["-m", "torchtitan.train", "--module", "meshplan_job", "--config", "meshplan_config"]
-    req = {"argv": argv[2:], "world_size": p.cluster.gpus, "cc": CC[p.hardware.id]}
-    r = probe("0.3.0", {"job": req}, extra_path=target.parent)["job"]
+    r = tt030.results["export"]
     assert "error" not in r, r.get("error")
     compare("0.3.0 (meshplan export -f torchtitan-py)", "8b-hsdp-cp", expected(p, "lm_head"), actual_030(r),
             tolerances(p))
@@ -514,32 +570,16 @@ def script_argv(p: Plan, tmp_path: Path, env: dict | None = None) -> list[str]:
     return list(args.training_script_args)
 
 
-@pytest.fixture(scope="module")
-def results_030_cli(tmp_path_factory) -> dict:
-    engine("0.3.0")
-    reqs = {}
-    for name in CLI_CASES:
-        p = CASES_030[name]
-        reqs[name] = {"argv": script_argv(p, tmp_path_factory.mktemp(name)), "world_size": p.cluster.gpus,
-                      "cc": CC[p.hardware.id]}
-    # the stopping scripts, forced on with TT_CONFIG = the preset's config function: what the stop prevents
-    for name in CLI_REFUSED:
-        p = CASES_030[name]
-        argv = script_argv(p, tmp_path_factory.mktemp(name), {"TT_CONFIG": job(p).config})
-        reqs[f"forced:{name}"] = {"argv": argv, "world_size": p.cluster.gpus, "cc": CC[p.hardware.id]}
-    return probe("0.3.0", reqs)
-
-
 @pytest.mark.parametrize("case", CLI_CASES)
-def test_0_3_0_parses_the_cli_export_as_planned(results_030_cli, case):
-    r = results_030_cli[case]
+def test_0_3_0_parses_the_cli_export_as_planned(tt030, case):
+    r = tt030.results[f"cli:{case}"]
     assert "error" not in r, r.get("error")  # tyro exits on any option 0.3.0 does not know
     compare("0.3.0 (torchtitan-cli)", case, expected(CASES_030[case], "lm_head"), actual_030(r),
             tolerances(CASES_030[case]))
 
 
 @pytest.mark.parametrize("case", CLI_REFUSED)
-def test_cli_script_stops_where_0_3_0_would_train_with_other_float8(results_030_cli, case, tmp_path):
+def test_cli_script_stops_where_0_3_0_would_train_with_other_float8(tt030, case, tmp_path):
     """The script cannot give the model the plan's Float8 (0.3.0 keeps the model off its command line): it stops
     before torchrun with one line naming torchtitan-py; forced on with TT_CONFIG, 0.3.0 indeed trains with other
     Float8 than planned."""
@@ -549,7 +589,7 @@ def test_cli_script_stops_where_0_3_0_would_train_with_other_float8(results_030_
     out, record = run_cli_script(p, tmp_path)
     assert out.returncode == 2 and not record.exists(), out.stderr
     assert len(out.stderr.splitlines()) == 1 and "--format torchtitan-py" in out.stderr
-    forced = results_030_cli[f"forced:{case}"]
+    forced = tt030.results[f"forced:{case}"]
     assert "error" not in forced, forced.get("error")
     assert _float8(forced)[0] != p.parallel.float8
 
@@ -561,23 +601,14 @@ def test_cli_script_stops_for_tensorwise_which_0_3_0_lacks(tmp_path):
     assert len(out.stderr.splitlines()) == 1 and "no tensorwise Float8 recipe" in out.stderr
 
 
-def test_0_3_0_cli_entry_point_accepts_the_cli_export(tmp_path):
-    p = CASES_030["70b-pp-1f1b"]
-    argv = script_argv(p, tmp_path)
-    assert argv[-1] == "activation-checkpoint:full"  # a subcommand: further options go before it
-    argv[-1:-1] = ["--comm.mode", "local_tensor"]
-    out = run_release("0.3.0", [str(PROBE), "--entry", json.dumps(CC[p.hardware.id]), *argv], cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "Local tensor mode enabled - skipping training execution" in out.stdout + out.stderr
+def test_0_3_0_cli_entry_point_accepts_the_cli_export(tt030):
+    assert tt030.cli_argv[-1] == "activation-checkpoint:full"  # a subcommand: further options go before it
+    entry_ok(tt030.results["entry:cli"])
 
 
-def test_0_3_0_rejects_the_old_flags_and_pp_without_disable_cuda_graphs():
+def test_0_3_0_rejects_the_old_flags_and_pp_without_disable_cuda_graphs(tt030):
     """The check above can fail: 0.3.0 refuses the flags the old export wrote, and PP with CUDA graphs on."""
-    old = ["--training.max_context_length", "8192", "--training.num_tokens_per_microbatch_per_dp_rank", "8192",
-           "--optimizer.beta1", "0.9", "--activation_checkpoint.mode", "full"]
-    pp = ["--parallelism.pipeline_parallel_degree", "2"]
-    base = ["--module", "llama3", "--config", "llama3_8b"]
-    r = probe("0.3.0", {"old": {"argv": base + old, "world_size": 8}, "pp": {"argv": base + pp, "world_size": 8}})
+    r = tt030.results
     assert r["old"]["error"].startswith("SystemExit: 2")
     said = " ".join(r["old"]["stderr"].split())
     for flag in ("--training.max_context_length", "--optimizer.beta1", "--activation_checkpoint.mode"):
@@ -657,35 +688,39 @@ def test_torchtitan_train_argv():
         "-m", "torchtitan.train", "--module", "meshplan_job", "--config", "meshplan_config"]
 
 
-def test_reserved_names_cover_0_3_0s_registries():
+def test_reserved_names_cover_0_3_0s_registries(tt030):
     """meshplan's list of names 0.3.0 resolves to its own registries is complete for this release."""
-    code = ("from torchtitan.models import _supported_models as m\n"
-            "from torchtitan.experiments import _supported_experiments as e\n"
-            "import json; print(json.dumps(sorted(n for n in m | e if '.' not in n)))")
-    out = run_release("0.3.0", ["-c", code])
-    assert out.returncode == 0, out.stderr[-3000:]
-    names = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    assert names <= TORCHTITAN_NAMES and "torchtitan" in DEPENDENCY_NAMES
+    r = tt030.results["registries"]
+    assert "error" not in r, r.get("error")
+    names = set(r["names"])
+    assert names and names <= TORCHTITAN_NAMES and "torchtitan" in DEPENDENCY_NAMES
 
 
-def test_launch_engine_torchtitan_writes_a_job_0_3_0_runs(tmp_path):
+def _launch_engine_torchtitan(d: Path) -> dict:
+    """`meshplan launch PLAN --engine torchtitan` (local, written, not run) of the 8b-fsdp-accum plan."""
+    from meshplan.launcher.launch import build_launch
+
+    d.mkdir(parents=True)
+    plan_file = save_plan(CASES_030["8b-fsdp-accum"], d / "plan.yaml")
+    run_dir = d / "run"
+    launch = build_launch(plan_file, "local", run_dir, steps=5, engine="torchtitan")
+    program = launch.argv[launch.argv.index("torchtitan.train") - 1:]
+    return {"plan_file": plan_file, "run_dir": run_dir, "launch": launch, "job_dir": run_dir / "torchtitan-job",
+            "program": program}
+
+
+def test_launch_engine_torchtitan_writes_a_job_0_3_0_runs(tt030):
     """`meshplan launch PLAN --engine torchtitan`: the module it writes into the run dir and the program arguments
     its launch runs are what 0.3.0's own entry point accepts (up to where training would start: local_tensor)."""
     from meshplan.launcher.launch import build_launch
 
-    p = CASES_030["8b-fsdp-accum"]
-    plan_file = save_plan(p, tmp_path / "plan.yaml")
-    run_dir = tmp_path / "run"
-    launch = build_launch(plan_file, "local", run_dir, steps=5, engine="torchtitan")
-    job_dir = run_dir / "torchtitan-job"
+    launched = _given(tt030.launched)
+    plan_file, run_dir, launch, job_dir, program = (launched[k] for k in ("plan_file", "run_dir", "launch", "job_dir",
+                                                                         "program"))
     assert (job_dir / "meshplan_job.py").is_file() and launch.env["PYTHONPATH"].split(os.pathsep)[0] == str(job_dir)
-    program = launch.argv[launch.argv.index("torchtitan.train") - 1:]
     assert program[:6] == ["-m", "torchtitan.train", "--module", "meshplan_job", "--config", "meshplan_config"]
     assert program[6:] == ["--dump_folder", str(run_dir.resolve())]
-    out = run_release("0.3.0", [str(PROBE), "--entry", json.dumps(CC[p.hardware.id]), *program[2:],
-                                "--comm.mode", "local_tensor"], extra_path=job_dir, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "Local tensor mode enabled - skipping training execution" in out.stdout + out.stderr
+    entry_ok(tt030.results["entry:launch"])
     script = build_launch(plan_file, "slurm", run_dir, engine="torchtitan", write=False).text
     assert '-m torchtitan.train --module meshplan_job --config meshplan_config --dump_folder "$run_dir"' in script
     assert 'export PYTHONPATH="$run_dir/torchtitan-job${PYTHONPATH:+:$PYTHONPATH}"' in script

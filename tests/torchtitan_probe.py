@@ -2,12 +2,22 @@
 code): parse a job the way `torchrun -m torchtitan.train ARGS` does, then run the release's own CPU-safe
 construction code on the result, and print what the release made of it as one JSON line.
 
-    python tests/torchtitan_probe.py --entry '[9, 0]' ARGV...   (runs torchtitan.train's main() with ARGV)
     python tests/torchtitan_probe.py < requests.json
-        requests: {"name": {"argv": [...], "world_size": N, "cc": [9, 0] or null}, ...}
+        requests: {"name": {"kind": KIND, "path": [folders], "cwd": folder, ...}, ...}
         prints: MESHPLAN_PROBE_JSON {"name": {...what the release made of it...} or {"error": "..."}, ...}
 
-What runs, all of it the release's code:
+One process serves every request (its start, importing torch and the release, is most of a request's cost);
+each request runs in a child forked from it after those imports, so requests never see each other's imported
+modules (two jobs may both be `meshplan_job`), working directory or sys.path. "path" folders join sys.path
+(and PYTHONPATH) after the release's, as they would on PYTHONPATH. The kinds:
+* "parse" (the default): {"argv": [...], "world_size": N, "cc": [9, 0] or null}, see below;
+* "entry": {"argv": [...], "cc": ...}: `python -m torchtitan.train ARGV` itself (runpy, as -m does, with the
+  capability gate set), giving {"rc": exit status, "output": what it printed on stdout and stderr};
+* "split": {"grid": [[layers, stages, first_less, last_less], ...]}: the blocks on each stage by the release's
+  own split function, or null where it refuses the weights;
+* "registries": the model and experiment names 0.3.0 resolves itself (`--module NAME`).
+
+What a "parse" request runs, all of it the release's code:
 * `ConfigManager().parse_args(argv)` with `sys.argv` as torchrun leaves it (0.2.2: `--job.config_file FILE`;
   0.3.0: `--module M --config F [--section.option ...]`), which rejects unknown options;
 * `ParallelDims` from the parsed degrees and the world size (its own validation), and on 0.3.0 the pipeline
@@ -35,6 +45,7 @@ import io
 import json
 import os
 import sys
+import time
 import warnings
 
 warnings.simplefilter("ignore")
@@ -275,36 +286,146 @@ def probe_030(req: dict) -> dict:
     }
 
 
-def entry(cc: list[int] | None, argv: list[str]) -> None:
-    """`python -m torchtitan.train ARGV` itself (runpy, as -m does), after setting the capability gate."""
+def entry(req: dict) -> dict:
+    """`python -m torchtitan.train ARGV` itself (runpy, as -m does), after setting the capability gate; stdout
+    and stderr (file descriptors 1 and 2, so the release's log handlers too) go to a file read back after."""
     import runpy
+    import tempfile
+    import traceback
 
     import torchtitan
 
-    gate_capability(cc)
-    sys.argv = [os.path.join(os.path.dirname(torchtitan.__file__), "train.py"), *argv]
-    runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+    gate_capability(req.get("cc"))
+    sys.argv = [os.path.join(os.path.dirname(torchtitan.__file__), "train.py"), *req["argv"]]
+    with tempfile.TemporaryFile("w+") as out:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+            rc = 0
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, status 1
+            traceback.print_exc()
+            rc = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+        out.seek(0)
+        return {"rc": rc, "output": out.read()[-20000:]}
+
+
+def split(req: dict) -> dict:
+    """The transformer blocks on each stage by the release's own split (None where it refuses the weights)."""
+    from torchtitan.distributed import pipeline_parallel as pp
+
+    generate = getattr(pp, "generate_llm_fqn_per_model_part", None) or pp._generate_llm_fqn_per_model_part
+    out = []
+    for layers, stages, first, last in req["grid"]:
+        try:
+            out.append(blocks_per_stage(generate, stages, layers, first, last))
+        except ValueError:
+            out.append(None)
+    return {"blocks": out}
+
+
+def registries(req: dict) -> dict:
+    """The names 0.3.0's `--module` resolves to its own models and experiments."""
+    from torchtitan.experiments import _supported_experiments as experiments
+    from torchtitan.models import _supported_models as models
+
+    return {"names": sorted(n for n in models | experiments if "." not in n)}
+
+
+def serve(req: dict, probe) -> dict:
+    """One request, in this (forked) process: its working directory and sys.path first."""
+    if req.get("cwd"):
+        os.chdir(req["cwd"])
+    paths = [str(p) for p in req.get("path", [])]
+    if paths:
+        env = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        at = max((sys.path.index(p) + 1 for p in env if p in sys.path), default=1)
+        sys.path[at:at] = paths
+        os.environ["PYTHONPATH"] = os.pathsep.join(env + paths)
+    kind = req.get("kind", "parse")
+    if kind == "entry":
+        return entry(req)
+    if kind == "split":
+        return split(req)
+    if kind == "registries":
+        return registries(req)
+    said = io.StringIO()  # what the parser printed (tyro explains a refusal on stderr, then exits 2)
+    try:
+        with contextlib.redirect_stderr(said):
+            return probe(req)
+    except BaseException as exc:  # noqa: BLE001 - tyro exits (SystemExit) on unknown options
+        return {"error": f"{type(exc).__name__}: {exc}", "stderr": said.getvalue()[-6000:]}
+
+
+def forked(req: dict, probe) -> dict:
+    """serve(req) in a child of this process; its result comes back as JSON through a pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read)
+        try:
+            result = serve(req, probe)
+        except BaseException as exc:  # noqa: BLE001
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            data = json.dumps(result, default=repr).encode()
+        except BaseException as exc:  # noqa: BLE001
+            data = json.dumps({"error": f"result not JSON: {type(exc).__name__}: {exc}"}).encode()
+        with os.fdopen(write, "wb") as fh:
+            fh.write(data)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return {"error": f"the request's process died (wait status {status})"}
+    return json.loads(data)
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--entry"]:  # --entry CC_JSON ARGV...
-        entry(json.loads(sys.argv[2]), sys.argv[3:])
-        return
     reqs = json.load(sys.stdin)
     version = importlib.metadata.version("torchtitan")
     import torchtitan
 
-    probe = probe_022 if version.startswith("0.2.") else probe_030
+    # Imported once here, before the children fork (importing is most of a request's cost): what the requests
+    # use, and what torchtitan.train imports (not train itself: an "entry" runs it as __main__, as -m does).
+    common = ["torch", "torch.distributed.pipelining.schedules", "torchtitan.config", "torchtitan.distributed",
+              "torchtitan.distributed.pipeline_parallel", "torchtitan.models", "torchtitan.tools.utils",
+              "torchtitan.tools.logging", "torchtitan.components.quantization.float8",
+              "torchtitan.components.quantization.mx"]
+    if version.startswith("0.2."):
+        probe = probe_022
+        preload = ["torchtitan.components.lr_scheduler", "torchtitan.components.optimizer",
+                   "torchtitan.protocols.model_converter", "torchtitan.protocols.train_spec"]
+    else:
+        probe = probe_030
+        preload = ["torchtitan.trainer", "torchtitan.experiments", "torchtitan.observability.structured_logger"]
+    for name in common + preload:
+        importlib.import_module(name)
+    for name in ("torchao.float8", "torchao.prototype.mx_formats"):  # what the Float8 / MX converters import
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    where = os.path.dirname(torchtitan.__file__)
     results = {}
     for name, req in reqs.items():
-        said = io.StringIO()  # what the parser printed (tyro explains a refusal on stderr, then exits 2)
-        try:
-            with contextlib.redirect_stderr(said):
-                results[name] = {"version": version, "where": os.path.dirname(torchtitan.__file__), **probe(req)}
-        except BaseException as exc:  # noqa: BLE001 - tyro exits (SystemExit) on unknown options
-            results[name] = {"version": version, "error": f"{type(exc).__name__}: {exc}",
-                             "stderr": said.getvalue()[-6000:]}
-        print(f"probe: {name} done", file=sys.stderr, flush=True)
+        start = time.monotonic()
+        results[name] = {"version": version, "where": where, **forked(req, probe)}
+        print(f"probe: {name} done in {time.monotonic() - start:.2f} s", file=sys.stderr, flush=True)
     print(MARK + json.dumps(results, default=repr), flush=True)
 
 
