@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import run_cli
+from cli_runner import run_cli
 
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
