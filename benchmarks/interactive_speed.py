@@ -4,7 +4,9 @@ both UIs, against the targets of issue 17 on a 2-core machine.
     python benchmarks/interactive_speed.py [--repeat 5]
 
 Prints one line per figure (median and worst of --repeat runs) and its target; asserts nothing.
-  * `meshplan --help` and `meshplan plan --model llama3-70b` (fresh interpreters; target 0.35 s and 0.9 s),
+  * `meshplan --help` and `meshplan plan --model llama3-70b` (fresh interpreters with the compiled modules Python
+    keeps after a first run; target 0.35 s and 0.9 s), and the plan again compiling every module each time
+    (PYTHONDONTWRITEBYTECODE=1, as this sandbox sets it: about 0.15 s more),
   * one `estimator.estimate()` call (target 1 ms),
   * the web app (Streamlit's AppTest, the script server-side): a rerun after the nodes input changes to a value not
     seen before (one new sweep) and after the chosen plan changes (cached sweep; target 300 ms after the sweep; the
@@ -39,12 +41,21 @@ def report(name: str, times: list[float], target: float | None, unit: str = "s")
     print(f"{name:<58} median {med:8.3f} {unit}  worst {worst:8.3f} {unit}{goal}")
 
 
-def process(args: list[str], repeat: int) -> list[float]:
+def process(args: list[str], repeat: int, bytecode: bool = True) -> list[float]:
+    """Whole-process wall times of `meshplan ARGS`. `bytecode`: as on a user's machine, Python keeps the compiled
+    modules (__pycache__) from the first run, which is not timed; False: PYTHONDONTWRITEBYTECODE=1, as some
+    sandboxes set it, so every run compiles meshplan's modules again."""
+    import os
+
     exe = Path(sys.executable).with_name("meshplan")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if not bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    subprocess.run([str(exe), *args], capture_output=True, check=True, cwd=ROOT, env=env)  # warm-up, not timed
     out = []
     for _ in range(repeat):
         t = time.perf_counter()
-        subprocess.run([str(exe), *args], capture_output=True, check=True, cwd=ROOT)
+        subprocess.run([str(exe), *args], capture_output=True, check=True, cwd=ROOT, env=env)
         out.append(time.perf_counter() - t)
     return out
 
@@ -182,11 +193,11 @@ def chromium(repeat: int, shots: Path | None) -> tuple[list[float], list[float],
             main = page.get_by_test_id("stMain")
             for k in range(repeat):
                 main.get_by_test_id("stSelectbox").first.click()
-                page.get_by_role("option").nth(2 + k).wait_for()
+                page.get_by_role("option").nth(2 + k % 5).wait_for()
                 # timed inside the page: the option's click -> the tokens/s metric showing the new plan's value, and
                 # -> both charts drawn for it (Playwright's own click waits for actionability, and expect() polls
                 # at 100-1000 ms)
-                metric_ms, charts_ms = page.evaluate(SWITCH_JS, 2 + k)
+                metric_ms, charts_ms = page.evaluate(SWITCH_JS, 2 + k % 5)
                 switch.append(metric_ms / 1e3)
                 charts.append(charts_ms / 1e3)
             if shots is not None:
@@ -218,6 +229,8 @@ def main() -> None:
     n = args.repeat
     report("meshplan --help (whole process)", process(["--help"], n), 0.35)
     report("meshplan plan --model llama3-70b (whole process)", process(["plan", "--model", "llama3-70b"], n), 0.9)
+    report("  the same, compiling every module (no __pycache__)",
+           process(["plan", "--model", "llama3-70b"], n, bytecode=False), None)
     report("one estimate() call (llama3-70b, FSDP 64)", one_estimate(n), 1.0, "ms")
     new, cached = web(n)
     report("web: nodes changed -> rerun with a new sweep", new, None)

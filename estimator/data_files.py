@@ -54,11 +54,19 @@ def read_text(path: Path) -> str:
         raise not_utf8(path, exc) from None
 
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it (~10x faster)
+
+
+def safe_load(text: str):
+    """yaml.safe_load with libyaml's parser when available: the same documents, the same errors (YAMLError)."""
+    return yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 - a safe loader
+
+
 def read_yaml(path: Path) -> dict:
     """Parse a YAML mapping, turning every failure into a one-line MeshplanError."""
     text = read_text(path)
     try:
-        obj = yaml.safe_load(text)
+        obj = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""

@@ -77,7 +77,7 @@ def _load() -> IntervalFile:
 @functools.cache
 def _read(path: Path) -> IntervalFile:
     try:
-        return IntervalFile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        return IntervalFile.model_validate(data_files.safe_load(path.read_text(encoding="utf-8")))
     except (OSError, yaml.YAMLError, ValueError) as exc:
         raise MeshplanError(f"{path}: cannot read the estimator's error quantiles ({exc}); "
                             "regenerate it with python benchmarks/cross_validate.py --write-intervals") from None
