@@ -110,6 +110,9 @@ def test_default_plan_reads_the_same_everywhere(web_app):
     assert at.metric[0].value == shown
     assert f"{shown}  ·" in at.selectbox(key="chosen").format_func(at.selectbox(key="chosen").value)
     assert at.metric[0].proto.delta.startswith(f"{df.headroom_gib.iloc[0]:.1f} GiB headroom")
+    # days and dollars: the table's come from the same rounded tokens/s/GPU as the metrics' (they differed by $29)
+    assert at.metric[4].value == f"{df.days.iloc[0]:,.1f} days"
+    assert at.metric[5].value == f"${df.cost_usd.iloc[0]:,.0f}"
 
 
 HF_CONFIG = {

@@ -163,10 +163,11 @@ def ranked_frame(res: SearchResult, top: int, tokens: float | None, price: float
     df["step_time_s"] = np.round(res.step_s[idx], 3)
     df["host_gib_per_node"] = np.round(res.host_gib[idx], 1)
     if tokens:
-        seconds = tokens / (res.tps[idx] * res.world)
-        df["days"] = np.round(seconds / 86400, 2)
+        # from the rounded tokens/s/GPU the metrics use too (the estimate's), so days and dollars agree to the unit
+        t = train_time(tokens, df["tokens_per_sec_per_gpu"].to_numpy(), res.world, price)
+        df["days"] = np.round(t["days"], 2)
         if price is not None:
-            df["cost_usd"] = np.round(seconds * res.world / 3600 * price, 0)
+            df["cost_usd"] = np.round(t["cost_usd"], 0)
     df["index"] = idx
     return df
 
