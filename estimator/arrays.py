@@ -67,7 +67,7 @@ class ConfigArrays:
     @classmethod
     def single(cls, config: TrainConfig) -> ConfigArrays:
         """One already-resolved TrainConfig as numpy int64 scalars (the estimator's scalar path)."""
-        return cls(**{k: np.int64(v[0]) for k, v in vars(cls.from_configs([config])).items()})
+        return cls(**{k: np.int64(v) for k, v in _codes(config).items()})
 
     @property
     def is_single(self) -> bool:
@@ -77,32 +77,8 @@ class ConfigArrays:
     @classmethod
     def from_configs(cls, configs: Sequence[TrainConfig]) -> ConfigArrays:
         """Pack already-resolved TrainConfigs."""
-        cols: dict[str, list] = {f.name: [] for f in fields(cls)}
-        for c in configs:
-            cols["dp_replicate"].append(c.dp_replicate)
-            cols["dp_shard"].append(c.dp_shard)
-            cols["tp"].append(c.tp)
-            cols["pp"].append(c.pp)
-            cols["cp"].append(c.cp)
-            cols["vpp"].append(c.vpp or 1)
-            cols["schedule"].append(PP_SCHEDULES.index(c.pp_schedule))
-            cols["seq_len"].append(c.seq_len)
-            cols["global_batch"].append(c.global_batch_size)
-            cols["micro_batch"].append(c.micro_batch_size)
-            cols["ac"].append(AC_MODES.index(c.ac))
-            cols["compile"].append(c.compile)
-            cols["float8"].append(FLOAT8_RECIPES.index(c.float8))
-            cols["async_tp"].append(c.async_tp)
-            cols["gpus_per_node"].append(c.gpus_per_node)
-            cols["ep"].append(c.ep)
-            cols["finetune"].append(FINETUNE_MODES.index(c.finetune))
-            cols["lora_rank"].append(c.lora_rank)
-            cols["lora_targets"].append(lora_mask(c.lora_targets))
-            cols["cpu_offload"].append(c.cpu_offload)
-            cols["bf16_state"].append(c.dtype == "bfloat16")
-            cols["pp_first_stage_less_layers"].append(c.pp_first_stage_less_layers)
-            cols["pp_last_stage_less_layers"].append(c.pp_last_stage_less_layers)
-        return cls(**{k: np.asarray(v, dtype=np.int64) for k, v in cols.items()})
+        rows = [_codes(c) for c in configs]
+        return cls(**{f.name: np.asarray([r[f.name] for r in rows], dtype=np.int64) for f in fields(cls)})
 
     def take(self, idx: np.ndarray) -> ConfigArrays:
         """The configurations at `idx` (an index or boolean array)."""
@@ -114,3 +90,17 @@ class ConfigArrays:
 
     def __len__(self) -> int:
         return 1 if self.is_single else len(self.tp)
+
+
+def _codes(c: TrainConfig) -> dict[str, int]:
+    """One resolved TrainConfig as the integers ConfigArrays holds (enums as their codes, flags as 0 / 1)."""
+    return {
+        "dp_replicate": c.dp_replicate, "dp_shard": c.dp_shard, "tp": c.tp, "pp": c.pp, "cp": c.cp,
+        "vpp": c.vpp or 1, "schedule": PP_SCHEDULES.index(c.pp_schedule), "seq_len": c.seq_len,
+        "global_batch": c.global_batch_size, "micro_batch": c.micro_batch_size, "ac": AC_MODES.index(c.ac),
+        "compile": int(c.compile), "float8": FLOAT8_RECIPES.index(c.float8), "async_tp": int(c.async_tp),
+        "gpus_per_node": c.gpus_per_node, "ep": c.ep, "finetune": FINETUNE_MODES.index(c.finetune),
+        "lora_rank": c.lora_rank, "lora_targets": lora_mask(c.lora_targets), "cpu_offload": int(c.cpu_offload),
+        "bf16_state": int(c.dtype == "bfloat16"), "pp_first_stage_less_layers": c.pp_first_stage_less_layers,
+        "pp_last_stage_less_layers": c.pp_last_stage_less_layers,
+    }

@@ -18,6 +18,7 @@ T = TypeVar("T", bound=BaseModel)
 DATA_ROOT = Path(__file__).resolve().parents[1] / "data"  # resolved once: an estimate reads it several times
 
 
+@functools.cache  # one Path per kind: joining paths costs more than an estimate's arithmetic
 def data_dir(kind: str) -> Path:
     """Folder of one kind of data file (`hardware_profiles`, `models`, `stacks`, `launch`): `data/<kind>` of the
     checkout, or `meshplan/data/<kind>` of an installed wheel (the same place relative to this file)."""

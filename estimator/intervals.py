@@ -71,11 +71,13 @@ def quantile_table(ratios: list[float]) -> dict:
 
 
 def _load() -> IntervalFile:
-    return _read(intervals_path())
+    return _read_in(data_files.data_dir("accuracy"))
 
 
 @functools.cache
-def _read(path: Path) -> IntervalFile:
+def _read_in(folder: Path) -> IntervalFile:
+    """The quantiles file of one data folder (parsed once per folder: an estimate reads it three times)."""
+    path = folder / "intervals.yaml"
     try:
         return IntervalFile.model_validate(data_files.safe_load(path.read_text(encoding="utf-8")))
     except (OSError, yaml.YAMLError, ValueError) as exc:
