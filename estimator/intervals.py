@@ -21,10 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 
+FILE_NAME = "intervals.yaml"  # in the data folder's accuracy/
+
 
 def intervals_path() -> Path:
     """data/accuracy/intervals.yaml (looked up on each call, so a test's frozen data folder applies)."""
-    return data_files.data_dir("accuracy") / "intervals.yaml"
+    return data_files.data_dir("accuracy") / FILE_NAME
 
 
 LEVEL = 0.8  # the interval's coverage: from the 10th to the 90th percentile
@@ -77,7 +79,7 @@ def _load() -> IntervalFile:
 @functools.cache
 def _read_in(folder: Path) -> IntervalFile:
     """The quantiles file of one data folder (parsed once per folder: an estimate reads it three times)."""
-    path = folder / "intervals.yaml"
+    path = folder / FILE_NAME
     try:
         return IntervalFile.model_validate(data_files.safe_load(path.read_text(encoding="utf-8")))
     except (OSError, yaml.YAMLError, ValueError) as exc:

@@ -156,8 +156,8 @@ _ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1
 def row_stack(row: dict) -> str:
     """The stack profile that predicts a row: its framework's release that ran the job (the month the
     `source` names, e.g. a benchmark file dated 202412; else the current release), or its ZeRO-1 variant when the
-    notes say so. meshplan's own runs are predicted with torchtitan's. A framework without a profile in `data/stacks/` is predicted with `generic`, and the row's `stack`
-    says so."""
+    notes say so. meshplan's own runs are predicted with torchtitan's (FRAMEWORK_STACKS). A framework without a
+    profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so."""
     framework = (row.get("framework") or DEFAULT_STACK).strip()
     framework = FRAMEWORK_STACKS.get(framework, framework)
     if framework not in stack_names():

@@ -19,6 +19,7 @@ from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import HardwareProfile, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.stages import DEFAULT_LESS
 from meshplan.estimator.report import GIB_DECIMALS, estimate
 from meshplan.estimator.stack import load_stack as _load_stack
 from meshplan.planner.capacity import train_time
@@ -138,7 +139,7 @@ def summaries(cols: pd.DataFrame) -> pd.Series:
         s = s + np.where(cols[k] > 1, f", {k} " + cols[k].astype(str), "")
     sched = cols.pp_schedule + np.where(cols.vpp > 1, "/v" + cols.vpp.astype(str), "")
     first, last = cols.pp_first_stage_less_layers, cols.pp_last_stage_less_layers
-    sched = sched + np.where((first != 1) | (last != 1), " split " + first.astype(str) + "/" + last.astype(str), "")
+    sched = sched + np.where((first != DEFAULT_LESS) | (last != DEFAULT_LESS), " split " + first.astype(str) + "/" + last.astype(str), "")
     s = s + np.where(cols.pp > 1, ", " + sched, "")
     s = s + ", mbs " + cols.micro_batch_size.astype(str) + ", AC " + cols.ac
     s = s + np.where(cols.float8 != "none", ", fp8 " + cols.float8, "")
