@@ -62,17 +62,17 @@ class ConfigArrays:
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
                               ("pp_last_stage_less_layers", DEFAULT_LESS)):
             if getattr(self, name) is None:
-                setattr(self, name, np.int64(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
+                setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
     @classmethod
     def single(cls, config: TrainConfig) -> ConfigArrays:
         """One already-resolved TrainConfig as numpy int64 scalars (the estimator's scalar path)."""
-        return cls(**{k: np.int64(v) for k, v in _codes(config).items()})
+        return cls(**{k: int(v) for k, v in _codes(config).items()})
 
     @property
     def is_single(self) -> bool:
         """True when the fields are scalars (one configuration), not arrays."""
-        return not isinstance(self.tp, np.ndarray)
+        return type(self.tp) is not np.ndarray
 
     @classmethod
     def from_configs(cls, configs: Sequence[TrainConfig]) -> ConfigArrays:

@@ -190,8 +190,10 @@ class TrainConfig(BaseModel):
         from meshplan.estimator import (
             rules,  # the one validator shared with the planner, the plan file and the core
         )
+        from meshplan.estimator.arrays import ConfigArrays
 
-        problem = rules.check(model, hw, c.rule_fields(), predict=True)
-        if problem:  # the pipeline split's weights are named by the rule's message: the CLI names their flag
+        code = rules.violations(model, ConfigArrays.single(c), hw, predict=True)
+        if code:  # the pipeline split's weights are named by the rule's message: the CLI names their flag
+            problem = rules.message(code, model, hw, c.rule_fields())
             raise ConfigError(problem, field=next((f for f in LESS_FIELDS if problem.startswith(f)), None))
         return c

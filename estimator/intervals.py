@@ -11,7 +11,9 @@ a limit L with probability P(measured <= L) = F(L / p), F the ratio's distributi
 
 from __future__ import annotations
 
+import bisect
 import functools
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +52,36 @@ class QuantileTable(BaseModel):
             raise ValueError("quantiles must be positive ratios, increasing with the probability, with 0.1 and 0.9")
         return q
 
+    @cached_property
+    def _probs(self) -> tuple[float, ...]:
+        return tuple(self.quantiles)
+
+    @cached_property
+    def _ratios(self) -> tuple[float, ...]:
+        return tuple(self.quantiles.values())
+
     def ratio(self, p: float) -> float:
         """The ratio measured / predicted at probability `p` (linear between the table's probabilities)."""
-        return float(np.interp(p, list(self.quantiles), list(self.quantiles.values())))
+        return interp(float(p), self._probs, self._ratios)
 
     def cdf(self, ratio):
         """P(measured / predicted <= ratio), for a number or an array."""
-        return np.interp(ratio, list(self.quantiles.values()), list(self.quantiles))
+        if isinstance(ratio, np.ndarray):
+            return np.interp(ratio, self._ratios, self._probs)
+        return interp(float(ratio), self._ratios, self._probs)
+
+
+def interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    """np.interp for one number, in plain Python (the same arithmetic; a tenth of the time on a 21-point table):
+    linear between the points `xs` (ascending, repeats allowed), the end values beyond them."""
+    if x != x:  # NaN
+        return x
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    j = bisect.bisect_right(xs, x) - 1  # xs[j] <= x < xs[j + 1]
+    return (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) * (x - xs[j]) + ys[j]
 
 
 class IntervalFile(BaseModel):
@@ -111,5 +136,8 @@ def interval(value: float, metric: str, stack_id: str, level: float = LEVEL) -> 
 
 def fit_probability(peak, limit, stack_id: str):
     """P(measured peak <= limit) for predicted peaks `peak` (same unit as `limit`; numbers or arrays)."""
-    ratio = np.asarray(limit, dtype=float) / np.maximum(np.asarray(peak, dtype=float), 1e-30)
+    if isinstance(peak, np.ndarray) or isinstance(limit, np.ndarray):
+        ratio = np.asarray(limit, dtype=float) / np.maximum(np.asarray(peak, dtype=float), 1e-30)
+    else:
+        ratio = float(limit) / max(float(peak), 1e-30)
     return table("peak_memory", stack_id).cdf(ratio)

@@ -117,29 +117,29 @@ class ModelSpec(BaseModel):
         return self
 
     # --- attention ----------------------------------------------------------------------------------
-    @property
+    @cached_property
     def d_head(self) -> int:
         """Query/key width of one head (MLA: the no-RoPE and RoPE parts together)."""
         if self.mla is not None:
             return self.mla.qk_head_dim
         return self.head_dim or self.hidden // self.heads
 
-    @property
+    @cached_property
     def v_head(self) -> int:
         """Value width of one head (the same as d_head except under MLA)."""
         return self.mla.v_head_dim if self.mla is not None else self.d_head
 
-    @property
+    @cached_property
     def q_dim(self) -> int:
         """Width of the concatenated query heads."""
         return self.heads * self.d_head
 
-    @property
+    @cached_property
     def v_dim(self) -> int:
         """Width of the concatenated value heads (attention's output, the input of wo)."""
         return self.heads * self.v_head
 
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         """Width of the concatenated key (or value) heads (MLA: per head after the latent's up-projection)."""
         return (self.heads if self.mla is not None else self.kv_heads) * self.d_head
@@ -157,7 +157,7 @@ class ModelSpec(BaseModel):
         bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
         return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + bias + self.qk_norm_params
 
-    @property
+    @cached_property
     def qk_norm_params(self) -> int:
         """The query and key heads' norm weights (one head_dim vector each), 0 without QK-norm."""
         return 2 * self.d_head if self.qk_norm else 0
@@ -172,12 +172,12 @@ class ModelSpec(BaseModel):
         return self.qk_norm_params
 
     # --- MLP -------------------------------------------------------------------------------------------
-    @property
+    @cached_property
     def gated_mlp(self) -> bool:
         """SwiGLU or GeGLU: w2(act(w1 x) * w3 x), three matrices."""
         return self.mlp != "gelu"
 
-    @property
+    @cached_property
     def mlp_matrices(self) -> int:
         """Weight matrices in the MLP: 3 for SwiGLU / GeGLU (w1, w2, w3), 2 for GELU."""
         return 3 if self.gated_mlp else 2
@@ -304,6 +304,15 @@ class ModelSpec(BaseModel):
             best = max(best, window)
         return best
 
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> ModelSpec:
+        """A copy; with `update`, the derived sizes (the cached properties) are computed again from the new fields
+        (pydantic copies the instance dict, cached values included)."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            for name in _DERIVED:
+                copy.__dict__.pop(name, None)
+        return copy
+
     def flops_per_token(self, seq_len: int) -> float:
         """Model FLOPs per token, torchtitan's convention: 6·(N_active − N_embedding) + 6·L·(q + v)·s, which is
         12·L·h·s when the query/key and value widths are equal (every model but MLA).
@@ -314,6 +323,9 @@ class ModelSpec(BaseModel):
         """
         n_no_embed = self.active_params - (0 if self.tied_embeddings else self.embedding_params)
         return 6.0 * n_no_embed + 6.0 * self.layers * (self.q_dim + self.v_dim) * seq_len
+
+
+_DERIVED = tuple(k for k, v in vars(ModelSpec).items() if isinstance(v, cached_property))
 
 
 class _Preset(BaseModel):

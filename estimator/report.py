@@ -55,14 +55,15 @@ def estimate(
     """
     stack = stack or load_stack("torchtitan")
     cfg = config.resolve(model, hw)
-    r = {k: float(v) for k, v in estimate_arrays(model, hw, stack, ConfigArrays.single(cfg)).items()}
+    one = ConfigArrays.single(cfg)
+    r = {k: float(v) for k, v in estimate_arrays(model, hw, stack, one).items()}
     usable = hw.usable_hbm_gib
     peak = r["peak_bytes"] / GIB
     host = r["host_bytes_per_node"] / GIB
     warnings: list[str] = list(model.notes)  # what the model spec leaves out (a vision tower, sliding windows)
     from meshplan.estimator import rules
 
-    for key, w in rules.predicted_warnings(model, hw, cfg.rule_fields()):
+    for key, w in rules.predicted_warnings(model, hw, cfg.rule_fields(), one):
         if key in rules.stack_skips(stack):
             continue
         if key == "pp_microbatches":

@@ -231,15 +231,26 @@ def violations(
     model: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None, *, policies: bool = False, planner: bool = False,
     predict: bool = False, skip: frozenset[str] = frozenset(),
 ) -> np.ndarray:
-    """Code of the first rule each configuration breaks (0: none), in RULES order. Hardware rules are skipped
-    when `hw` is None; search policies (TP inside a node) only with `policies`; ranking rules only for the
-    `planner`; rules whose configurations the estimator predicts are skipped with `predict`; rules whose key is in
-    `skip` are skipped (:func:`stack_skips`)."""
-    reason = xp.zeros_like(c.tp, dtype=np.int64)
+    """Code of the first rule each configuration breaks (0: none), in RULES order: an array for arrays, an int for
+    one configuration (:meth:`ConfigArrays.single`: the rules after the first it breaks are not evaluated).
+    Hardware rules are skipped when `hw` is None; search policies (TP inside a node) only with `policies`; ranking
+    rules only for the `planner`; rules whose configurations the estimator predicts are skipped with `predict`;
+    rules whose key is in `skip` are skipped (:func:`stack_skips`)."""
+    if not c.is_single:
+        return _violations_of_arrays(model, c, hw, policies, planner, predict, skip)
+    for rule in RULES:  # one configuration: the first rule it breaks, the others not evaluated
+        if _applies(rule, hw, policies, planner, predict) and rule.key not in skip and rule.bad(model, c, hw):
+            return rule.code
+    return 0
+
+
+def _violations_of_arrays(model: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None, policies: bool,
+                          planner: bool, predict: bool, skip: frozenset[str]) -> np.ndarray:
+    reason = np.zeros(len(c), dtype=np.int64)
     for rule in RULES:
         if not _applies(rule, hw, policies, planner, predict) or rule.key in skip:
             continue
-        reason = xp.where((reason == 0) & rule.bad(model, c, hw), rule.code, reason)  # a scalar `bad` broadcasts
+        reason = np.where((reason == 0) & rule.bad(model, c, hw), rule.code, reason)  # a scalar `bad` broadcasts
     return reason
 
 
@@ -301,8 +312,8 @@ def arrays_of(cfg: dict) -> ConfigArrays:
     (pp_schedule, float8, ... as names)."""
     from meshplan.estimator.config import AC_MODES
 
-    def col(v: object) -> np.int64:
-        return np.int64(v)
+    def col(v: object) -> int:
+        return int(v)
 
     return ConfigArrays(
         dp_replicate=col(cfg.get("dp_replicate", 1)), dp_shard=col(cfg.get("dp_shard", 1)), tp=col(cfg.get("tp", 1)),
@@ -327,9 +338,11 @@ def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict, *, predict: b
     return message(code, model, hw, cfg) if code else None
 
 
-def predicted_warnings(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> list[tuple[str, str]]:
+def predicted_warnings(model: ModelSpec, hw: HardwareProfile | None, cfg: dict,
+                       c: ConfigArrays | None = None) -> list[tuple[str, str]]:
     """(rule key, message) of the rules one configuration breaks that the estimator still predicts (it runs,
-    poorly, in fp32 or not with every schedule)."""
-    c = arrays_of(cfg)
+    poorly, in fp32 or not with every schedule). `c`: the same configuration as ConfigArrays, when the caller
+    holds it (else built from `cfg`)."""
+    c = c if c is not None else arrays_of(cfg)
     return [(r.key, message(r.code, model, hw, cfg)) for r in RULES
             if r.predicted and _applies(r, hw, False, True, False) and bool(r.bad(model, c, hw))]

@@ -17,6 +17,7 @@ configuration is not on the list.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -113,6 +114,7 @@ def _replicas(dp: int) -> list[int]:
     return [d for d in _divisors(dp) if d & (d - 1) == 0 or d == dp or (dp // d) & (dp // d - 1) == 0]
 
 
+@functools.lru_cache(maxsize=4096)  # a search asks the same few (dp, micro-batch, pp) thousands of times
 def nearest_batch(target: int, dp: int, micro_batch: int, pp: int, interleaved: bool, tolerance: float) -> int:
     """The global batch (sequences) nearest `target` that dp x micro-batch divides, with at least `pp` microbatches
     per step and, for Interleaved1F1B, whole rounds of them; within `tolerance` (a fraction) of the target. Ties go

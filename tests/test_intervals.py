@@ -91,3 +91,26 @@ def test_plan_fits_by_probability(cli):
 def test_a_malformed_quantile_table_is_refused(quantiles):
     with pytest.raises(ValueError):
         intervals.QuantileTable(rows=30, quantiles=quantiles)
+
+
+def test_plain_interpolation_is_numpys_to_the_bit():
+    """One estimate reads the quantile tables in plain Python (`intervals.interp`); the planner's arrays in numpy:
+    the same numbers, at the table's own points, between them, beyond both ends and at repeated ratios."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    checked = 0
+    for metric in intervals.METRICS:
+        for stack in ("torchtitan", "llm-foundry", "nanotron"):
+            t = intervals.table(metric, stack)
+            for xs, ys in ((t._probs, t._ratios), (t._ratios, t._probs)):
+                points = [*xs, *rng.uniform(min(xs) - 0.3, max(xs) + 0.3, 400), float("nan")]
+                for x in points:
+                    want = float(np.interp(x, xs, ys))
+                    got = intervals.interp(float(x), xs, ys)
+                    assert got == want or (np.isnan(want) and np.isnan(got)), (metric, stack, x)
+                    checked += 1
+    assert checked > 4000
+    peaks = np.array([10.0, 60.0, 79.0, 200.0])
+    assert intervals.fit_probability(peaks, 70.0, "torchtitan").tolist() == [
+        intervals.fit_probability(float(p), 70.0, "torchtitan") for p in peaks]

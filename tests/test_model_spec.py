@@ -88,3 +88,14 @@ def test_malformed_json(tmp_path):
 def test_unknown_model_lists_presets():
     with pytest.raises(MeshplanError, match="llama3-8b"):
         load_model("llama9-1t")
+
+
+def test_a_copy_with_other_fields_recomputes_the_derived_sizes():
+    """Derived sizes are cached per model; pydantic's copy carries the instance's cache, so a copy with new fields
+    must compute them again (a tiny test model made from the 8B preset once kept the 8B's attention size)."""
+    big = load_model("llama3-8b")
+    assert (big.d_head, big.attn_params) == (128, 41943040)  # both cached now
+    tiny = big.model_copy(update={"hidden": 64, "heads": 4, "kv_heads": 2})
+    assert tiny.d_head == 16 and tiny.q_dim == 64 and tiny.kv_dim == 32
+    assert tiny.attn_params == 64 * 64 + 2 * 64 * 32 + 64 * 64
+    assert big.model_copy().attn_params == big.attn_params

@@ -25,7 +25,7 @@ SAMPLE = 60  # configurations per case (every kind of rule outcome included: the
 
 
 def _single(c: ConfigArrays, i: int) -> ConfigArrays:
-    return ConfigArrays(**{k: np.int64(v[i]) for k, v in vars(c).items()})
+    return ConfigArrays(**{k: int(v[i]) for k, v in vars(c).items()})  # Python ints, as ConfigArrays.single
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{c[6].finetune if c[6] else 'pre'}" for c in CASES])
@@ -74,3 +74,18 @@ def test_per_stage_and_a_given_stage_agree_with_the_scalar_worst_stage():
     for k in range(4):  # a given stage on the scalar path equals the per-stage (array) figure
         r = estimate_arrays(model, hw, stack, one, stage=k)
         assert round(float(r["peak_bytes"]) / 2**30, 3) == stages[k]["peak_gib"]
+
+
+def test_choose_and_argmax_of_are_numpys():
+    """xp's array branches of choose / argmax_of (np.where per choice, a running maximum) give numpy's
+    np.choose / np.argmax, ties to the first, scalars broadcast."""
+    rng = np.random.default_rng(11)
+    for n in (1, 7, 5000):
+        index = rng.integers(0, 3, n)
+        choices = [rng.random(n), 2.5, rng.integers(0, 9, n).astype(float)]
+        got, want = xp.choose(index, choices), np.choose(index, np.broadcast_arrays(*choices))
+        assert got.shape == want.shape and np.array_equal(got, want)
+        values = [rng.integers(0, 3, n).astype(float), rng.integers(0, 3, n).astype(float), 1.0]  # many ties
+        assert np.array_equal(xp.argmax_of(values), np.argmax(np.stack(np.broadcast_arrays(*values)), axis=0))
+    assert xp.choose(np.array([0, 0]), [4.0]).tolist() == [4.0, 4.0]
+    assert xp.argmax_of([1.0, 3.0, 3.0]) == 1 and xp.choose(2, [1.0, 2.0, 3.0]) == 3.0

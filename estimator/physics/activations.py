@@ -111,7 +111,7 @@ def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> n
 def loss_buffers(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
     """(bytes of the loss's logits buffers for one microbatch, vocabulary entries per rank): the stack's bytes
     per logit element, loss-parallel under TP (vocab-sharded) or, with compile, the compiled loss's."""
-    loss_par = lay.has_tp & np.bool_(stack.loss_parallel)
+    loss_par = lay.has_tp & bool(stack.loss_parallel)
     vocab_rank = float(model.vocab) / xp.where(loss_par, lay.tp, 1.0)
     per_el = xp.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
     if stack.compiled_loss_bytes_per_element is not None:  # compile also compiles the loss (not loss-parallel)

@@ -127,8 +127,8 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
         ag = ag + ring_s(rp.routed * BF16, ne, bw_e, 0) + rp.moe_layers * hop_e
         rs = rs + ring_s(rp.routed * stack.reduce_bytes, ne, bw_e, 0) + rp.moe_layers * hop_e
     single = lay.single_stage
-    reshard = single & np.bool_(stack.reshard_after_forward)
-    per_mb_sync = single & np.bool_(stack.grad_sync_every_microbatch)
+    reshard = single & bool(stack.reshard_after_forward)
+    per_mb_sync = single & bool(stack.grad_sync_every_microbatch)
     # per microbatch: AG forward (+ AG backward when resharded) + RS (every microbatch or only the last)
     per_mb = xp.where(single, ag * xp.where(reshard, 2.0, 1.0), 0.0) + xp.where(per_mb_sync, rs, 0.0)
     hidden = 1 - stack.fsdp_overlap
@@ -156,5 +156,5 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, traina
     bw = xp.minimum(bw, intra_node_bytes_per_s(hw))
     grad = xp.where(lay.fsdp, stack.reduce_bytes, GRAD_BYTES * state_scale(lay))
     allreduce = xp.where(dr > 1, 2 * grad * trainable_sharded * (dr - 1) / dr / bw, 0.0)
-    times = xp.where(lay.single_stage & np.bool_(stack.grad_sync_every_microbatch), lay.microbatches, 1.0)
+    times = xp.where(lay.single_stage & bool(stack.grad_sync_every_microbatch), lay.microbatches, 1.0)
     return times * allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)

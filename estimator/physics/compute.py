@@ -63,6 +63,9 @@ def hbm_bytes_per_s(hw: HardwareProfile) -> float:
 
 def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarray:
     """A Float8 recipe's stack value per configuration (`default` where the recipe is none or not profiled)."""
+    if not xp.is_array(lay.float8):  # one configuration: its recipe's value
+        recipe = stack.float8.get(FLOAT8_RECIPES[int(lay.float8)])
+        return default if recipe is None else getattr(recipe, field)
     out = xp.full_like(lay.tp, default, dtype=np.asarray(default).dtype.type)
     for code, name in enumerate(FLOAT8_RECIPES):
         if name in stack.float8:

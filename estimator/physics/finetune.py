@@ -16,7 +16,10 @@ FSDP2's CPU offload (bytes, seconds).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -34,13 +37,20 @@ NF4_BYTES = 0.5 + 1 / 64 + 2 / (64 * 256)  # codes + int8 block scale + bf16 sca
 ADAMW_STEP_BYTES = 36.0  # an AdamW step reads and writes p, m, v (fp32) and reads g: 32 bytes, + the grad norm: 4
 
 
-def linear_shapes(model: ModelSpec) -> dict[str, tuple[float, float]]:
-    """(in, out) of each LoRA-targetable linear of a dense block (attention q, k, v, o; MLP w1, w2 and, gated, w3)."""
-    h, q, kv, f = float(model.hidden), float(model.q_dim), float(model.kv_dim), float(model.ffn_hidden)
-    out = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (float(model.v_dim), h), "w1": (h, f), "w2": (f, h)}
-    if model.gated_mlp:
+def linear_shapes(model: ModelSpec) -> Mapping[str, tuple[float, float]]:
+    """(in, out) of each LoRA-targetable linear of a dense block (attention q, k, v, o; MLP w1, w2 and, gated, w3);
+    read-only (one mapping per block shape, shared)."""
+    return _shapes(model.hidden, model.q_dim, model.kv_dim, model.v_dim, model.ffn_hidden, model.gated_mlp)
+
+
+@functools.lru_cache(maxsize=256)
+def _shapes(hidden: int, q_dim: int, kv_dim: int, v_dim: int, ffn: int, gated: bool
+            ) -> Mapping[str, tuple[float, float]]:
+    h, q, kv, f = float(hidden), float(q_dim), float(kv_dim), float(ffn)
+    out = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (float(v_dim), h), "w1": (h, f), "w2": (f, h)}
+    if gated:
         out["w3"] = (h, f)
-    return out
+    return MappingProxyType(out)
 
 
 def targets_of(mask: np.ndarray) -> list[tuple[str, np.ndarray]]:
@@ -69,7 +79,14 @@ def adapter_params(model: ModelSpec, rank: int, targets) -> int:
 
 def block_linear_params(model: ModelSpec) -> float:
     """Weights of a dense block's linears (what QLoRA stores in NF4): attention and MLP matrices, no biases."""
-    return float(sum(k * n for k, n in linear_shapes(model).values()))
+    return _sizes(model.hidden, model.q_dim, model.kv_dim, model.v_dim, model.ffn_hidden, model.gated_mlp)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _sizes(*block: int) -> tuple[float, float]:
+    """(every linear's weights, the largest one's) of a block's linears (`_shapes`'s arguments)."""
+    sizes = [k * n for k, n in _shapes(*block).values()]
+    return float(sum(sizes)), max(sizes)
 
 
 def first_block_unsaved(model: ModelSpec, lay: Layout, attention_none: np.ndarray) -> np.ndarray:
@@ -154,7 +171,7 @@ def weights(model: ModelSpec, lay: Layout, rp: RankParams) -> Weights:
     linears = block_linear_params(model) / lay.tp
     block_share = xp.minimum(1.0, linears / xp.maximum(rp.block, 1.0))
     stage_share = xp.minimum(1.0, rp.layers * linears / xp.maximum(rp.most, 1.0))
-    largest = max(k * n for k, n in linear_shapes(model).values())
+    largest = _sizes(model.hidden, model.q_dim, model.kv_dim, model.v_dim, model.ffn_hidden, model.gated_mlp)[1]
     return Weights(
         adapters_block=per_layer, adapters=rp.layers * per_layer,
         frozen_bytes_per_param=xp.where(lay.qlora, stage_share * NF4_BYTES + (1 - stage_share) * BF16, BF16),

@@ -115,7 +115,7 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
     Without FSDP nothing is gathered: under autocast (DDP, one device) each matmul's bf16 weight copy is cached for
     the forward and the loss and saved for its backward (with AC a block's copies are made again in its recompute);
     in fp32 or bf16 training the weights are used as they are."""
-    resharded = lay.single_stage & np.bool_(stack.reshard_after_forward)
+    resharded = lay.single_stage & bool(stack.reshard_after_forward)
     pp_nosync = xp.logical_not(lay.single_stage)
     whole = BF16 * prank
     block = w.block_gather_bytes_per_param * rp.block + BF16 * w.adapters_block

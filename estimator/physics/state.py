@@ -45,7 +45,7 @@ def fp32_compute(stack, lay: Layout) -> np.ndarray:
     """Configurations that compute in fp32: a stack whose mixed precision needs FSDP (torchtitan's maybe_enable_amp:
     FSDP/HSDP/CP cast to bf16, DDP and one device use autocast, and TP or PP without FSDP runs without mixed
     precision), with TP or PP but no FSDP, in fp32 training dtype."""
-    return (np.bool_(stack.mixed_precision_needs_fsdp) & xp.logical_not(lay.fsdp)
+    return (bool(stack.mixed_precision_needs_fsdp) & xp.logical_not(lay.fsdp)
             & (lay.has_tp | xp.logical_not(lay.single_stage)) & xp.logical_not(lay.bf16_state))
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from meshplan.commands import finetune_options as ft
@@ -86,6 +85,8 @@ def run_search(model_name: str, hardware: str, nodes: int, gpus_per_node: int | 
     if not show_progress:
         return plan_search(model, hw, stack, nodes * gpn, gpn, seq_len, global_batch_size, memory_margin,
                            objective, space, fit_confidence=fit_confidence)
+    from rich.progress import Progress  # only behind a terminal
+
     with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("evaluating configurations", total=None)
 
