@@ -3,7 +3,9 @@ both UIs, against the targets of issue 17 on a 2-core machine.
 
     python benchmarks/interactive_speed.py [--repeat 5]
 
-Prints one line per figure (median and worst of --repeat runs) and its target; asserts nothing.
+Prints one line per figure (median and worst of --repeat runs) and its target; asserts nothing. A fixed
+plain-Python loop is timed before and after: this machine's speed swings by up to 1.6-1.8x minute to minute, so
+figures of different runs compare by it.
   * `meshplan --help` and `meshplan plan --model llama3-70b` (fresh interpreters with the compiled modules Python
     keeps after a first run; target 0.35 s and 0.9 s), and the plan again compiling every module each time
     (PYTHONDONTWRITEBYTECODE=1, as this sandbox sets it: about 0.15 s more),
@@ -71,6 +73,19 @@ def one_estimate(repeat: int) -> list[float]:
     for _ in range(repeat * 20):
         t = time.perf_counter()
         estimate(m, hw, cfg, st)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def reference(repeat: int) -> list[float]:
+    """A fixed piece of plain Python (no meshplan): how fast this machine runs right now. Its speed swings by up to
+    1.6-1.8x minute to minute, so figures of runs taken at different times compare by this line."""
+    out = []
+    for _ in range(repeat * 4):
+        t = time.perf_counter()
+        total = 0.0
+        for i in range(20_000):
+            total += (i % 7) * 0.5 if i & 1 else float(i) / 3.0
         out.append(time.perf_counter() - t)
     return out
 
@@ -227,6 +242,7 @@ def main() -> None:
     ap.add_argument("--shots", type=Path, default=None, help="with --chromium: save screenshots here")
     args = ap.parse_args()
     n = args.repeat
+    report("machine reference: a fixed plain-Python loop (before)", reference(n), None, "ms")
     report("meshplan --help (whole process)", process(["--help"], n), 0.35)
     report("meshplan plan --model llama3-70b (whole process)", process(["plan", "--model", "llama3-70b"], n), 0.9)
     report("  the same, compiling every module (no __pycache__)",
@@ -238,6 +254,7 @@ def main() -> None:
     sweeps, moves = tui(n)
     report("TUI: nodes changed -> new ranked table on screen", sweeps, None)
     report("TUI: cursor to another plan -> its detail on screen", moves, 0.3)
+    report("machine reference: a fixed plain-Python loop (after)", reference(n), None, "ms")
     if args.chromium:
         cold, switch, charts, outside = chromium(n, args.shots)
         report("web in Chromium: fresh server -> first charts (cold)", cold[:1], None)
