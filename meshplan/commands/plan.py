@@ -17,7 +17,6 @@ from meshplan.estimator.model_spec import load_model
 from meshplan.estimator.report import GIB_DECIMALS, estimate
 from meshplan.estimator.stack import load_stack
 from meshplan.planner.capacity import train_time
-from meshplan.planner.plan_file import check_name, check_output_path, make_plan, save_plan, write_atomic
 from meshplan.planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
 from meshplan.planner.space import DEFAULT_BATCH_TOLERANCE, SearchSpace
 from meshplan.planner.tree import decision_tree, tree_text
@@ -161,11 +160,15 @@ def plan_cmd(
         raise MeshplanError(f"--fit-confidence is a probability between 0 and 1 (e.g. 0.9), got {fit_confidence}")
     if memory_margin is None:
         memory_margin = 1.0 if fit_confidence is not None else 0.9
-    # every output path and the job name are checked before the search: a bad one writes nothing
-    for flag, path in (("--csv", csv_path), ("--output", output)):
-        if path is not None:
-            check_output_path(path, flag)
-    check_name(name)
+    # every output path and the job name are checked before the search: a bad one writes nothing (the plan file's
+    # module, and its models, are imported only when a file is written or named)
+    if csv_path is not None or output is not None or name is not None:
+        from meshplan.planner.plan_file import check_name, check_output_path
+
+        for flag, path in (("--csv", csv_path), ("--output", output)):
+            if path is not None:
+                check_output_path(path, flag)
+        check_name(name)
     space = SearchSpace(
         tp=_int_list(tp, "tp"), pp=_int_list(pp, "pp"), cp=_int_list(cp, "cp"),
         ac=_str_list(ac, "ac", ("none", "selective", "full")),
@@ -183,6 +186,8 @@ def plan_cmd(
                      show_progress=not as_json and Console(stderr=True).is_terminal, gpus=gpus,
                      fit_confidence=fit_confidence)
     if csv_path is not None:
+        from meshplan.planner.plan_file import write_atomic
+
         write_atomic(csv_path, sweep_csv(res))
     if len(res.ranked) == 0:
         hint = add_nodes_hint(res)
@@ -196,6 +201,8 @@ def plan_cmd(
         est = estimate(res.model, res.hw, res.train_config(int(i)), res.stack)
         plans.append({"config": est["config"], "estimate": est})
     if output is not None:
+        from meshplan.planner.plan_file import make_plan, save_plan
+
         plan = make_plan(res.model, model, res.hw, res.train_config(best), plans[0]["estimate"], stack=stack,
                          tokens=int(tokens) if tokens else None, name=name, init_from=init_from)
         save_plan(plan, output)
