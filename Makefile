@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/meshplan plan --model llama3-70b -o plan.yaml
 
-# The whole test suite (lint first; slow tests included). As root, .ci/engines.sh first sets up and starts the
-# real launch engines tests/engines drives (a one-node Slurm with sacct, Open MPI; seconds when already up).
+# The whole test suite (lint first; slow tests included), on two workers (pytest-xdist, a file per worker at a
+# time), then alone the tests that read a terminal's screen back frame by frame (marked serial). As root,
+# .ci/engines.sh first sets up and starts the real launch engines tests/engines drives (a one-node Slurm with
+# sacct, Open MPI; seconds when already up).
 # Not root, or when it fails outside CI: those tests skip, saying how to set them up; with CI=true they fail.
 test: $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then \
@@ -32,7 +34,8 @@ test: $(STAMP)
 	@echo "make test: the real torchtitan 0.2.2 and 0.3.0 releases the export tests parse with (.ci/install-torchtitan.sh)"
 	.ci/install-torchtitan.sh $(BIN)/python
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not serial"
+	$(BIN)/pytest -q -m serial
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

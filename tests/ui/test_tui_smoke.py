@@ -15,6 +15,7 @@ from needs import require, require_module
 
 require_module("textual")
 
+pytestmark = pytest.mark.serial  # screens compared frame by frame: run alone (make test's second part)
 ROOT = Path(__file__).resolve().parents[2]
 TMUX = shutil.which("tmux") or ("/usr/bin/tmux" if os.path.exists("/usr/bin/tmux") else None)
 

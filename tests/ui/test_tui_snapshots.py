@@ -19,6 +19,7 @@ from textual.widgets import DataTable  # noqa: E402
 
 from meshplan.ui.tui.app import MeshplanApp  # noqa: E402
 
+pytestmark = pytest.mark.serial  # screens compared frame by frame: run alone (make test's second part)
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
 FROZEN = Path(__file__).parent / "fixtures" / "data"
 
