@@ -66,7 +66,7 @@ class ConfigArrays:
 
     @classmethod
     def single(cls, config: TrainConfig) -> ConfigArrays:
-        """One already-resolved TrainConfig as numpy int64 scalars (the estimator's scalar path)."""
+        """One already-resolved TrainConfig as Python ints (the estimator's scalar path, :mod:`~meshplan.estimator.xp`)."""
         return cls(**{k: int(v) for k, v in _codes(config).items()})
 
     @property

@@ -192,8 +192,7 @@ class TrainConfig(BaseModel):
         )
         from meshplan.estimator.arrays import ConfigArrays
 
-        code = rules.violations(model, ConfigArrays.single(c), hw, predict=True)
-        if code:  # the pipeline split's weights are named by the rule's message: the CLI names their flag
-            problem = rules.message(code, model, hw, c.rule_fields())
+        problem = rules.check(model, hw, c.rule_fields(), predict=True, c=ConfigArrays.single(c))
+        if problem:  # the pipeline split's weights are named by the rule's message: the CLI names their flag
             raise ConfigError(problem, field=next((f for f in LESS_FIELDS if problem.startswith(f)), None))
         return c

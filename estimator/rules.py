@@ -312,8 +312,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
     (pp_schedule, float8, ... as names)."""
     from meshplan.estimator.config import AC_MODES
 
-    def col(v: object) -> int:
-        return int(v)
+    col = int
 
     return ConfigArrays(
         dp_replicate=col(cfg.get("dp_replicate", 1)), dp_shard=col(cfg.get("dp_shard", 1)), tp=col(cfg.get("tp", 1)),
@@ -330,11 +329,13 @@ def arrays_of(cfg: dict) -> ConfigArrays:
     )
 
 
-def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict, *, predict: bool = False) -> str | None:
+def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict, *, predict: bool = False,
+          c: ConfigArrays | None = None) -> str | None:
     """The first rule one configuration breaks, as a message; None when it passes every rule. Ranking rules are
     the planner's and not checked here; with `predict` (the estimator) neither are the rules of configurations
-    frameworks run poorly (see :func:`predicted_warnings`)."""
-    code = int(violations(model, arrays_of(cfg), hw, predict=predict))
+    frameworks run poorly (see :func:`predicted_warnings`). `c`: the same configuration as ConfigArrays, when the
+    caller holds it (else built from `cfg`)."""
+    code = int(violations(model, c if c is not None else arrays_of(cfg), hw, predict=predict))
     return message(code, model, hw, cfg) if code else None
 
 

@@ -8,6 +8,7 @@ each, so the physics modules call these instead: numpy's function when any argum
 branch when none is. The results are the same numbers either way (IEEE doubles both; tests/test_scalar_path.py
 compares both paths over the planner's configurations).
 """
+
 from __future__ import annotations
 
 import math

@@ -40,7 +40,12 @@ ADAMW_STEP_BYTES = 36.0  # an AdamW step reads and writes p, m, v (fp32) and rea
 def linear_shapes(model: ModelSpec) -> Mapping[str, tuple[float, float]]:
     """(in, out) of each LoRA-targetable linear of a dense block (attention q, k, v, o; MLP w1, w2 and, gated, w3);
     read-only (one mapping per block shape, shared)."""
-    return _shapes(model.hidden, model.q_dim, model.kv_dim, model.v_dim, model.ffn_hidden, model.gated_mlp)
+    return _shapes(*_block(model))
+
+
+def _block(model: ModelSpec) -> tuple[int, int, int, int, int, bool]:
+    """What a dense block's linear shapes depend on: the key of their caches (`_shapes`, `_sizes`)."""
+    return model.hidden, model.q_dim, model.kv_dim, model.v_dim, model.ffn_hidden, model.gated_mlp
 
 
 @functools.lru_cache(maxsize=256)
@@ -79,12 +84,12 @@ def adapter_params(model: ModelSpec, rank: int, targets) -> int:
 
 def block_linear_params(model: ModelSpec) -> float:
     """Weights of a dense block's linears (what QLoRA stores in NF4): attention and MLP matrices, no biases."""
-    return _sizes(model.hidden, model.q_dim, model.kv_dim, model.v_dim, model.ffn_hidden, model.gated_mlp)[0]
+    return _sizes(*_block(model))[0]
 
 
 @functools.lru_cache(maxsize=256)
 def _sizes(*block: int) -> tuple[float, float]:
-    """(every linear's weights, the largest one's) of a block's linears (`_shapes`'s arguments)."""
+    """(every linear's weights, the largest one's) of a block's linears (`_block`'s values)."""
     sizes = [k * n for k, n in _shapes(*block).values()]
     return float(sum(sizes)), max(sizes)
 
@@ -171,7 +176,7 @@ def weights(model: ModelSpec, lay: Layout, rp: RankParams) -> Weights:
     linears = block_linear_params(model) / lay.tp
     block_share = xp.minimum(1.0, linears / xp.maximum(rp.block, 1.0))
     stage_share = xp.minimum(1.0, rp.layers * linears / xp.maximum(rp.most, 1.0))
-    largest = _sizes(model.hidden, model.q_dim, model.kv_dim, model.v_dim, model.ffn_hidden, model.gated_mlp)[1]
+    largest = _sizes(*_block(model))[1]
     return Weights(
         adapters_block=per_layer, adapters=rp.layers * per_layer,
         frozen_bytes_per_param=xp.where(lay.qlora, stage_share * NF4_BYTES + (1 - stage_share) * BF16, BF16),
