@@ -10,9 +10,10 @@ Defaults for cells a source left empty (documented in the README):
 - `float8_recipe` empty with precision fp8: tensorwise.
 
 The `framework` column picks the stack profile (`data/stacks/`). A framework's older releases behave
-differently (torchtitan before 2025 did not compile the loss), so when the `source` names the month of
-the run (torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md`), the release profile covering that
-month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
+differently (torchtitan before April 2025 did not compile the loss), so when the `source` names the month of
+the run (torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md`), or `data/provenance/run_dates.yaml` dates
+the source's table on that hardware from the software versions the document states, the release profile
+covering that month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
 which software ran, never what it measured. A framework with no profile (say `megatron`) is predicted
 with the `generic` profile (torchtitan's constants, the bf16-model + fp32-master conventions most frameworks share)
 rather than failing; a row whose notes say ZeRO-1 uses the framework's `-zero1` profile where one exists
@@ -37,6 +38,7 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
+from meshplan.estimator.run_dates import documented_month
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
 
 CONFIG_COLUMNS = (
@@ -155,7 +157,8 @@ _ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1
 
 def row_stack(row: dict) -> str:
     """The stack profile that predicts a row: its framework's release that ran the job (the month the
-    `source` names, e.g. a benchmark file dated 202412; else the current release), or its ZeRO-1 variant when the
+    `source` names, e.g. a benchmark file dated 202412, or the month `data/provenance/run_dates.yaml` documents
+    for the source's table on that hardware; else the current release), or its ZeRO-1 variant when the
     notes say so. meshplan's own runs are predicted with torchtitan's (FRAMEWORK_STACKS). A framework without a
     profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so."""
     framework = (row.get("framework") or DEFAULT_STACK).strip()
@@ -164,7 +167,8 @@ def row_stack(row: dict) -> str:
         framework = FALLBACK_STACK
     if _ZERO1.search(row.get("notes") or "") and f"{framework}-zero1" in stack_names():
         return f"{framework}-zero1"
-    return stack_for_run(framework, source_month(row.get("source") or ""))
+    source = row.get("source") or ""
+    return stack_for_run(framework, source_month(source) or documented_month(source, row.get("hardware") or ""))
 
 
 def _squash(name: str) -> str:
