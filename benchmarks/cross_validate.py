@@ -2,6 +2,7 @@
 predict that group, for every group in turn.
 
     python benchmarks/cross_validate.py [CSV] [--rounds N] [--write-readme] [--write-intervals] [--intervals-only]
+                                        [--bound STACK.FIELD=HIGH]
 
 Folds: leave one source document out (the runs one publication reports, all its tables together) and leave one
 hardware part out. Every fit, the in-sample one included, starts from the same neutral point (the geometric
@@ -219,7 +220,8 @@ def intervals_markdown(records: list[dict]) -> str:
 MIN_ROWS = 20
 
 
-def report(rows: list[dict], rounds: int, intervals: bool = False) -> str:
+def report(rows: list[dict], rounds: int, intervals: bool = False, keep: bool = True) -> str:
+    """The cross-validation tables; `keep`: write every held-out prediction to benchmarks/data (not for a what-if)."""
     start = C.current_values()
     committed = errors(rows)
     try:
@@ -228,7 +230,8 @@ def report(rows: list[dict], rounds: int, intervals: bool = False) -> str:
         pinned = constraining_rows(rows)
         by_doc = cross_validate(rows, lambda r: document(r.get("source", "")), rounds, "document")
         by_hw = cross_validate(rows, lambda r: r.get("hardware", ""), rounds, "hardware")
-        write_held_out(by_doc[3] + by_hw[3])
+        if keep:
+            write_held_out(by_doc[3] + by_hw[3])
         if intervals:
             write_intervals(by_doc[3] + by_hw[3], len(rows), rounds)
     finally:
@@ -259,6 +262,24 @@ def report(rows: list[dict], rounds: int, intervals: bool = False) -> str:
     return "\n".join(out)
 
 
+def set_bound(spec: str) -> None:
+    """Raise or lower the upper bound of one fitted constant in calibrate.PARAMS ("torchtitan.fragmentation=0.5")."""
+    try:
+        name, high = spec.split("=")
+        stack_id, path = name.split(".", 1)
+        high = float(high)
+    except ValueError:
+        sys.exit(f"--bound {spec!r}: give STACK.FIELD=HIGH, e.g. torchtitan.launch_overhead_s_per_layer=0.04")
+    for i, (sid, p, lo, _) in enumerate(C.PARAMS):
+        if (sid, p) == (stack_id, path):
+            if high <= lo:
+                sys.exit(f"--bound {spec!r}: the upper bound must exceed the lower bound {lo}")
+            C.PARAMS[i] = (sid, p, lo, high)
+            return
+    sys.exit(f"--bound {spec!r}: not a fitted constant; choose one of "
+             + ", ".join(f"{sid}.{p}" for sid, p, _, _ in C.PARAMS))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", nargs="?", default=str(C.DEFAULT_CSV))
@@ -269,12 +290,22 @@ def main() -> None:
     ap.add_argument("--intervals-only", action="store_true",
                     help="no refit: rebuild the intervals (and their README table) from "
                          "benchmarks/data/held_out_predictions.csv")
+    ap.add_argument("--bound", action="append", default=[], metavar="STACK.FIELD=HIGH",
+                    help="what-if: fit a constant up to another upper bound (e.g. "
+                         "torchtitan.launch_overhead_s_per_layer=0.04); refuses --write-readme / --write-intervals")
     args = ap.parse_args()
+    if args.bound:
+        if args.write_readme or args.write_intervals:
+            ap.error("--bound is a what-if: it does not write the README or the intervals")
+        for spec in args.bound:
+            set_bound(spec)
     if not args.intervals_only:
-        text = report(V.read_rows(Path(args.csv)), args.rounds, args.write_intervals)
+        text = report(V.read_rows(Path(args.csv)), args.rounds, args.write_intervals, keep=not args.bound)
         print(text)
         if args.write_readme:
             replace_section("cross-validation", text)
+    if args.bound:
+        return
     records = read_held_out()
     if args.intervals_only and args.write_intervals:
         write_intervals(records, len({r["id"] for r in records}), args.rounds)

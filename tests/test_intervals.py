@@ -74,6 +74,27 @@ def test_intervals_hold_most_runs_of_folds_they_were_not_built_from():
         assert share >= 70, cells
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--bound", "torchtitan.fragmentation=0.5", "--write-readme"], "what-if"),
+     (["--bound", "torchtitan.nope=1"], "not a fitted constant"),
+     (["--bound", "torchtitan.fragmentation"], "STACK.FIELD=HIGH"),
+     (["--bound", "torchtitan.fragmentation=0.01"], "must exceed the lower bound")],
+)
+def test_a_what_if_bound_is_checked_before_any_fit_and_writes_nothing(args, says):
+    """cross_validate.py --bound refits with another upper bound for one constant; it refuses to write the README or
+    the intervals (a what-if), and a bad bound fails in one line before any fit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "cross_validate.py"), *args],
+                         capture_output=True, text=True, cwd=root, timeout=120)
+    assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 5  # argparse's usage + one line, or one line
+
+
 def test_plan_fits_by_probability(cli):
     def plans(conf: str) -> dict:
         out = cli("plan", "--model", "llama3-8b", "--nodes", "1", "--top", "50", "--fit-confidence", conf, "--json")
