@@ -353,9 +353,11 @@ def show_metrics(ctx: Context) -> None:
     m = st.columns(7)
     lo, hi = mem["peak_gib_interval"]
     m[0].metric("peak / GPU", f"{mem['peak_gib']:.1f} GiB",
-                f"{ctx.res.limit_gib - mem['peak_gib']:.1f} GiB headroom · fits {mem['fit_probability']:.0%}",
+                # the probability first: at 1440 px the column cuts the end of the chip
+                f"fits {mem['fit_probability']:.0%} · {ctx.res.limit_gib - mem['peak_gib']:.1f} GiB free",
                 delta_color="off", delta_arrow="off",
-                help=f"worst rank: {mem['worst_rank']}; limit {ctx.res.limit_gib:.1f} GiB. 80 % interval "
+                help=f"worst rank: {mem['worst_rank']}; limit {ctx.res.limit_gib:.1f} GiB (free: the headroom below "
+                     f"it). 80 % interval "
                      f"{lo:.1f}-{hi:.1f} GiB and the probability of fitting, from the estimator's cross-validated "
                      "error on published runs")
     tlo, thi = thr["tokens_per_sec_per_gpu_interval"]

@@ -94,7 +94,8 @@ def test_chosen_plan_is_highlighted_and_drives_the_metrics(web_app):
     peak = at.metric[0].value
     assert peak == f"{df.peak_gib.iloc[2]:.1f} GiB"
     # the table's headroom, shown to one decimal, says what the metric above it says (no double rounding)
-    assert at.metric[0].proto.delta.startswith(f"{df.headroom_gib.iloc[2]:.1f} GiB headroom · fits ")
+    delta = at.metric[0].proto.delta
+    assert delta.startswith("fits ") and delta.endswith(f" · {df.headroom_gib.iloc[2]:.1f} GiB free")
     # the band: tokens/s/GPU carries its 80 % interval, around the value shown
     lo, hi = (float(x.replace(",", "")) for x in at.metric[1].proto.delta.removeprefix("80 %: ").split("-"))
     assert lo < float(at.metric[1].value.replace(",", "")) < hi
@@ -109,7 +110,7 @@ def test_default_plan_reads_the_same_everywhere(web_app):
     shown = f"{df.peak_gib.iloc[0]:.1f} GiB"
     assert at.metric[0].value == shown
     assert f"{shown}  ·" in at.selectbox(key="chosen").format_func(at.selectbox(key="chosen").value)
-    assert at.metric[0].proto.delta.startswith(f"{df.headroom_gib.iloc[0]:.1f} GiB headroom")
+    assert at.metric[0].proto.delta.endswith(f" · {df.headroom_gib.iloc[0]:.1f} GiB free")
     # days and dollars: the table's come from the same rounded tokens/s/GPU as the metrics' (they differed by $29)
     assert at.metric[4].value == f"{df.days.iloc[0]:,.1f} days"
     assert at.metric[5].value == f"${df.cost_usd.iloc[0]:,.0f}"

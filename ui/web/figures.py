@@ -86,7 +86,10 @@ def memory_bars(bars: Sequence[tuple[str, dict[str, float]]], usable_gib: float,
         type="scatter",
         # inside the bar's top: a chosen plan's peak sits near the margin and usable lines, which a label
         # above the bar would collide with
+        # white with a contrasting shadow: it sits on the top segment (the brown fragmentation one, as a rule) in
+        # both colour schemes, where the theme's default text colour was hard to read in light mode
         x=labels, y=totals, mode="text", text=[f"{t:.1f}" for t in totals], textposition="bottom center",
+        textfont=dict(color="#ffffff", shadow="auto"),
         showlegend=False, hoverinfo="skip", name="peak", meta="peak",
     ))
     lines = [_hline(usable_gib, dict(color=USABLE_COLOR, width=2), f"usable HBM {usable_gib:.1f} GiB", "bottom")]
