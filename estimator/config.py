@@ -134,8 +134,9 @@ class TrainConfig(BaseModel):
         """The torchtitan-named values `estimator.rules` checks."""
         return self.model_dump(exclude={"gpus", "lora_alpha"})
 
-    def resolve(self, model: ModelSpec, hw: HardwareProfile) -> TrainConfig:
-        """Return a copy with inferred fields set; raise MeshplanError naming the first problem."""
+    def resolve(self, model: ModelSpec, hw: HardwareProfile, skip: frozenset[str] = frozenset()) -> TrainConfig:
+        """Return a copy with inferred fields set; raise MeshplanError naming the first problem. `skip`: keys of
+        torchtitan's rules the stack that runs it lifts (`rules.stack_skips`)."""
         c = self.model_copy()
         for name in ("dp_replicate", "tp", "pp", "cp", "ep", "micro_batch_size", "seq_len", "lora_rank"):
             if getattr(c, name) < 1:
@@ -192,7 +193,7 @@ class TrainConfig(BaseModel):
         )
         from meshplan.estimator.arrays import ConfigArrays
 
-        problem = rules.check(model, hw, c.rule_fields(), predict=True, c=ConfigArrays.single(c))
+        problem = rules.check(model, hw, c.rule_fields(), predict=True, c=ConfigArrays.single(c), skip=skip)
         if problem:  # the pipeline split's weights are named by the rule's message: the CLI names their flag
             raise ConfigError(problem, field=next((f for f in LESS_FIELDS if problem.startswith(f)), None))
         return c

@@ -54,17 +54,18 @@ def estimate(
     from the estimator's cross-validated error (:mod:`meshplan.estimator.intervals`).
     """
     stack = stack or load_stack("torchtitan")
-    cfg = config.resolve(model, hw)
+    from meshplan.estimator import rules
+
+    lifted = rules.stack_skips(stack)  # torchtitan's rules this stack does not have
+    cfg = config.resolve(model, hw, lifted)
     one = ConfigArrays.single(cfg)
     r = {k: float(v) for k, v in estimate_arrays(model, hw, stack, one).items()}
     usable = hw.usable_hbm_gib
     peak = r["peak_bytes"] / GIB
     host = r["host_bytes_per_node"] / GIB
     warnings: list[str] = list(model.notes)  # what the model spec leaves out (a vision tower, sliding windows)
-    from meshplan.estimator import rules
-
     for key, w in rules.predicted_warnings(model, hw, cfg.rule_fields(), one):
-        if key in rules.stack_skips(stack):
+        if key in lifted:
             continue
         if key == "pp_microbatches":
             w += f"; predicted anyway: the bubble is {r['pp_bubble'] / max(r['step_time_s'], 1e-12):.0%} of the step"

@@ -256,8 +256,12 @@ def _violations_of_arrays(model: ModelSpec, c: ConfigArrays, hw: HardwareProfile
 
 def stack_skips(stack) -> frozenset[str]:
     """Keys of the rules that describe torchtitan's behaviour and do not hold for `stack` (a StackProfile): without
-    FSDP a stack whose mixed precision does not need it trains TP and PP in bf16, not fp32."""
-    return frozenset() if stack is None or stack.mixed_precision_needs_fsdp else frozenset({"fp32_without_fsdp"})
+    FSDP a stack whose mixed precision does not need it trains TP and PP in bf16, not fp32; a stack that splits tied
+    embeddings runs a tied model with TP or PP."""
+    if stack is None:
+        return frozenset()
+    return frozenset(key for key, lifted in (("fp32_without_fsdp", not stack.mixed_precision_needs_fsdp),
+                                             ("tied_embeddings", stack.splits_tied_embeddings)) if lifted)
 
 
 def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
@@ -330,12 +334,12 @@ def arrays_of(cfg: dict) -> ConfigArrays:
 
 
 def check(model: ModelSpec, hw: HardwareProfile | None, cfg: dict, *, predict: bool = False,
-          c: ConfigArrays | None = None) -> str | None:
+          c: ConfigArrays | None = None, skip: frozenset[str] = frozenset()) -> str | None:
     """The first rule one configuration breaks, as a message; None when it passes every rule. Ranking rules are
     the planner's and not checked here; with `predict` (the estimator) neither are the rules of configurations
     frameworks run poorly (see :func:`predicted_warnings`). `c`: the same configuration as ConfigArrays, when the
-    caller holds it (else built from `cfg`)."""
-    code = int(violations(model, c if c is not None else arrays_of(cfg), hw, predict=predict))
+    caller holds it (else built from `cfg`); `skip`: rule keys the stack lifts (:func:`stack_skips`)."""
+    code = int(violations(model, c if c is not None else arrays_of(cfg), hw, predict=predict, skip=skip))
     return message(code, model, hw, cfg) if code else None
 
 

@@ -129,6 +129,9 @@ class StackProfile(BaseModel):
     process_host_gib: float = Field(ge=0, description="host RAM per training process, GiB")
     mixed_precision_needs_fsdp: bool = Field(
         default=False, description="TP or PP without FSDP/HSDP/CP trains in fp32 (torchtitan's maybe_enable_amp)")
+    splits_tied_embeddings: bool = Field(
+        default=False, description="TP and PP split a model whose embedding and output share weights (Megatron, "
+        "nanotron: vocab-parallel, a copy on the first and last stage); torchtitan cannot")
     replicated_state: ReplicatedState = Field(
         default_factory=ReplicatedState, description="what a rank keeps without FSDP (DDP, TP or PP alone)")
     float8: dict[str, Float8Recipe]

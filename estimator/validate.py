@@ -6,7 +6,8 @@ read afterwards, for the comparison only.
 
 Defaults for cells a source left empty (documented in the README):
 - `compile` empty: the stack profile's `default_compile` (llm-foundry: false);
-- `pp_schedule` empty with pp > 1: 1F1B; `vpp` empty: 2 for Interleaved1F1B, else 1;
+- `pp_schedule` empty with pp > 1: 1F1B; other frameworks' names are read as ours (nanotron's `afab` is GPipe,
+  `ScheduleInterleaved1F1B` is Interleaved1F1B, any case); `vpp` empty: 2 for Interleaved1F1B, else 1;
 - `float8_recipe` empty with precision fp8: tensorwise.
 
 The `framework` column picks the stack profile (`data/stacks/`). A framework's older releases behave
@@ -171,6 +172,24 @@ def row_stack(row: dict) -> str:
     return stack_for_run(framework, source_month(source) or documented_month(source, row.get("hardware") or ""))
 
 
+# a pipeline schedule as frameworks write it -> meshplan's name: torch.distributed.pipelining's classes
+# (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B), nanotron's pipeline_engine ("afab" =
+# AllForwardAllBackwardPipelineEngine, "1f1b" = OneForwardOneBackwardPipelineEngine), any case and separators
+_SCHEDULE_NAMES = {
+    "gpipe": "GPipe", "afab": "GPipe", "allforwardallbackward": "GPipe", "allforwardallbackwardpipelineengine": "GPipe",
+    "1f1b": "1F1B", "onefoneb": "1F1B", "oneforwardonebackward": "1F1B", "oneforwardonebackwardpipelineengine": "1F1B",
+    "interleaved1f1b": "Interleaved1F1B", "interleaved": "Interleaved1F1B",
+}
+
+
+def pp_schedule_name(cell: str | None) -> str:
+    """The pipeline schedule a row names, as meshplan calls it (empty: 1F1B); a name it does not know is returned
+    as written, for the configuration's one-line error to name."""
+    raw = (cell or "").strip()
+    key = "".join(ch for ch in raw.lower() if ch.isalnum()).removeprefix("schedule")
+    return _SCHEDULE_NAMES.get(key, raw) if raw else "1F1B"
+
+
 def _squash(name: str) -> str:
     """A model name reduced to lowercase letters and digits, an organisation prefix dropped
     (`Qwen/Qwen3-30B-A3B` -> `qwen330ba3b`)."""
@@ -242,7 +261,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
     stack_id = stack_id or row_stack(row)
     stack = _stack(stack_id)
     pp = _int(row, "pp", 1)
-    schedule = (row.get("pp_schedule") or "").strip() or "1F1B"
+    schedule = pp_schedule_name(row.get("pp_schedule"))
     vpp = (row.get("vpp") or "").strip()
     precision = (row.get("precision") or "bf16").strip().lower()
     recipe = (row.get("float8_recipe") or "").strip() or ("tensorwise" if precision == "fp8" else "none")

@@ -142,8 +142,10 @@ def rank_params(model: ModelSpec, lay: Layout) -> RankParams:
     else:
         kinds = BlockParams(dense=dense_block, moe=None, routed=xp.zeros_like(t))
     emb = model.embedding_params / t
-    out = (model.output_params - norm) / t + norm
     single = lay.single_stage
+    # tied embeddings split by a pipeline (Megatron, nanotron): the last stage keeps its own copy of the shared weight
+    tied_copy = xp.where(single, 0.0, float(model.embedding_params)) if model.tied_embeddings else 0.0
+    out = (model.output_params - norm + tied_copy) / t + norm
     n = rank_blocks_of(model, lay, 0.0, xp.minimum(1.0, lay.pp - 1), lay.pp - 1)
     stages = tuple((k, *kinds.on_rank(model, k)) for k in n)
     zero = xp.zeros_like(t)

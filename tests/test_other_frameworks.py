@@ -1,0 +1,83 @@
+"""Rows other frameworks write: their pipeline schedule names, and tied embeddings split by TP or PP (Megatron-LM and
+nanotron run them; torchtitan refuses them). `meshplan validate` predicts such rows instead of refusing them."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.model_spec import load_model
+from meshplan.estimator.report import estimate
+from meshplan.estimator.stack import load_stack
+from meshplan.estimator.validate import pp_schedule_name, validate_rows
+
+H100 = load_hardware("h100-sxm")
+# a Llama 3.2 1B-like model: 16 layers, tied embeddings
+TIED = load_model("llama3-8b").model_copy(update={
+    "layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "ffn_hidden": 8192, "tied_embeddings": True,
+    "name": "tied-1b"})
+UNTIED = TIED.model_copy(update={"tied_embeddings": False, "name": "untied-1b"})
+
+
+@pytest.mark.parametrize(("cell", "name"), [
+    ("", "1F1B"), ("1F1B", "1F1B"), ("1f1b", "1F1B"), ("afab", "GPipe"), ("AllForwardAllBackward", "GPipe"),
+    ("all_forward_all_backward", "GPipe"), ("ScheduleGPipe", "GPipe"), ("Schedule1F1B", "1F1B"),
+    ("ScheduleInterleaved1F1B", "Interleaved1F1B"), ("interleaved_1f1b", "Interleaved1F1B"), ("zero-bubble", "zero-bubble"),
+])
+def test_schedule_names_of_other_frameworks(cell, name):
+    assert pp_schedule_name(cell) == name
+
+
+def _row(**over) -> dict:
+    row = dict(id="x", source="a sweep", framework="nanotron", model="Llama 1B", layers="16", hidden="2048",
+               heads="32", kv_heads="8", ffn_hidden="8192", vocab="128256", tied_embeddings="true", mlp="swiglu",
+               seq_len="4096", hardware="h100-sxm", gpus="8", gpus_per_node="8", dp_replicate="2", dp_shard="1",
+               tp="1", pp="4", pp_schedule="afab", vpp="", cp="1", global_batch_size="64", micro_batch_size="1",
+               precision="bf16", float8_recipe="", compile="", ac="none", async_tp="false",
+               measured_tps_per_gpu="", measured_mem_gib="", measured_mfu="", status="ok", notes="")
+    row.update(over)
+    return row
+
+
+def test_a_nanotron_sweep_row_with_tied_embeddings_and_pp_is_predicted():
+    rows = [_row(), _row(pp="1", tp="4", pp_schedule="", dp_replicate="2"), _row(pp_schedule="1f1b"),
+            _row(pp_schedule="zero-bubble")]
+    got = validate_rows(rows)
+    assert [r.error for r in got[:3]] == [None, None, None]
+    assert all(r.predicted_tps_per_gpu > 0 and r.predicted_mem_gib > 0 for r in got[:3])
+    assert "pp_schedule" in got[3].error  # an unknown name: one line naming the field
+    # the same rows under torchtitan: refused, as torchtitan refuses them
+    titan = validate_rows([{**r, "framework": "torchtitan"} for r in rows[:2]])
+    assert all("ties its input and output embeddings" in r.error for r in titan)
+
+
+def test_tied_embeddings_split_by_a_pipeline_keep_a_copy_on_the_last_stage():
+    """With pp > 1 the first stage holds the embedding and the last its own copy of the shared weight: the worst
+    rank's memory is the untied model's. Without a pipeline the weight is held once: less than untied."""
+    generic = load_stack("generic")
+    pp = TrainConfig(gpus=8, pp=4, dp_shard=2, seq_len=4096, global_batch_size=16)
+    assert estimate(TIED, H100, pp, generic)["memory"]["peak_gib"] == pytest.approx(
+        estimate(UNTIED, H100, pp, generic)["memory"]["peak_gib"], rel=1e-9)
+    tp = TrainConfig(gpus=8, tp=4, dp_shard=2, seq_len=4096, global_batch_size=16)
+    assert estimate(TIED, H100, tp, generic)["memory"]["peak_gib"] < estimate(UNTIED, H100, tp, generic)["memory"]["peak_gib"]
+    with pytest.raises(MeshplanError, match="ties its input and output embeddings"):
+        estimate(TIED, H100, tp, load_stack("torchtitan"))
+
+
+def test_validate_cli_reads_a_sweep_with_other_names(tmp_path, cli):
+    path = tmp_path / "sweep.csv"
+    rows = [_row(id="a"), _row(id="b", pp_schedule="AllForwardAllBackward", status="oom", global_batch_size="512")]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    out = cli("validate", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert [r["error"] for r in got["rows"]] == [None, None]
+    assert [r["stack"] for r in got["rows"]] == ["nanotron", "nanotron"]
