@@ -182,6 +182,21 @@ _SCHEDULE_NAMES = {
 }
 
 
+_OK_STATUS = {"ok", "success", "succeeded", "completed", "complete", "finished", "done", "pass", "passed", "fits"}
+
+
+def run_status(cell: str | None) -> str:
+    """A run's status as `ok` or `oom` where a sweep words it otherwise ("success", "OOM", "CUDA out of memory",
+    "OutOfMemoryError"); any other status as written, lowercase (not judged by the fit agreement)."""
+    raw = (cell or "").strip().lower()
+    squashed = "".join(ch for ch in raw if ch.isalnum())
+    if raw in _OK_STATUS:
+        return "ok"
+    if "oom" in squashed or "outofmemory" in squashed:
+        return "oom"
+    return raw
+
+
 def pp_schedule_name(cell: str | None) -> str:
     """The pipeline schedule a row names, as meshplan calls it (empty: 1F1B); a name it does not know is returned
     as written, for the configuration's one-line error to name."""
@@ -323,7 +338,7 @@ def validate_rows(rows: list[dict]) -> list[RowResult]:
             stack=row_stack(row),
             measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu")),
             measured_mem_gib=_float(row.get("measured_mem_gib")),
-            status=(row.get("status") or "").strip().lower(),
+            status=run_status(row.get("status")),
         )
         try:
             cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS}

@@ -14,7 +14,7 @@ from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import load_model
 from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
-from meshplan.estimator.validate import pp_schedule_name, validate_rows
+from meshplan.estimator.validate import pp_schedule_name, run_status, validate_rows
 
 H100 = load_hardware("h100-sxm")
 # a Llama 3.2 1B-like model: 16 layers, tied embeddings
@@ -31,6 +31,15 @@ UNTIED = TIED.model_copy(update={"tied_embeddings": False, "name": "untied-1b"})
 ])
 def test_schedule_names_of_other_frameworks(cell, name):
     assert pp_schedule_name(cell) == name
+
+
+@pytest.mark.parametrize(("cell", "status"), [
+    ("ok", "ok"), ("OK", "ok"), ("success", "ok"), ("Completed", "ok"), ("oom", "oom"), ("OOM", "oom"),
+    ("CUDA out of memory", "oom"), ("OutOfMemoryError", "oom"), ("timeout", "timeout"), ("", ""),
+])
+def test_status_words_of_sweeps(cell, status):
+    """A sweep's status in its own words counts as ok / oom for the fit agreement; others are not judged."""
+    assert run_status(cell) == status
 
 
 def _row(**over) -> dict:
@@ -71,7 +80,8 @@ def test_tied_embeddings_split_by_a_pipeline_keep_a_copy_on_the_last_stage():
 
 def test_validate_cli_reads_a_sweep_with_other_names(tmp_path, cli):
     path = tmp_path / "sweep.csv"
-    rows = [_row(id="a"), _row(id="b", pp_schedule="AllForwardAllBackward", status="oom", global_batch_size="512")]
+    rows = [_row(id="a", status="success"),
+            _row(id="b", pp_schedule="AllForwardAllBackward", status="OOM", global_batch_size="512")]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -81,3 +91,5 @@ def test_validate_cli_reads_a_sweep_with_other_names(tmp_path, cli):
     got = json.loads(out.stdout)
     assert [r["error"] for r in got["rows"]] == [None, None]
     assert [r["stack"] for r in got["rows"]] == ["nanotron", "nanotron"]
+    assert [r["status"] for r in got["rows"]] == ["ok", "oom"]
+    assert got["summary"]["all"]["fit_agreement"]["rows"] == 2
