@@ -264,6 +264,14 @@ def stack_skips(stack) -> frozenset[str]:
                                              ("tied_embeddings", stack.splits_tied_embeddings)) if lifted)
 
 
+def plan_skips(stack) -> frozenset[str]:
+    """The keys of :func:`stack_skips` the planner may lift too: only rules that plan files and the training core
+    accept anyway (ranking or predicted ones). A hard rule stays: the plans meshplan ranks run on its own core
+    with torchtitan's semantics, which refuses, say, a tied embedding split by TP whatever framework was estimated."""
+    soft = {r.key for r in RULES if r.ranking or r.predicted}
+    return stack_skips(stack) & soft
+
+
 def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
     """The fields rule messages are formatted with, from one configuration's torchtitan-named values."""
     out = dict(cfg)

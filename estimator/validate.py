@@ -182,6 +182,14 @@ _SCHEDULE_NAMES = {
 }
 
 
+def pp_schedule_name(cell: str | None) -> str:
+    """The pipeline schedule a row names, as meshplan calls it (empty: 1F1B); a name it does not know is returned
+    as written, for the configuration's one-line error to name."""
+    raw = (cell or "").strip()
+    key = _squash(raw).removeprefix("schedule")
+    return _SCHEDULE_NAMES.get(key, raw) if raw else "1F1B"
+
+
 _OK_STATUS = {"ok", "success", "succeeded", "completed", "complete", "finished", "done", "pass", "passed", "fits"}
 
 
@@ -189,20 +197,12 @@ def run_status(cell: str | None) -> str:
     """A run's status as `ok` or `oom` where a sweep words it otherwise ("success", "OOM", "CUDA out of memory",
     "OutOfMemoryError"); any other status as written, lowercase (not judged by the fit agreement)."""
     raw = (cell or "").strip().lower()
-    squashed = "".join(ch for ch in raw if ch.isalnum())
+    squashed = _squash(raw)
     if raw in _OK_STATUS:
         return "ok"
     if "oom" in squashed or "outofmemory" in squashed:
         return "oom"
     return raw
-
-
-def pp_schedule_name(cell: str | None) -> str:
-    """The pipeline schedule a row names, as meshplan calls it (empty: 1F1B); a name it does not know is returned
-    as written, for the configuration's one-line error to name."""
-    raw = (cell or "").strip()
-    key = "".join(ch for ch in raw.lower() if ch.isalnum()).removeprefix("schedule")
-    return _SCHEDULE_NAMES.get(key, raw) if raw else "1F1B"
 
 
 def _squash(name: str) -> str:

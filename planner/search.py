@@ -250,9 +250,9 @@ def _with_even_splits(model: ModelSpec, hw: HardwareProfile, stack: StackProfile
 
 def _stack_rules(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, space: SearchSpace,
                  configs: ConfigArrays, reason: np.ndarray) -> np.ndarray:
-    """Reasons with the rules that do not hold for `stack` lifted (`rules.stack_skips`): the configurations one
-    rejected are checked again against every other rule."""
-    skip = rules.stack_skips(stack)
+    """Reasons with the rules that do not hold for `stack` lifted (`rules.plan_skips`: those plan files and the
+    training core accept): the configurations one rejected are checked again against every other rule."""
+    skip = rules.plan_skips(stack)
     codes = [r.code for r in rules.RULES if r.key in skip]
     again = np.flatnonzero(np.isin(reason, codes))
     if len(again):

@@ -93,3 +93,18 @@ def test_validate_cli_reads_a_sweep_with_other_names(tmp_path, cli):
     assert [r["stack"] for r in got["rows"]] == ["nanotron", "nanotron"]
     assert [r["status"] for r in got["rows"]] == ["ok", "oom"]
     assert got["summary"]["all"]["fit_agreement"]["rows"] == 2
+
+
+def test_the_planner_does_not_rank_what_the_core_refuses_whatever_stack_it_estimates_with():
+    """The generic stack predicts a tied model under TP (Megatron runs it), but the plans meshplan ranks run on its
+    own core, which refuses it: none is ranked, and the best plan writes as a plan file."""
+    from meshplan.planner.plan_file import make_plan
+    from meshplan.planner.search import plan_search
+
+    mpt = load_model("mpt-7b")
+    assert mpt.tied_embeddings
+    res = plan_search(mpt, H100, load_stack("generic"), 8, 8, 2048, 32)
+    ranked = [res.config(int(i)) for i in res.ranked]
+    assert ranked and all(c["tp"] == 1 and c["pp"] == 1 for c in ranked)
+    best = {k: v for k, v in ranked[0].items() if k in TrainConfig.model_fields}
+    assert make_plan(mpt, "mpt-7b", H100, TrainConfig(**best), estimate=None, steps=10, stack="generic").name
