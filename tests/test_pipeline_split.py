@@ -2,7 +2,7 @@
 as pp_first_stage_less_layers / pp_last_stage_less_layers layers (1 each by default), the sum is split evenly over
 the (virtual) stages with the extra layers on the first ones, and the first / last stage hold that many fewer
 blocks. The estimate, the plan file, the planner, the command line and the training core all follow it; the real
-releases' own split is compared in tests/test_torchtitan_real.py."""
+releases' own split is compared in tests/test_torchtitan_real.py and tests/test_torchtitan_030.py."""
 
 from __future__ import annotations
 

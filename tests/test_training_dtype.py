@@ -1,7 +1,7 @@
 """Training dtype bfloat16 (torchtitan's training.dtype: parameters, gradients and AdamW state in bf16, no fp32 master
 copy) through the chain: plan file, planner, `meshplan plan / estimate --dtype`, labels and the torchtitan exports.
 The default (float32) leaves every plan file, fingerprint and export as it was. The training core's bf16 run is in
-tests/launcher/test_end_to_end.py, the real releases' reading of the exports in tests/test_torchtitan_real.py."""
+tests/launcher/test_end_to_end.py, the real releases' reading of the exports in tests/test_torchtitan_real.py and tests/test_torchtitan_030.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How a plan maps onto torchtitan 0.3.0's `Trainer.Config` (shared by the `torchtitan-cli` and `torchtitan-py`
 exports). Every fact below was read in the 0.3.0 release and is checked against it by
-tests/test_torchtitan_real.py:
+tests/test_torchtitan_030.py:
 
 * A job is a config function's `Trainer.Config` (`--module llama3 --config llama3_8b`), changed by frozen
   `--section.option` flags. `model_spec` (the model, with its Float8 converters) is not on the command line.
