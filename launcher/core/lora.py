@@ -94,8 +94,14 @@ def quantize_block_linears(block: nn.Module, value_of: Callable[[str, tuple[int,
 
 
 def is_nf4(t: torch.Tensor) -> bool:
-    """An NF4 tensor, or a DTensor whose local shard is one."""
-    from torchao.quantization import NF4Tensor
+    """An NF4 tensor, or a DTensor whose local shard is one (False without torchao: then there are none)."""
+    try:
+        from torchao.quantization import NF4Tensor
+    except ImportError:  # torchao before 0.18 keeps it in torchao.dtypes; no torchao, no NF4 tensors
+        try:
+            from torchao.dtypes import NF4Tensor
+        except ImportError:
+            return False
 
     return isinstance(t, NF4Tensor) or isinstance(getattr(t, "_local_tensor", None), NF4Tensor)
 

@@ -225,6 +225,16 @@ class Trainer:
             return loss_parallel()
         return nullcontext()
 
+    def _amp_context(self) -> Any:
+        """torch.autocast to bf16 where torchtitan uses it (maybe_enable_amp): fp32 training without FSDP, TP or PP
+        (one device, or replicas only), on the GPU (or under the memory trace's GPU policy). FSDP casts through its
+        MixedPrecisionPolicy instead; TP or PP without FSDP trains in fp32, as torchtitan does."""
+        cfg = self.cfg
+        mixed = self.device.type == "cuda" if self.par.mixed_precision is None else self.par.mixed_precision
+        if mixed and cfg.dtype == "float32" and self.par.fsdp_mesh is None and cfg.tp == 1 and cfg.pp == 1:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = self.loader.next_batch().to(self.device)
         inputs, labels = tokens[:, :-1], tokens[:, 1:]
@@ -254,8 +264,9 @@ class Trainer:
             mbs = self.cfg.micro_batch_size
             total = torch.zeros(())
             for i in range(n):
-                pred = model(inputs[i * mbs : (i + 1) * mbs])
-                loss = cross_entropy(pred, labels[i * mbs : (i + 1) * mbs]) / n
+                with self._amp_context():
+                    pred = model(inputs[i * mbs : (i + 1) * mbs])
+                    loss = cross_entropy(pred, labels[i * mbs : (i + 1) * mbs]) / n
                 del pred  # as torchtitan's train step: the bf16 logits are not needed by the backward
                 loss.backward()
                 total = total + _scalar(loss).detach().float().cpu()

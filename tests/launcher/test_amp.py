@@ -1,0 +1,58 @@
+"""Which precision the core trains in without FSDP, as torchtitan's maybe_enable_amp: one device (or replicas only)
+in training dtype float32 runs under torch.autocast to bf16 on the GPU, as the estimator assumes (before, the core
+ran such a plan in fp32: no FSDP, so no MixedPrecisionPolicy; the H100 runs of data/measurements/ ran with the
+autocast). On CPU the GPU policy is what the memory trace asks for (mixed_precision=True); a real CPU run stays fp32.
+One process, world 1, gloo."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from launchtools import ROOT, TINY_MODEL, child_env
+
+WORKER = """
+import json, os, sys, torch
+import torch.distributed as dist
+from meshplan.launcher.core.config import RunConfig
+from meshplan.launcher.core.lora import is_nf4
+from meshplan.launcher.core.train import Trainer
+
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo")
+model = json.loads(sys.argv[2])
+out = {}
+for name, dtype, mixed in (("gpu_policy_fp32", "float32", True), ("gpu_policy_bf16", "bfloat16", True),
+                           ("cpu_run_fp32", "float32", None)):
+    cfg = RunConfig.from_dict({"model": model, "seq_len": 16, "global_batch_size": 2, "micro_batch_size": 1,
+                               "dtype": dtype})
+    tr = Trainer(cfg, torch.device("cpu"), mixed_precision=mixed)
+    inputs, labels = tr.next_batch()
+    with tr._amp_context():
+        logits = tr.parts[0](inputs[:1])
+    step = tr.train_step()
+    out[name] = {"autocast": isinstance(tr._amp_context(), torch.autocast), "logits": str(logits.dtype),
+                 "param": str(next(tr.parts[0].parameters()).dtype), "loss": step["loss"]}
+out["is_nf4_plain"] = is_nf4(torch.zeros(2))
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def test_autocast_where_torchtitan_uses_it():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-c", WORKER, str(port), json.dumps(TINY_MODEL)], cwd=ROOT,
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    gpu = out["gpu_policy_fp32"]
+    assert gpu == {**gpu, "autocast": True, "logits": "torch.bfloat16", "param": "torch.float32"}
+    assert out["gpu_policy_bf16"]["autocast"] is False and out["gpu_policy_bf16"]["param"] == "torch.bfloat16"
+    cpu = out["cpu_run_fp32"]
+    assert cpu["autocast"] is False and cpu["logits"] == "torch.float32"
+    assert abs(gpu["loss"] - cpu["loss"]) < 0.05  # the same model and batch, bf16 matmuls vs fp32
+    assert out["is_nf4_plain"] is False
