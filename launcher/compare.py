@@ -180,7 +180,7 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
         "gpus_per_node": plan.cluster.gpus_per_node, "dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard,
         "tp": p.tp, "pp": p.pp, "pp_schedule": p.pp_schedule if p.pp > 1 else "", "vpp": p.vpp if p.pp > 1 else "",
         "cp": p.cp, "global_batch_size": plan.training.global_batch_size, "micro_batch_size": p.micro_batch_size,
-        "precision": "fp8" if p.float8 != "none" else "bf16", "float8_recipe": "" if p.float8 == "none" else p.float8,
+        "precision": _precision(p.float8, plan.training.dtype), "float8_recipe": "" if p.float8 == "none" else p.float8,
         "compile": str(p.compile).lower(), "ac": p.ac, "async_tp": str(p.async_tp).lower(),
         "measured_tps_per_gpu": round(s.measured_tps_per_gpu, 2), "measured_mem_gib": round(s.measured_peak_gib, 3),
         "measured_mfu": "" if s.measured_mfu is None else round(100 * s.measured_mfu, 2), "status": "ok",
@@ -189,11 +189,20 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
             + ("max reserved" if s.device.startswith("cuda") else "peak RSS")
             + f"; predicted {s.predicted['throughput']['tokens_per_sec_per_gpu']:.1f} tok/s/GPU and "
             f"{s.predicted['memory']['peak_gib']:.2f} GiB for {plan.hardware.id}"
+            + ("; training dtype bfloat16 (no fp32 master)" if plan.training.dtype == "bfloat16" else "")
             + (f"; mixture of experts: {m.moe.experts} experts (width {m.moe.expert_ffn_hidden}), top-{m.moe.top_k}, "
                f"ep {p.ep} (the schema has no MoE columns: `meshplan validate` reads a MoE preset's name, or "
                "add ep / experts / top_k columns)" if m.moe else "")
         ),
     }
+
+
+def _precision(float8: str, dtype: str) -> str:
+    """The schema's precision cell: fp8 (Float8 linears), bf16 (mixed precision over fp32 state), or bf16-pure
+    (torchtitan's training.dtype bfloat16, which `meshplan validate` reads back; with Float8 the notes say it)."""
+    if float8 != "none":
+        return "fp8"
+    return "bf16-pure" if dtype == "bfloat16" else "bf16"
 
 
 def append_measurement(csv_path: str | Path, row: dict) -> Path:

@@ -122,6 +122,23 @@ def test_compare_appends_ground_truth_rows_that_validate_reads(cli, plan_path, t
     assert res[0].predicted_tps_per_gpu > 0 and res[0].predicted_mem_gib > 0
 
 
+def test_pure_bf16_run_reads_back_as_pure_bf16(cli, tmp_path):
+    """A run in training dtype bfloat16 (no fp32 master) is appended as precision bf16-pure, so validate predicts
+    it with bf16 state: an 8B run on one H100 (measured 77.4 GiB reserved) must not read back as fp32 (150 GiB)."""
+    m, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
+    cfg = TrainConfig(gpus=1, gpus_per_node=1, seq_len=4096, global_batch_size=1, ac="full", dtype="bfloat16")
+    plan = save_plan(make_plan(m, "llama3-8b", hw, cfg, estimate(m, hw, cfg)), tmp_path / "plan.yaml")
+    run = tmp_path / "run-bf16"
+    _fake_run(run, plan)
+    csv_path = tmp_path / "m.csv"
+    assert cli("compare", str(run), "--append-csv", str(csv_path), "--id", "b1").returncode == 0
+    row = next(csv.DictReader(csv_path.open()))
+    assert row["precision"] == "bf16-pure" and "bfloat16" in row["notes"]
+    (res,) = validate_rows(read_rows(csv_path))
+    assert res.error is None and res.predicted_mem_gib == pytest.approx(estimate(m, hw, cfg)["memory"]["peak_gib"])
+    assert res.predicted_mem_gib < 80
+
+
 def test_compare_bad_run_dirs(cli, plan_path, tmp_path):
     out = cli("compare", str(tmp_path / "nope"))
     assert out.returncode == 2 and "not found" in out.stderr
