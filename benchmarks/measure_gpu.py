@@ -1,0 +1,229 @@
+"""Measure meshplan's own training core on the GPU of this machine and record the runs in the ground-truth schema.
+
+    python benchmarks/measure_gpu.py --out DIR [--steps 10] [--only a,b] [--budget-s 480] [--run-timeout-s 150]
+    python benchmarks/measure_gpu.py --list
+
+For each configuration of the grid below: `meshplan estimate ... -o PLAN` writes the plan (the estimate is made
+then, before any measurement), `torchrun --standalone --nproc-per-node 1 -m meshplan.launcher.core.train` runs
+the plan's run config (`launcher/plan_run.py`, as `meshplan launch` does, but saving no checkpoint: a 1B run's
+state is 15 GB on disk) for --steps optimizer steps on cuda, and `meshplan compare RUN --append-csv DIR/measured.csv` appends the measured
+run (median tokens/s/GPU after two warm-up steps, max reserved memory) to a CSV in the ground-truth schema. A run
+that runs out of GPU memory is recorded with status `oom`. Also measured: the bf16 GEMM throughput of the shapes
+these models run (DIR/gemm.json), and the device (DIR/env.txt). Everything each run printed goes to DIR/logs.txt.
+
+The grid is one GPU (world size 1), so it checks the compute, activation-memory, compile and Float8 terms of the
+estimate, not the collectives. New runs stop once --budget-s has passed, so a lease with a time limit returns
+whatever was measured. Needs a CUDA GPU; refuses to start without one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "data" / "measurements"  # the Llama 3.2 model YAMLs the grid names
+
+# name: (model, seq_len, micro_batch_size, global_batch_size, ac, compile, float8, dtype), most informative first.
+GRID: dict[str, tuple] = {
+    "1b-s8k-none-eager": ("llama3.2-1b", 8192, 1, 1, "none", False, "none", "float32"),
+    "1b-s8k-none-compile": ("llama3.2-1b", 8192, 1, 1, "none", True, "none", "float32"),
+    "1b-s8k-full-eager": ("llama3.2-1b", 8192, 1, 1, "full", False, "none", "float32"),
+    "1b-s8k-sel-compile-fp8tw": ("llama3.2-1b", 8192, 1, 1, "selective", True, "tensorwise", "float32"),
+    "8b-s4k-full-compile-bf16": ("llama3-8b", 4096, 1, 1, "full", True, "none", "bfloat16"),
+    "1b-s8k-sel-eager": ("llama3.2-1b", 8192, 1, 1, "selective", False, "none", "float32"),
+    "1b-s8k-sel-compile": ("llama3.2-1b", 8192, 1, 1, "selective", True, "none", "float32"),
+    "1b-s8k-sel-compile-fp8rw": ("llama3.2-1b", 8192, 1, 1, "selective", True, "rowwise", "float32"),
+    "1b-s2k-none-eager": ("llama3.2-1b", 2048, 1, 1, "none", False, "none", "float32"),
+    "1b-s2k-mbs4-sel-compile": ("llama3.2-1b", 2048, 4, 8, "selective", True, "none", "float32"),
+    "3b-s4k-full-compile": ("llama3.2-3b", 4096, 1, 1, "full", True, "none", "float32"),
+}
+GEMM_SHAPES = [  # (M tokens, K, N): square reference, then the 1B / 8B projections at 8192 tokens
+    (8192, 8192, 8192), (8192, 2048, 2048), (8192, 2048, 512), (8192, 2048, 8192), (8192, 8192, 2048),
+    (8192, 2048, 128256), (4096, 4096, 4096), (4096, 4096, 14336), (4096, 14336, 4096), (4096, 4096, 1024),
+]
+
+
+def model_arg(name: str) -> str:
+    path = MODELS / f"{name}.yaml"
+    return str(path) if path.exists() else name
+
+
+def meshplan(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, cwd=ROOT, **kw)
+
+
+def write_plan(name: str, cfg: tuple, plans: Path, hardware: str) -> Path:
+    model, seq, mbs, gbs, ac, comp, fp8, dtype = cfg
+    plan = plans / f"{name}.yaml"
+    r = meshplan("estimate", "--model", model_arg(model), "--hardware", hardware, "--gpus", "1", "--gpus-per-node",
+                 "1", "--seq-len", str(seq), "--micro-batch-size", str(mbs), "--global-batch-size", str(gbs),
+                 "--ac", ac, "--compile" if comp else "--no-compile", "--float8", fp8, "--dtype", dtype,
+                 "--name", name, "-o", str(plan))
+    if r.returncode != 0:
+        raise RuntimeError(f"meshplan estimate failed for {name}: {r.stderr.strip() or r.stdout.strip()}")
+    return plan
+
+
+def prepare_run(plan: Path, run_dir: Path, steps: int, device: str) -> Path:
+    """The run directory as `meshplan launch` leaves it (plan.yaml beside the metrics, for `meshplan compare`),
+    and the plan's run config with no checkpoint saved."""
+    sys.path.insert(0, str(ROOT))
+    from meshplan.launcher.plan_run import run_config_fields
+    from meshplan.planner.plan_file import load_plan
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.yaml").write_text(plan.read_text())
+    fields = run_config_fields(load_plan(plan), run_dir, steps, device)
+    fields["checkpoint_interval"] = 0
+    path = run_dir / "run_config.json"
+    path.write_text(json.dumps(fields, indent=1))
+    return path
+
+
+def oom_row(name: str, plan: Path) -> dict:
+    """A run that ran out of GPU memory, as a ground-truth row (status oom, no measured figures)."""
+    sys.path.insert(0, str(ROOT))
+    from meshplan.launcher.compare import GROUND_TRUTH_COLUMNS
+    from meshplan.planner.plan_file import load_plan
+
+    p = load_plan(plan)
+    m, par, t = p.model, p.parallel, p.training
+    row = dict.fromkeys(GROUND_TRUTH_COLUMNS, "")
+    row.update(id=f"meshplan-{name}", source="meshplan run (benchmarks/measure_gpu.py)", framework="meshplan",
+               model=m.name, layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads,
+               ffn_hidden=m.ffn_hidden, vocab=m.vocab, tied_embeddings=str(m.tied_embeddings).lower(), mlp=m.mlp,
+               seq_len=t.seq_len, hardware=p.hardware.id, gpus=1, gpus_per_node=1, dp_replicate=1, dp_shard=1, tp=1,
+               pp=1, cp=1, global_batch_size=t.global_batch_size, micro_batch_size=par.micro_batch_size,
+               precision="fp8" if par.float8 != "none" else "bf16",
+               float8_recipe="" if par.float8 == "none" else par.float8, compile=str(par.compile).lower(), ac=par.ac,
+               async_tp="false", status="oom", notes=f"torch.OutOfMemoryError; dtype {t.dtype}")
+    return row
+
+
+def gemm_bench(out: Path) -> None:
+    import torch
+
+    res = []
+    for m, k, n in GEMM_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            a @ b
+        torch.cuda.synchronize()
+        reps = 20
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            a @ b
+        end.record()
+        torch.cuda.synchronize()
+        s = start.elapsed_time(end) / 1e3 / reps
+        res.append({"m": m, "k": k, "n": n, "seconds": s, "tflops": 2 * m * k * n / s / 1e12})
+        print(f"gemm {m}x{k}x{n}: {res[-1]['tflops']:.0f} TFLOP/s", flush=True)
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                               "gemm_bf16": res}, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="folder for measured.csv, summary.json, gemm.json, env.txt, logs.txt")
+    ap.add_argument("--work", type=Path, help="folder for the plans and run directories [default: OUT/work]")
+    ap.add_argument("--steps", type=int, default=10, help="optimizer steps per run (the first two are warm-up)")
+    ap.add_argument("--only", help="comma-separated grid names (default: all, in order)")
+    ap.add_argument("--hardware", default="h100-sxm", help="hardware profile the plans are made for")
+    ap.add_argument("--budget-s", type=float, default=480, help="start no new run after this many seconds")
+    ap.add_argument("--run-timeout-s", type=float, default=150, help="kill a run after this many seconds")
+    ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM throughput measurement")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a smoke run of the script itself (no GEMM figures; the CPU's memory is RSS)")
+    ap.add_argument("--list", action="store_true", help="print the grid and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        for name, cfg in GRID.items():
+            print(name, *cfg)
+        return 0
+    if a.out is None:
+        ap.error("--out is required")
+    names = a.only.split(",") if a.only else list(GRID)
+    unknown = [n for n in names if n not in GRID]
+    if unknown:
+        print(f"measure_gpu: unknown grid names {unknown}; see --list", file=sys.stderr)
+        return 2
+    import torch
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("measure_gpu: no CUDA GPU here; this benchmark measures a GPU", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = a.work or a.out / "work"
+    plans, runs = work / "plans", work / "runs"
+    plans.mkdir(parents=True, exist_ok=True)
+    runs.mkdir(parents=True, exist_ok=True)
+    smi = subprocess.run(["true"], capture_output=True, text=True) if a.device == "cpu" else subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version",
+                          "--format=csv"], capture_output=True, text=True)
+    (a.out / "env.txt").write_text(f"torch {torch.__version__}\n{smi.stdout}{smi.stderr}")
+    if not a.no_gemm and a.device == "cuda":
+        gemm_bench(a.out / "gemm.json")
+    csv_path, logs = a.out / "measured.csv", (a.out / "logs.txt").open("a")
+    summary = {}
+    for name in names:
+        if time.monotonic() - t0 > a.budget_s:
+            summary[name] = {"status": "not run (budget)"}
+            continue
+        started = time.monotonic()
+        try:
+            plan = write_plan(name, GRID[name], plans, a.hardware)
+        except RuntimeError as e:
+            summary[name] = {"status": "plan failed", "error": str(e)}
+            print(e, flush=True)
+            continue
+        run_dir = runs / name
+        run_config = prepare_run(plan, run_dir, a.steps, a.device)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
+               "meshplan.launcher.core.train", "--config", str(run_config)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=a.run_timeout_s)
+            text, rc = r.stdout + r.stderr, r.returncode
+        except subprocess.TimeoutExpired as e:
+            text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {a.run_timeout_s} s", 124
+        logs.write(f"===== {name} rc {rc} =====\n{text if isinstance(text, str) else text.decode()}\n")
+        logs.flush()
+        entry = {"rc": rc, "wall_s": round(time.monotonic() - started, 1)}
+        if rc == 0:
+            c = meshplan("compare", str(run_dir), "--append-csv", str(csv_path), "--id", f"meshplan-{name}", "--json")
+            entry["status"] = "ok" if c.returncode == 0 else "compare failed"
+            try:
+                entry["compare"] = json.loads(c.stdout)
+            except json.JSONDecodeError:
+                entry["compare_output"] = (c.stdout + c.stderr)[-2000:]
+        elif "OutOfMemoryError" in text or "out of memory" in text:
+            entry["status"] = "oom"
+            row = oom_row(name, plan)
+            new = not csv_path.exists()
+            with csv_path.open("a", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(row))
+                if new:
+                    w.writeheader()
+                w.writerow(row)
+        else:
+            entry["status"] = "failed"
+            entry["tail"] = text[-1500:]
+        summary[name] = entry
+        print(f"{name}: {entry['status']} in {entry['wall_s']} s", flush=True)
+        (a.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (a.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"done in {time.monotonic() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

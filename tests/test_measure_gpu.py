@@ -1,0 +1,74 @@
+"""benchmarks/measure_gpu.py, the script that measured data/measurements/ on an H100, kept working between GPU
+leases: its CPU smoke mode runs the real core (world 1, gloo) on a two-layer model through the same path (plan from
+`meshplan estimate -o`, the core under torchrun, `meshplan compare --append-csv`) and writes rows `meshplan
+validate` reads; without a GPU the cuda mode refuses in one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan.estimator.validate import read_rows, validate_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = """name: tiny-measure
+layers: 2
+hidden: 64
+heads: 4
+kv_heads: 2
+ffn_hidden: 128
+vocab: 256
+tied_embeddings: true
+mlp: swiglu
+norm: rmsnorm
+"""
+DRIVER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import measure_gpu as g
+g.MODELS = Path(sys.argv[2])
+g.GRID = {"tiny-eager": ("tiny-measure", 32, 1, 2, "none", False, "none", "float32"),
+          "tiny-bf16-full": ("tiny-measure", 32, 2, 2, "full", False, "none", "bfloat16")}
+sys.exit(g.main(sys.argv[3:]))
+"""
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "tiny-measure.yaml").write_text(TINY)
+    return subprocess.run([sys.executable, "-c", DRIVER, str(ROOT / "benchmarks"), str(tmp_path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_cpu_smoke_writes_rows_validate_reads(tmp_path):
+    out = tmp_path / "out"
+    r = _run(tmp_path, "--out", str(out), "--work", str(tmp_path / "work"), "--steps", "3", "--device", "cpu")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {k: v["status"] for k, v in summary.items()} == {"tiny-eager": "ok", "tiny-bf16-full": "ok"}
+    rows = list(csv.DictReader((out / "measured.csv").open()))
+    assert [x["id"] for x in rows] == ["meshplan-tiny-eager", "meshplan-tiny-bf16-full"]
+    assert rows[1]["precision"] == "bf16-pure" and rows[1]["ac"] == "full" and rows[1]["micro_batch_size"] == "2"
+    assert float(rows[0]["measured_tps_per_gpu"]) > 0
+    # a CPU run's hardware is the CPU, which no hardware profile describes: validate reads the rows and says so
+    errors = {res.error for res in validate_rows(read_rows(out / "measured.csv"))}
+    assert len(errors) == 1 and errors.pop().startswith("unknown hardware profile 'cpu'; choose one of: a100")
+    assert not (tmp_path / "work" / "runs" / "tiny-eager" / "checkpoints").exists()  # measures; saves nothing
+    assert "===== tiny-eager rc 0 =====" in (out / "logs.txt").read_text()
+
+
+def test_bad_names_and_no_gpu_fail_in_one_line(tmp_path):
+    r = _run(tmp_path, "--out", str(tmp_path / "o"), "--only", "nope", "--device", "cpu")
+    assert r.returncode == 2 and r.stderr.strip() == "measure_gpu: unknown grid names ['nope']; see --list"
+    import torch
+
+    if not torch.cuda.is_available():
+        r = _run(tmp_path, "--out", str(tmp_path / "o"))
+        assert r.returncode == 2 and "no CUDA GPU here" in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "o").exists()  # nothing half-written
