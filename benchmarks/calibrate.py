@@ -37,14 +37,14 @@ DEFAULT_CSV = ROOT / "data" / "ground_truth" / "runs.csv"  # the repository's co
 PARAMS = [
     ("torchtitan", "gemm_efficiency", 0.7, 1.0),
     ("torchtitan", "elementwise_passes", 10, 150),
-    ("torchtitan", "launch_overhead_s_per_layer", 0.0002, 0.005),
+    ("torchtitan", "fsdp_overhead_s_per_layer", 0.0002, 0.005),
     ("torchtitan", "compile_elementwise_factor", 0.1, 0.9),
     ("torchtitan", "async_tp_overlap", 0.2, 0.95),
     ("torchtitan", "float8.rowwise.gemm_factor", 0.3, 1.0),
     ("torchtitan", "fragmentation", 0.05, 0.4),
     ("llm-foundry", "gemm_efficiency", 0.7, 1.0),
     ("llm-foundry", "attention_factor", 0.4, 1.2),
-    ("llm-foundry", "launch_overhead_s_per_layer", 0.0002, 0.004),
+    ("llm-foundry", "fsdp_overhead_s_per_layer", 0.0002, 0.004),
     ("llm-foundry", "fsdp_overlap", 0.4, 0.98),
     ("llm-foundry", "float8.tensorwise.gemm_factor", 0.5, 1.0),
 ]

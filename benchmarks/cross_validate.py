@@ -269,7 +269,7 @@ def set_bound(spec: str) -> None:
         stack_id, path = name.split(".", 1)
         high = float(high)
     except ValueError:
-        sys.exit(f"--bound {spec!r}: give STACK.FIELD=HIGH, e.g. torchtitan.launch_overhead_s_per_layer=0.04")
+        sys.exit(f"--bound {spec!r}: give STACK.FIELD=HIGH, e.g. torchtitan.fsdp_overhead_s_per_layer=0.04")
     for i, (sid, p, lo, _) in enumerate(C.PARAMS):
         if (sid, p) == (stack_id, path):
             if high <= lo:
@@ -292,7 +292,7 @@ def main() -> None:
                          "benchmarks/data/held_out_predictions.csv")
     ap.add_argument("--bound", action="append", default=[], metavar="STACK.FIELD=HIGH",
                     help="what-if: fit a constant up to another upper bound (e.g. "
-                         "torchtitan.launch_overhead_s_per_layer=0.04); refuses --write-readme / --write-intervals")
+                         "torchtitan.fsdp_overhead_s_per_layer=0.04); refuses --write-readme / --write-intervals")
     args = ap.parse_args()
     if args.bound:
         if args.write_readme or args.write_intervals:

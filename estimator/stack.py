@@ -101,7 +101,10 @@ class StackProfile(BaseModel):
     compile_elementwise_factor: float = Field(gt=0, le=1)
     compile_overhead_factor: float = Field(gt=0, le=1)
     elementwise_passes: float = Field(ge=0, description="bf16 passes over (h + F) per token per layer")
-    launch_overhead_s_per_layer: float = Field(ge=0)
+    launch_overhead_s_per_layer: float = Field(ge=0, description="CPU seconds to launch one block's kernels per "
+                                              "microbatch, fwd+bwd, eager; exposed only beyond the GPU's work")
+    fsdp_overhead_s_per_layer: float = Field(default=0.0, ge=0, description="seconds per block per microbatch, "
+                                             "fwd+bwd, that runs with FSDP add beyond compute and exposed collectives")
     step_overhead_s: float = Field(ge=0)
     fsdp_overlap: float = Field(ge=0, le=1)
     fsdp_copy_bytes_per_param: float = Field(

@@ -33,7 +33,8 @@ class ComputeTimes:
     recompute_s: np.ndarray  # what activation checkpointing re-runs
     float8_casts_s: np.ndarray  # Float8 amax + scale + cast traffic
     elementwise_s: np.ndarray  # norms, RoPE, activations, residuals, and the loss over the vocabulary
-    overhead_s: np.ndarray  # kernel launches and hooks
+    overhead_s: np.ndarray  # the CPU's kernel launches: on the critical path only where the GPU runs out of work
+    fsdp_overhead_s: np.ndarray  # FSDP's per-block cost the published multi-GPU runs show (0 without FSDP)
     attention_s: np.ndarray  # one block's attention (CP overlaps its ring exchange with it)
     all_to_all_s: np.ndarray  # expert-parallel dispatch and combine of the rank's MoE blocks (not hidden)
     dequant_s: np.ndarray  # QLoRA: NF4 weights dequantized to bf16 before their GEMMs
@@ -155,7 +156,9 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     elem_factor = xp.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
     elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / t + F / t) * 2 / hbm * elem_factor
     elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
-    overhead = layers * stack.launch_overhead_s_per_layer * xp.where(lay.compiled, stack.compile_overhead_factor, 1.0)
+    fewer_launches = xp.where(lay.compiled, stack.compile_overhead_factor, 1.0)
+    overhead = layers * stack.launch_overhead_s_per_layer * fewer_launches
+    fsdp_overhead = xp.where(lay.fsdp, layers * stack.fsdp_overhead_s_per_layer * fewer_launches, 0.0)
     # LoRA: the frozen base linears (and the frozen output projection) skip their weight gradients; the adapters'
     # skinny GEMMs run forward and backward (and again in a full-AC recompute, half of them under op-SAC)
     frozen = xp.where(lay.lora, FROZEN_GEMM, 1.0)
@@ -168,6 +171,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     dequant = layers * finetune.dequant_s(model, stack, lay, hbm_bytes_per_s(hw), dequant_passes)
     a2a = xp.zeros_like(t)
     overhead = overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
+    fsdp_overhead = fsdp_overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
     routed = moe.routing(model, stack, lay)
     if routed is not None and moe_layers is not None:
         # a MoE block's MLP part instead of the dense MLP's, on each of the rank's MoE blocks
@@ -196,6 +200,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
         float8_casts_s=casts,
         elementwise_s=elem,
         overhead_s=overhead,
+        fsdp_overhead_s=fsdp_overhead,
         attention_s=attn,
         all_to_all_s=a2a,
         dequant_s=dequant,
