@@ -35,7 +35,7 @@ from meshplan.launcher.core import faults
 from meshplan.launcher.core.checkpoint import Checkpointer, CheckpointError
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.data import ShardedLoader, TokenSource
-from meshplan.launcher.core.model import cross_entropy
+from meshplan.launcher.core.model import LossFn, cross_entropy
 from meshplan.launcher.core.moe import update_expert_bias
 from meshplan.launcher.core.parallelize import (
     Materialize,
@@ -193,6 +193,10 @@ class Trainer:
         source = TokenSource(cfg.data, cfg.model.vocab, cfg.seq_len, cfg.seed, cfg.tokenizer)
         self.loader = ShardedLoader(source, cfg.global_batch_size, self.par.dp_rank, cfg.dp)
         self.step = 0
+        # torchtitan compiles the loss with the model (build_cross_entropy_loss; compile.components model + loss):
+        # inductor fuses the fp32 upcast and log-softmax, so the full fp32 logits are never held (the estimator's
+        # compiled_loss_bytes_per_element). The vocab-parallel loss under TP stays eager here.
+        self.loss_fn: LossFn = torch.compile(cross_entropy) if cfg.compile and cfg.tp == 1 else cross_entropy
         self.n_stages = cfg.pp * cfg.vpp
         self.has_first = 0 in self.stage_ids
         self.has_last = (self.n_stages - 1) in self.stage_ids
@@ -214,9 +218,9 @@ class Trainer:
         ]
         n = self.cfg.microbatches
         if self.cfg.pp_schedule == "Interleaved1F1B":
-            return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=cross_entropy)
+            return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=self.loss_fn)
         cls = ScheduleGPipe if self.cfg.pp_schedule == "GPipe" else Schedule1F1B
-        return cls(stages[0], n_microbatches=n, loss_fn=cross_entropy)
+        return cls(stages[0], n_microbatches=n, loss_fn=self.loss_fn)
 
     def _loss_context(self) -> Any:
         if self.cfg.tp > 1:
@@ -226,9 +230,10 @@ class Trainer:
         return nullcontext()
 
     def _amp_context(self) -> Any:
-        """torch.autocast to bf16 where torchtitan uses it (maybe_enable_amp): fp32 training without FSDP, TP or PP
-        (one device, or replicas only), on the GPU (or under the memory trace's GPU policy). FSDP casts through its
-        MixedPrecisionPolicy instead; TP or PP without FSDP trains in fp32, as torchtitan does."""
+        """torch.autocast to bf16 where torchtitan uses it (maybe_enable_amp): fp32 training without FSDP, TP or PP,
+        on the GPU (or under the memory trace's GPU policy). In this core that is one device: replicas run FSDP2 over
+        the replicate mesh and cast through its MixedPrecisionPolicy, as FSDP does; TP or PP without FSDP trains in
+        fp32, as torchtitan does."""
         cfg = self.cfg
         mixed = self.device.type == "cuda" if self.par.mixed_precision is None else self.par.mixed_precision
         if mixed and cfg.dtype == "float32" and self.par.fsdp_mesh is None and cfg.tp == 1 and cfg.pp == 1:
@@ -266,7 +271,7 @@ class Trainer:
             for i in range(n):
                 with self._amp_context():
                     pred = model(inputs[i * mbs : (i + 1) * mbs])
-                    loss = cross_entropy(pred, labels[i * mbs : (i + 1) * mbs]) / n
+                    loss = self.loss_fn(pred, labels[i * mbs : (i + 1) * mbs]) / n
                 del pred  # as torchtitan's train step: the bf16 logits are not needed by the backward
                 loss.backward()
                 total = total + _scalar(loss).detach().float().cpu()
