@@ -42,14 +42,19 @@ print(json.dumps(out))
 """
 
 
-def test_autocast_where_torchtitan_uses_it():
+def _run(worker: str) -> dict:
+    """Run a worker script as one process (world 1 on a free port); its last stdout line as JSON."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = subprocess.run([sys.executable, "-c", WORKER, str(port), json.dumps(TINY_MODEL)], cwd=ROOT,
-                       env=child_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", worker, str(port), json.dumps(TINY_MODEL)], cwd=ROOT,
+                       env=child_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_autocast_where_torchtitan_uses_it():
+    out = _run(WORKER)
     gpu = out["gpu_policy_fp32"]
     assert gpu == {**gpu, "autocast": True, "logits": "torch.bfloat16", "param": "torch.float32"}
     assert out["gpu_policy_bf16"]["autocast"] is False and out["gpu_policy_bf16"]["param"] == "torch.bfloat16"
@@ -86,13 +91,7 @@ def test_compile_compiles_the_loss_as_torchtitan_does():
     """compile: true compiles the loss too (torchtitan's build_cross_entropy_loss), so the fp32 logits are fused away
     as the estimator's compiled_loss_bytes_per_element assumes; on one H100 the core without it held 7-8 GiB more
     than estimated at 8k tokens x 128k vocabulary. Same loss either way."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    r = subprocess.run([sys.executable, "-c", LOSS_WORKER, str(port), json.dumps(TINY_MODEL)], cwd=ROOT,
-                       env=child_env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = _run(LOSS_WORKER)
     assert out["False"]["eager_loss"] and not out["False"]["compiled"]
     assert out["True"]["compiled"] and not out["True"]["eager_loss"]
     assert abs(out["True"]["loss"] - out["False"]["loss"]) < 1e-3
