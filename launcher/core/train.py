@@ -118,6 +118,18 @@ def lr_lambda(cfg: RunConfig) -> Callable[[int], float]:
     return fn
 
 
+def adamw_implementation(cfg: RunConfig, device_type: str) -> dict[str, bool]:
+    """AdamW's implementation keywords. On GPUs the fused kernel, torchtitan's default (optimizer.implementation
+    "fused"): one pass over parameters, gradients and moments with no full-size temporaries, which is what the
+    estimate's memory assumes (the foreach kernels allocate a full-size temporary at the step: the square root of
+    every second moment). Kept to parameters on one
+    mesh (tp 1, ep 1), as before; CPU offload steps on the host with the fused CPU kernel (torchtune's choice). The
+    rest, and CPU runs, take the plain loop."""
+    if device_type == "cuda" and (cfg.cpu_offload or (cfg.tp == 1 and cfg.ep == 1)):
+        return {"fused": True}
+    return {"foreach": False}
+
+
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, pp_group: Any | None) -> float:
     """Global L2 grad norm over DTensors of any mesh/placement and over pipeline stages; clips in place."""
     from torch.distributed.tensor import DTensor
@@ -183,9 +195,7 @@ class Trainer:
                 betas=tuple(cfg.betas),
                 weight_decay=cfg.weight_decay,
                 eps=cfg.eps,
-                # params on one mesh only; CPU offload steps on the host (fused AdamW there: torchtune's choice)
-                foreach=device.type == "cuda" and cfg.tp == 1 and cfg.ep == 1 and not cfg.cpu_offload,
-                fused=True if cfg.cpu_offload and device.type == "cuda" else None,
+                **adamw_implementation(cfg, device.type),
             )
             for part in self.parts
         ]

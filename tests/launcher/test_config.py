@@ -14,6 +14,7 @@ from needs import require_module
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.data import ShardedLoader, TokenSource
 from meshplan.launcher.core.parallelize import check_environment, float8_filter, stage_ids, stage_layers
+from meshplan.launcher.core.train import adamw_implementation
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -202,3 +203,17 @@ def test_hf_tokenizer_file_feeds_the_stream_and_trains(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert recs[-1]["loss"] < recs[0]["loss"] - 1.0
+
+
+@pytest.mark.parametrize(
+    "overrides, device, expected",
+    [
+        ({}, "cuda", {"fused": True}),  # torchtitan's default implementation: no full-size temporaries at the step
+        ({"dp_shard": 2}, "cuda", {"fused": True}),
+        ({"cpu_offload": True, "dp_shard": 2}, "cuda", {"fused": True}),  # steps on the host's fused kernel
+        ({"tp": 2}, "cuda", {"foreach": False}),
+        ({}, "cpu", {"foreach": False}),
+    ],
+)
+def test_adamw_implementation(overrides, device, expected):
+    assert adamw_implementation(make(**overrides), device) == expected
