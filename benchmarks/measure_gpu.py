@@ -8,7 +8,8 @@ then, before any measurement), `torchrun --standalone --nproc-per-node 1 -m mesh
 the plan's run config (`launcher/plan_run.py`, as `meshplan launch` does, but saving no checkpoint: a 1B run's
 state is 15 GB on disk) for --steps optimizer steps on cuda, and `meshplan compare RUN --append-csv DIR/measured.csv` appends the measured
 run (median tokens/s/GPU after two warm-up steps, max reserved memory) to a CSV in the ground-truth schema. A run
-that runs out of GPU memory is recorded with status `oom`. Also measured: the bf16 GEMM throughput of the shapes
+that runs out of GPU memory is recorded with status `oom`. Probe runs (FSDP2 wrapped on one rank) go to
+DIR/probes.csv instead. Also measured: the bf16 GEMM throughput of the shapes
 these models run (DIR/gemm.json), and the device (DIR/env.txt). Everything each run printed goes to DIR/logs.txt.
 
 The grid is one GPU (world size 1), so it checks the compute, activation-memory, compile and Float8 terms of the
@@ -43,6 +44,14 @@ GRID: dict[str, tuple] = {
     "1b-s2k-none-eager": ("llama3.2-1b", 2048, 1, 1, "none", False, "none", "float32"),
     "1b-s2k-mbs4-sel-compile": ("llama3.2-1b", 2048, 4, 8, "selective", True, "none", "float32"),
     "3b-s4k-full-compile": ("llama3.2-3b", 4096, 1, 1, "full", True, "none", "float32"),
+    # probes (an eighth field: run-config fields the plan does not have): FSDP2 wrapped on one rank, beside the same
+    # runs without it, to measure FSDP2's own per-block cost (the estimator's fsdp_overhead_s_per_layer, fitted to
+    # multi-GPU runs). Their rows go to probes.csv, not measured.csv: `meshplan validate` would predict them without
+    # FSDP.
+    "1b-s8k-none-eager-fsdp1": ("llama3.2-1b", 8192, 1, 1, "none", False, "none", "float32", {"fsdp_one_rank": True}),
+    "1b-s2k-none-eager-fsdp1": ("llama3.2-1b", 2048, 1, 1, "none", False, "none", "float32", {"fsdp_one_rank": True}),
+    "1b-s8k-none-compile-fsdp1": ("llama3.2-1b", 8192, 1, 1, "none", True, "none", "float32",
+                                  {"fsdp_one_rank": True}),
 }
 GEMM_SHAPES = [  # (M tokens, K, N): square reference, then the 1B / 8B projections at 8192 tokens
     (8192, 8192, 8192), (8192, 2048, 2048), (8192, 2048, 512), (8192, 2048, 8192), (8192, 8192, 2048),
@@ -60,7 +69,7 @@ def meshplan(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 def write_plan(name: str, cfg: tuple, plans: Path, hardware: str) -> Path:
-    model, seq, mbs, gbs, ac, comp, fp8, dtype = cfg
+    model, seq, mbs, gbs, ac, comp, fp8, dtype = cfg[:8]
     plan = plans / f"{name}.yaml"
     r = meshplan("estimate", "--model", model_arg(model), "--hardware", hardware, "--gpus", "1", "--gpus-per-node",
                  "1", "--seq-len", str(seq), "--micro-batch-size", str(mbs), "--global-batch-size", str(gbs),
@@ -71,9 +80,9 @@ def write_plan(name: str, cfg: tuple, plans: Path, hardware: str) -> Path:
     return plan
 
 
-def prepare_run(plan: Path, run_dir: Path, steps: int, device: str) -> Path:
+def prepare_run(plan: Path, run_dir: Path, steps: int, device: str, extra: dict | None = None) -> Path:
     """The run directory as `meshplan launch` leaves it (plan.yaml beside the metrics, for `meshplan compare`),
-    and the plan's run config with no checkpoint saved."""
+    and the plan's run config with no checkpoint saved (and a probe's `extra` run-config fields)."""
     sys.path.insert(0, str(ROOT))
     from meshplan.launcher.plan_run import run_config_fields
     from meshplan.planner.plan_file import load_plan
@@ -82,6 +91,7 @@ def prepare_run(plan: Path, run_dir: Path, steps: int, device: str) -> Path:
     (run_dir / "plan.yaml").write_text(plan.read_text())
     fields = run_config_fields(load_plan(plan), run_dir, steps, device)
     fields["checkpoint_interval"] = 0
+    fields.update(extra or {})
     path = run_dir / "run_config.json"
     path.write_text(json.dumps(fields, indent=1))
     return path
@@ -133,7 +143,8 @@ def gemm_bench(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, help="folder for measured.csv, summary.json, gemm.json, env.txt, logs.txt")
+    ap.add_argument("--out", type=Path, help="folder for measured.csv, probes.csv, summary.json, gemm.json, env.txt, "
+                    "logs.txt")
     ap.add_argument("--work", type=Path, help="folder for the plans and run directories [default: OUT/work]")
     ap.add_argument("--steps", type=int, default=10, help="optimizer steps per run (the first two are warm-up)")
     ap.add_argument("--only", help="comma-separated grid names (default: all, in order)")
@@ -186,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             print(e, flush=True)
             continue
         run_dir = runs / name
-        run_config = prepare_run(plan, run_dir, a.steps, a.device)
+        extra = GRID[name][8] if len(GRID[name]) > 8 else None
+        target = csv_path if extra is None else a.out / "probes.csv"
+        run_config = prepare_run(plan, run_dir, a.steps, a.device, extra)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
                "meshplan.launcher.core.train", "--config", str(run_config)]
         try:
@@ -198,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         logs.flush()
         entry = {"rc": rc, "wall_s": round(time.monotonic() - started, 1)}
         if rc == 0:
-            c = meshplan("compare", str(run_dir), "--append-csv", str(csv_path), "--id", f"meshplan-{name}", "--json")
+            c = meshplan("compare", str(run_dir), "--append-csv", str(target), "--id", f"meshplan-{name}", "--json")
             entry["status"] = "ok" if c.returncode == 0 else "compare failed"
             try:
                 entry["compare"] = json.loads(c.stdout)
@@ -207,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         elif "OutOfMemoryError" in text or "out of memory" in text:
             entry["status"] = "oom"
             row = oom_row(name, plan)
-            new = not csv_path.exists()
-            with csv_path.open("a", newline="") as fh:
+            new = not target.exists()
+            with target.open("a", newline="") as fh:
                 w = csv.DictWriter(fh, fieldnames=list(row))
                 if new:
                     w.writeheader()

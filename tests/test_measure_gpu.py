@@ -34,7 +34,8 @@ sys.path.insert(0, sys.argv[1])
 import measure_gpu as g
 g.MODELS = Path(sys.argv[2])
 g.GRID = {"tiny-eager": ("tiny-measure", 32, 1, 2, "none", False, "none", "float32"),
-          "tiny-bf16-full": ("tiny-measure", 32, 2, 2, "full", False, "none", "bfloat16")}
+          "tiny-bf16-full": ("tiny-measure", 32, 2, 2, "full", False, "none", "bfloat16"),
+          "tiny-fsdp1": ("tiny-measure", 32, 1, 2, "none", False, "none", "float32", {"fsdp_one_rank": True})}
 sys.exit(g.main(sys.argv[3:]))
 """
 
@@ -51,7 +52,12 @@ def test_cpu_smoke_writes_rows_validate_reads(tmp_path):
     r = _run(tmp_path, "--out", str(out), "--work", str(tmp_path / "work"), "--steps", "3", "--device", "cpu")
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     summary = json.loads((out / "summary.json").read_text())
-    assert {k: v["status"] for k, v in summary.items()} == {"tiny-eager": "ok", "tiny-bf16-full": "ok"}
+    assert {k: v["status"] for k, v in summary.items()} == {"tiny-eager": "ok", "tiny-bf16-full": "ok",
+                                                             "tiny-fsdp1": "ok"}
+    # the probe (FSDP2 on one rank) is kept apart: validate would predict it without FSDP
+    assert [x["id"] for x in csv.DictReader((out / "probes.csv").open())] == ["meshplan-tiny-fsdp1"]
+    run_config = json.loads((tmp_path / "work" / "runs" / "tiny-fsdp1" / "run_config.json").read_text())
+    assert run_config["fsdp_one_rank"] is True and run_config["checkpoint_interval"] == 0
     rows = list(csv.DictReader((out / "measured.csv").open()))
     assert [x["id"] for x in rows] == ["meshplan-tiny-eager", "meshplan-tiny-bf16-full"]
     assert rows[1]["precision"] == "bf16-pure" and rows[1]["ac"] == "full" and rows[1]["micro_batch_size"] == "2"

@@ -87,6 +87,9 @@ class RunConfig(BaseModel):
     lora_targets: tuple[LoRATarget, ...] = Field(LORA_TARGETS, min_length=1)
     cpu_offload: bool = Field(False, description="FSDP2 CPUOffloadPolicy (GPU runs; on CPU the state is on the host "
                                                  "already)")
+    fsdp_one_rank: bool = Field(False, description="wrap FSDP2 even where nothing shards (dp_replicate x dp_shard x "
+                                "cp = 1): measures FSDP2's own per-block cost on one GPU "
+                                "(benchmarks/measure_gpu.py); plans never set it")
     seed: int = 0
     checkpoint_interval: int = Field(0, ge=0, description="save every N steps; 0 saves only on stop/signal")
     checkpoint_dir: str | None = Field(None, description="defaults to RUN_DIR/checkpoints")

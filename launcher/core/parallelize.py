@@ -139,10 +139,11 @@ class Parallel:
 
     @property
     def fsdp_mesh(self) -> DeviceMesh | None:
-        """FSDP shards over dp_shard*cp (cp ranks share the weights); HSDP adds dp_replicate."""
+        """FSDP shards over dp_shard*cp (cp ranks share the weights); HSDP adds dp_replicate. With fsdp_one_rank a
+        mesh of one rank, so FSDP2's hooks, copies and collectives run with nothing to shard."""
         cfg = self.cfg
         if cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1:
-            return None
+            return self.fsdp_view["dp_shard_cp"] if cfg.fsdp_one_rank else None
         if cfg.dp_replicate > 1:
             return self.fsdp_view["dp_replicate", "dp_shard_cp"]
         return self.fsdp_view["dp_shard_cp"]

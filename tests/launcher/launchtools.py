@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import warnings
@@ -57,6 +58,18 @@ def child_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def run_world1(worker: str, *args: str, timeout: float = 300) -> dict[str, Any]:
+    """Run a worker script as one process on a free port (argv: port, then `args`); its last stdout line as JSON.
+    The worker sets RANK/WORLD_SIZE itself and starts a gloo group of one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-c", worker, str(port), *args], cwd=ROOT, env=child_env(),
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def torchrun(

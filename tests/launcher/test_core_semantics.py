@@ -1,30 +1,35 @@
-"""Which precision the core trains in without FSDP, as torchtitan's maybe_enable_amp: one device (or replicas only)
-in training dtype float32 runs under torch.autocast to bf16 on the GPU, as the estimator assumes (before, the core
-ran such a plan in fp32: no FSDP, so no MixedPrecisionPolicy; the H100 runs of data/measurements/ ran with the
-autocast). On CPU the GPU policy is what the memory trace asks for (mixed_precision=True); a real CPU run stays fp32.
-One process, world 1, gloo."""
+"""Where the core must do what torchtitan does for a plan to run as planned, one process (world 1, gloo): which
+precision it trains in without FSDP (torchtitan's maybe_enable_amp: one device in training dtype float32 runs under
+torch.autocast to bf16 on the GPU, as the estimator assumes; before, the core ran such a plan in fp32: no FSDP, so
+no MixedPrecisionPolicy; the H100 runs of data/measurements/ ran with the autocast), and that compile compiles the
+loss. On CPU the GPU policy is what the memory trace asks for (mixed_precision=True); a real CPU run stays fp32.
+Also the one-rank FSDP2 probe benchmarks/measure_gpu.py uses."""
 
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 
 import pytest
-from launchtools import ROOT, TINY_MODEL, child_env
+from launchtools import TINY_MODEL, run_world1
 
-WORKER = """
-import json, os, sys, torch
+# each worker: PREAMBLE (a gloo group of one on the port in argv[1]; the model in argv[2]), then its body, which
+# fills `out`; at exit the group is destroyed and `out` printed as the last line
+PREAMBLE = """
+import atexit, json, os, sys, torch
 import torch.distributed as dist
 from meshplan.launcher.core.config import RunConfig
-from meshplan.launcher.core.lora import is_nf4
 from meshplan.launcher.core.train import Trainer
 
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
 dist.init_process_group("gloo")
 model = json.loads(sys.argv[2])
 out = {}
+atexit.register(lambda: (dist.destroy_process_group(), print(json.dumps(out))))
+"""
+
+WORKER = PREAMBLE + """
+from meshplan.launcher.core.lora import is_nf4
+
 for name, dtype, mixed in (("gpu_policy_fp32", "float32", True), ("gpu_policy_bf16", "bfloat16", True),
                            ("cpu_run_fp32", "float32", None)):
     cfg = RunConfig.from_dict({"model": model, "seq_len": 16, "global_batch_size": 2, "micro_batch_size": 1,
@@ -37,24 +42,11 @@ for name, dtype, mixed in (("gpu_policy_fp32", "float32", True), ("gpu_policy_bf
     out[name] = {"autocast": isinstance(tr._amp_context(), torch.autocast), "logits": str(logits.dtype),
                  "param": str(next(tr.parts[0].parameters()).dtype), "loss": step["loss"]}
 out["is_nf4_plain"] = is_nf4(torch.zeros(2))
-dist.destroy_process_group()
-print(json.dumps(out))
 """
 
 
-def _run(worker: str) -> dict:
-    """Run a worker script as one process (world 1 on a free port); its last stdout line as JSON."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    r = subprocess.run([sys.executable, "-c", worker, str(port), json.dumps(TINY_MODEL)], cwd=ROOT,
-                       env=child_env(), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def test_autocast_where_torchtitan_uses_it():
-    out = _run(WORKER)
+    out = run_world1(WORKER, json.dumps(TINY_MODEL))
     gpu = out["gpu_policy_fp32"]
     assert gpu == {**gpu, "autocast": True, "logits": "torch.bfloat16", "param": "torch.float32"}
     assert out["gpu_policy_bf16"]["autocast"] is False and out["gpu_policy_bf16"]["param"] == "torch.bfloat16"
@@ -64,25 +56,16 @@ def test_autocast_where_torchtitan_uses_it():
     assert out["is_nf4_plain"] is False
 
 
-LOSS_WORKER = """
-import json, os, sys, torch
-import torch.distributed as dist
-from meshplan.launcher.core.config import RunConfig
+LOSS_WORKER = PREAMBLE + """
 from meshplan.launcher.core.model import cross_entropy
-from meshplan.launcher.core.train import Trainer
 
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-dist.init_process_group("gloo")
-out = {}
 for compile in (False, True):
-    cfg = RunConfig.from_dict({"model": json.loads(sys.argv[2]), "seq_len": 16, "global_batch_size": 2,
+    cfg = RunConfig.from_dict({"model": model, "seq_len": 16, "global_batch_size": 2,
                                "micro_batch_size": 1, "compile": compile})
     tr = Trainer(cfg, torch.device("cpu"))
     out[str(compile)] = {"eager_loss": tr.loss_fn is cross_entropy,
                          "compiled": getattr(tr.loss_fn, "_torchdynamo_orig_callable", None) is cross_entropy,
                          "loss": tr.train_step()["loss"]}
-dist.destroy_process_group()
-print(json.dumps(out))
 """
 
 
@@ -91,7 +74,28 @@ def test_compile_compiles_the_loss_as_torchtitan_does():
     """compile: true compiles the loss too (torchtitan's build_cross_entropy_loss), so the fp32 logits are fused away
     as the estimator's compiled_loss_bytes_per_element assumes; on one H100 the core without it held 7-8 GiB more
     than estimated at 8k tokens x 128k vocabulary. Same loss either way."""
-    out = _run(LOSS_WORKER)
+    out = run_world1(LOSS_WORKER, json.dumps(TINY_MODEL))
     assert out["False"]["eager_loss"] and not out["False"]["compiled"]
     assert out["True"]["compiled"] and not out["True"]["eager_loss"]
     assert abs(out["True"]["loss"] - out["False"]["loss"]) < 1e-3
+
+
+FSDP_WORKER = PREAMBLE + """
+from torch.distributed.fsdp import FSDPModule
+
+for one_rank in (False, True):
+    cfg = RunConfig.from_dict({"model": model, "seq_len": 16, "global_batch_size": 2,
+                               "micro_batch_size": 1, "fsdp_one_rank": one_rank})
+    tr = Trainer(cfg, torch.device("cpu"), mixed_precision=True)
+    out[str(one_rank)] = {"blocks": [isinstance(b, FSDPModule) for b in tr.parts[0].layers.values()],
+                          "autocast": isinstance(tr._amp_context(), torch.autocast), "loss": tr.train_step()["loss"]}
+"""
+
+
+def test_fsdp_one_rank_wraps_every_block():
+    """fsdp_one_rank (benchmarks/measure_gpu.py's probe of FSDP2's own per-block cost on one GPU) wraps every block
+    in FSDP2 on a mesh of one rank; mixed precision then comes from FSDP2's policy, not autocast; same loss."""
+    out = run_world1(FSDP_WORKER, json.dumps(TINY_MODEL))
+    assert out["False"]["blocks"] == [False] * TINY_MODEL["layers"] and out["False"]["autocast"]
+    assert out["True"]["blocks"] == [True] * TINY_MODEL["layers"] and not out["True"]["autocast"]
+    assert abs(out["True"]["loss"] - out["False"]["loss"]) < 0.05
