@@ -122,9 +122,8 @@ def adamw_implementation(cfg: RunConfig, device_type: str) -> dict[str, bool]:
     """AdamW's implementation keywords. On GPUs the fused kernel, torchtitan's default (optimizer.implementation
     "fused"): one pass over parameters, gradients and moments with no full-size temporaries, which is what the
     estimate's memory assumes (the foreach kernels allocate a full-size temporary at the step: the square root of
-    every second moment). Kept to parameters on one
-    mesh (tp 1, ep 1), as before; CPU offload steps on the host with the fused CPU kernel (torchtune's choice). The
-    rest, and CPU runs, take the plain loop."""
+    every second moment). Kept to parameters on one mesh (tp 1, ep 1), as before; CPU offload steps on the host with
+    the fused CPU kernel (torchtune's choice). The rest, and CPU runs, take the plain loop."""
     if device_type == "cuda" and (cfg.cpu_offload or (cfg.tp == 1 and cfg.ep == 1)):
         return {"fused": True}
     return {"foreach": False}
