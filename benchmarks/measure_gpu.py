@@ -20,7 +20,6 @@ whatever was measured. Needs a CUDA GPU; refuses to start without one.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -100,21 +99,13 @@ def prepare_run(plan: Path, run_dir: Path, steps: int, device: str, extra: dict 
 def oom_row(name: str, plan: Path) -> dict:
     """A run that ran out of GPU memory, as a ground-truth row (status oom, no measured figures)."""
     sys.path.insert(0, str(ROOT))
-    from meshplan.launcher.compare import GROUND_TRUTH_COLUMNS
+    from meshplan.launcher.compare import GROUND_TRUTH_COLUMNS, config_row
     from meshplan.planner.plan_file import load_plan
 
     p = load_plan(plan)
-    m, par, t = p.model, p.parallel, p.training
-    row = dict.fromkeys(GROUND_TRUTH_COLUMNS, "")
-    row.update(id=f"meshplan-{name}", source="meshplan run (benchmarks/measure_gpu.py)", framework="meshplan",
-               model=m.name, layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads,
-               ffn_hidden=m.ffn_hidden, vocab=m.vocab, tied_embeddings=str(m.tied_embeddings).lower(), mlp=m.mlp,
-               seq_len=t.seq_len, hardware=p.hardware.id, gpus=1, gpus_per_node=1, dp_replicate=1, dp_shard=1, tp=1,
-               pp=1, cp=1, global_batch_size=t.global_batch_size, micro_batch_size=par.micro_batch_size,
-               precision="fp8" if par.float8 != "none" else "bf16",
-               float8_recipe="" if par.float8 == "none" else par.float8, compile=str(par.compile).lower(), ac=par.ac,
-               async_tp="false", status="oom", notes=f"torch.OutOfMemoryError; dtype {t.dtype}")
-    return row
+    return {**dict.fromkeys(GROUND_TRUTH_COLUMNS, ""), "id": f"meshplan-{name}",
+            "source": "meshplan run (benchmarks/measure_gpu.py)", **config_row(p, p.hardware.id), "status": "oom",
+            "notes": f"torch.OutOfMemoryError; training dtype {p.training.dtype}"}
 
 
 def gemm_bench(out: Path) -> None:
@@ -219,13 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                 entry["compare_output"] = (c.stdout + c.stderr)[-2000:]
         elif "OutOfMemoryError" in text or "out of memory" in text:
             entry["status"] = "oom"
-            row = oom_row(name, plan)
-            new = not target.exists()
-            with target.open("a", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=list(row))
-                if new:
-                    w.writeheader()
-                w.writerow(row)
+            from meshplan.launcher.compare import append_measurement
+
+            append_measurement(target, oom_row(name, plan))
         else:
             entry["status"] = "failed"
             entry["tail"] = text[-1500:]

@@ -165,13 +165,10 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
     )
 
 
-def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
-    """The run as one row of the ground-truth schema (the hardware is the device it ran on)."""
-    plan, p, m = s.plan, s.plan.parallel, s.plan.model
-    hardware = plan.hardware.id if s.device.startswith("cuda") else s.device
+def config_row(plan: Plan, hardware: str) -> dict:
+    """The plan's configuration columns of the ground-truth schema (model, layout, batch, precision), on `hardware`."""
+    p, m = plan.parallel, plan.model
     return {
-        "id": run_id or f"meshplan-{s.run_dir.name}",
-        "source": f"meshplan run {s.run_dir.name} ({datetime.now(UTC).date().isoformat()})",
         "framework": "meshplan",
         "model": m.name,
         "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads,
@@ -182,6 +179,17 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
         "cp": p.cp, "global_batch_size": plan.training.global_batch_size, "micro_batch_size": p.micro_batch_size,
         "precision": _precision(p.float8, plan.training.dtype), "float8_recipe": "" if p.float8 == "none" else p.float8,
         "compile": str(p.compile).lower(), "ac": p.ac, "async_tp": str(p.async_tp).lower(),
+    }
+
+
+def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
+    """The run as one row of the ground-truth schema (the hardware is the device it ran on)."""
+    plan, p, m = s.plan, s.plan.parallel, s.plan.model
+    hardware = plan.hardware.id if s.device.startswith("cuda") else s.device
+    return {
+        "id": run_id or f"meshplan-{s.run_dir.name}",
+        "source": f"meshplan run {s.run_dir.name} ({datetime.now(UTC).date().isoformat()})",
+        **config_row(plan, hardware),
         "measured_tps_per_gpu": round(s.measured_tps_per_gpu, 2), "measured_mem_gib": round(s.measured_peak_gib, 3),
         "measured_mfu": "" if s.measured_mfu is None else round(100 * s.measured_mfu, 2), "status": "ok",
         "notes": (

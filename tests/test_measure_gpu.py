@@ -78,3 +78,23 @@ def test_bad_names_and_no_gpu_fail_in_one_line(tmp_path):
         r = _run(tmp_path, "--out", str(tmp_path / "o"))
         assert r.returncode == 2 and "no CUDA GPU here" in r.stderr and "Traceback" not in r.stderr
         assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_an_oom_run_is_a_row_validate_judges(tmp_path):
+    """A run that runs out of memory is appended as status oom, with the plan's configuration (a bfloat16-dtype plan
+    as bf16-pure, as compare writes it), so validate's fit agreement judges it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from measure_gpu import oom_row
+
+    from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model
+    from meshplan.launcher.compare import append_measurement
+    from meshplan.planner.plan_file import make_plan, save_plan
+
+    m, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
+    cfg = TrainConfig(gpus=1, gpus_per_node=1, seq_len=8192, global_batch_size=1, ac="none", dtype="bfloat16")
+    plan = save_plan(make_plan(m, "llama3-8b", hw, cfg, estimate(m, hw, cfg)), tmp_path / "plan.yaml")
+    csv_path = append_measurement(tmp_path / "m.csv", oom_row("8b-oom", plan))
+    row = next(csv.DictReader(csv_path.open()))
+    assert row["status"] == "oom" and row["precision"] == "bf16-pure" and row["measured_tps_per_gpu"] == ""
+    (res,) = validate_rows(read_rows(csv_path))
+    assert res.error is None and res.status == "oom" and res.predicted_mem_gib > 80  # predicted not to fit either

@@ -230,12 +230,13 @@ def _lr(r: dict, warmup: int, min_ratio: float) -> dict:
             "lr lowest at the last step": min(f[warmup:]) == f[-1], "lr never below min lr ratio": min(f[warmup:]) >= min_ratio}
 
 
-def actual_022(r: dict) -> dict:
+def _actual(r: dict, ac: str, async_tp: bool) -> dict:
+    """What a release built, in the comparison's terms; the releases differ in where AC and async TP are read."""
     c = r["config"]
     tr, par, ls = c["training"], c["parallelism"], c["lr_scheduler"]
     dp = r["dims"]["dp_replicate"] * r["dims"]["dp_shard"]
     pp = r["dims"]["pp"]
-    accum = tr["global_batch_size"] // (tr["local_batch_size"] * dp)  # 0.2.2 Trainer's arithmetic
+    accum = tr["global_batch_size"] // (tr["local_batch_size"] * dp)  # the Trainer's arithmetic (both releases)
     fwd = par["pipeline_parallel_microbatch_size"] if pp > 1 else tr["local_batch_size"]
     f8, bf16 = built_float8(r)
     out = {
@@ -244,8 +245,8 @@ def actual_022(r: dict) -> dict:
         "microbatches per step per DP rank": accum * (tr["local_batch_size"] // fwd),
         "local_batch_size": tr["local_batch_size"], "global_batch_size": tr["global_batch_size"],
         "seq_len": tr["seq_len"], "steps": tr["steps"], "grad clip": tr["max_norm"],
-        "AC": c["activation_checkpoint"]["mode"], "compile": c["compile"]["enable"] and "model" in c["compile"]["components"],
-        "async TP": par["enable_async_tensor_parallel"],
+        "AC": ac, "compile": c["compile"]["enable"] and "model" in c["compile"]["components"],
+        "async TP": async_tp,
         "float8": f8, "bf16 outside blocks": bf16,
         "optimizer": r["optimizer"]["class"], **{k: r["optimizer"][k] for k in ("lr", "betas", "eps", "weight_decay")},
         "warmup_steps": ls["warmup_steps"],
@@ -257,47 +258,26 @@ def actual_022(r: dict) -> dict:
         **_model(r),
         **_finetune(c, r),
     }
-    if c["activation_checkpoint"]["mode"] == "selective":
-        assert c["activation_checkpoint"]["selective_ac_option"] == "op"  # op-level SAC, as the estimate assumes
     if pp > 1:
         out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"],
                 "blocks per stage": r["pipeline"]["blocks"]}
     return out
+
+
+def actual_022(r: dict) -> dict:
+    c = r["config"]
+    ac = c["activation_checkpoint"]
+    if ac["mode"] == "selective":
+        assert ac["selective_ac_option"] == "op"  # op-level SAC, as the estimate assumes
+    return _actual(r, ac["mode"], c["parallelism"]["enable_async_tensor_parallel"])
 
 
 def actual_030(r: dict) -> dict:
     c = r["config"]
-    tr, par, ls, comp = c["training"], c["parallelism"], c["lr_scheduler"], c["compile"]
-    dp = r["dims"]["dp_replicate"] * r["dims"]["dp_shard"]
-    pp = r["dims"]["pp"]
-    accum = tr["global_batch_size"] // (tr["local_batch_size"] * dp)  # 0.3.0 Trainer's arithmetic
-    fwd = par["pipeline_parallel_microbatch_size"] if pp > 1 else tr["local_batch_size"]
-    f8, bf16 = built_float8(r)
+    if r["dims"]["pp"] > 1:
+        assert c["training"]["disable_cuda_graphs"] is True
     ac = {"SelectiveAC.Config": "selective", "FullAC.Config": "full", None: "none"}[r["ac"]]
-    out = {
-        **r["dims"],
-        "sequences per forward per DP rank": fwd,
-        "microbatches per step per DP rank": accum * (tr["local_batch_size"] // fwd),
-        "local_batch_size": tr["local_batch_size"], "global_batch_size": tr["global_batch_size"],
-        "seq_len": tr["seq_len"], "steps": tr["steps"], "grad clip": tr["max_norm"],
-        "AC": ac, "compile": comp["enable"] and "model" in comp["components"],
-        "async TP": comp["enable_async_tensor_parallel"],
-        "float8": f8, "bf16 outside blocks": bf16,
-        "optimizer": r["optimizer"]["class"], **{k: r["optimizer"][k] for k in ("lr", "betas", "eps", "weight_decay")},
-        "warmup_steps": ls["warmup_steps"],
-        "decay": "constant" if ls["decay_ratio"] == 0 else ls["decay_type"],
-        "min lr ratio": None if ls["decay_ratio"] == 0 else ls["min_lr_factor"],
-        **_lr(r, ls["warmup_steps"], ls["min_lr_factor"]),
-        "checkpoint": c["checkpoint"]["enable"], "checkpoint interval": c["checkpoint"]["interval"],
-        "seed": c["debug"]["seed"],
-        **_model(r),
-        **_finetune(c, r),
-    }
-    if pp > 1:
-        out |= {"pp_schedule": par["pipeline_parallel_schedule"], "stages per PP rank": r["pipeline"]["per_rank"],
-                "blocks per stage": r["pipeline"]["blocks"]}
-        assert tr["disable_cuda_graphs"] is True
-    return out
+    return _actual(r, ac, c["compile"]["enable_async_tensor_parallel"])
 
 
 def _model(r: dict) -> dict:
