@@ -9,7 +9,6 @@ parallel names are torchtitan's on both sides) and runs the core with it; the co
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,4 +36,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from meshplan.launcher.core.train import exit_without_teardown
+
+    exit_without_teardown(main())
