@@ -108,3 +108,13 @@ def test_the_planner_does_not_rank_what_the_core_refuses_whatever_stack_it_estim
     assert ranked and all(c["tp"] == 1 and c["pp"] == 1 for c in ranked)
     best = {k: v for k, v in ranked[0].items() if k in TrainConfig.model_fields}
     assert make_plan(mpt, "mpt-7b", H100, TrainConfig(**best), estimate=None, steps=10, stack="generic").name
+
+
+@pytest.mark.parametrize(("tp", "gib"), [(1, 4.892), (2, 2.446)])
+def test_nanotrons_loss_holds_ten_bytes_a_logit_on_its_vocab_shard(tp, gib):
+    """nanotron's sharded_cross_entropy(dtype=float) keeps the bf16 logits, their fp32 copy and the max-shifted fp32
+    softmax at once (2 + 4 + 4 bytes), always on the TP rank's vocabulary shard: 4096 tokens x 128256 / tp x 10 B."""
+    cfg = TrainConfig(gpus=8, dp_replicate=8 // tp, dp_shard=1, tp=tp, seq_len=4096, global_batch_size=64,
+                      micro_batch_size=1, ac="none")
+    est = estimate(TIED, H100, cfg, load_stack("nanotron"))
+    assert est["memory"]["breakdown_gib"]["logits_loss"] == pytest.approx(gib, abs=0.002)
