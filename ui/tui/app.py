@@ -8,7 +8,6 @@ the worker thread that runs the first sweep, after the first frame is on screen.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from rich.text import Text
@@ -30,6 +29,7 @@ from meshplan.ui.tui.form import (
     parse_form,
 )
 from meshplan.ui.tui.panes import CapacityPane, ComparePane, FormPane, HardwarePane, TreePane
+from meshplan.ui.tui.plan_actions import PlanActions
 from meshplan.ui.tui.widgets import CursorTable, Panel, PlanDetail, cell, column_widths, fill
 
 TABS = ("plans", "tree", "compare", "hardware", "capacity")
@@ -37,7 +37,7 @@ THEMES = {"dark": "textual-dark", "light": "textual-light"}
 HINT = "f edits the form · enter applies it · esc back to the results · ? help"
 
 
-class MainScreen(Screen):
+class MainScreen(PlanActions, Screen):
     BINDINGS = [
         Binding("escape", "results", "results"),
         Binding("f", "form", "form"),
@@ -463,7 +463,7 @@ class MainScreen(Screen):
     async def action_quit(self) -> None:
         self.app.exit()
 
-    # ---- filter and copy ---------------------------------------------------------------------------
+    # ---- the plans filter --------------------------------------------------------------------------
 
     def action_filter(self) -> None:
         """Show the plans filter and type into it (the Plans view)."""
@@ -502,65 +502,6 @@ class MainScreen(Screen):
         else:
             self.set_message(Text(f"✗ no fitting plan contains “{self.query_text}” (words match the configuration "
                                   "column or the detail's text, e.g. tp2, pp4, fp8:row, +atp) · esc clears"), "error")
-
-    def action_copy(self) -> None:
-        """Copy the chosen plan's launch command to the terminal's clipboard (OSC 52: works over ssh where the
-        terminal allows it)."""
-        from meshplan.ui.tui import logic
-
-        i = self.selected()
-        if i is None:
-            self.notify("no plan to copy yet", severity="warning")
-            return
-        exported = self.exported.get((self.result.inputs, i))
-        if exported is None:
-            rank = logic.row(self.result, i)["rank"]
-            self.notify(f"plan #{rank} is not exported yet: e writes its files, then y copies its launch command",
-                        severity="warning", timeout=4)
-            return
-        command = logic.launch_command(exported, "torchrun")
-        self.app.copy_to_clipboard(command)
-        self.notify(f"copied: {command}", timeout=4)
-
-    def action_export(self) -> None:
-        from meshplan.ui.tui.screens import ExportScreen
-
-        i = self.selected()
-        if i is None:
-            self.notify("no plan to export yet", severity="warning")
-            return
-        from meshplan.planner.plan_file import plan_fingerprint
-        from meshplan.planner.search import short_config
-        from meshplan.ui.tui import logic
-
-        plan = logic.build_plan(self.result, i)
-        summary = f"{plan.name}: {short_config(self.result.res.config(i))}"
-
-        def writer(directory: str, partition: str, time: str) -> tuple[list[Path], dict[str, str]]:
-            skipped: dict[str, str] = {}
-            paths = logic.export_files(self.result, i, directory, partition, time, skipped)
-            self.exported[(self.result.inputs, i)] = str(paths[0])
-            return paths, skipped
-
-        def done(paths):
-            if paths:
-                self.notify(f"exported {len(paths)} files to {paths[0].parent}", timeout=4)
-
-        folder = os.path.join(".", "plans", f"{plan.name}-{plan_fingerprint(plan)[:8]}")  # one folder per plan
-        self.app.push_screen(ExportScreen(summary, folder, writer), done)
-
-    def action_launch(self) -> None:
-        from meshplan.ui.tui.screens import LaunchScreen
-
-        i = self.selected()
-        if i is None:
-            self.notify("no plan to launch yet", severity="warning")
-            return
-        from meshplan.ui.tui import logic
-
-        result = self.result
-        exported = self.exported.get((result.inputs, i))  # only this plan's own file, if it was exported
-        self.app.push_screen(LaunchScreen(lambda b: logic.launch_preview(result, i, b, exported), plan_file=exported))
 
 
 class MeshplanApp(App):
