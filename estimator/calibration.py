@@ -54,17 +54,22 @@ KNOBS: tuple[Knob, ...] = (
     Knob("float8.rowwise.gemm_factor", 0.3, 1.0),
     Knob("float8.rowwise.cast_bytes_per_element", 0.5, 24),
     Knob("fragmentation", 0.0, 0.6),
+    Knob("fragmentation_one_stream", 0.0, 0.6),
 )
 MIN_EFFECT = 0.01  # d log(prediction) / d log(constant) some row must reach for the constant to count
 MIN_NEW = 0.3  # share of a constant's effect on the rows that the constants chosen before it do not already make
 MAX_FITTED_SHARE = 0.5  # at most one fitted constant per two measured values
 
 
-def get(stack: StackProfile, path: str) -> float:
+def _raw(stack: StackProfile, path: str):
     obj = stack
     for part in path.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
-    return float(obj)
+    return obj
+
+
+def get(stack: StackProfile, path: str) -> float:
+    return float(_raw(stack, path))
 
 
 def with_values(stack: StackProfile, values: dict[str, float]) -> StackProfile:
@@ -154,6 +159,8 @@ def sensitivities(stack: StackProfile, runs: list[Run], knobs: tuple[Knob, ...] 
     base = np.asarray(log_errors(stack, runs))
     out = {}
     for k in knobs:
+        if _raw(stack, k.path) is None:  # a profile without this figure (fragmentation_one_stream): nothing to move
+            continue
         v = get(stack, k.path)
         step = 0.1 * v if v > 0 else 0.1 * (k.high - k.low)
         moved = log_errors(with_values(stack, {k.path: min(k.high, v + step) if v + step <= k.high else v - step}),

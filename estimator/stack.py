@@ -97,6 +97,11 @@ class StackProfile(BaseModel):
         description="logits bytes per element when compile also compiles the (non-parallel) loss; none: never",
     )
     fragmentation: float = Field(ge=0, description="reserved / allocated - 1 of the caching allocator")
+    fragmentation_one_stream: float | None = Field(
+        default=None, ge=0,
+        description="reserved / allocated - 1 where no collective allocates per-step buffers on a side stream (one "
+                    "GPU or DDP: no FSDP, TP, CP, EP or pipeline); none: `fragmentation`",
+    )
     compile_activation_factor: float = Field(gt=0, le=1)
     compile_elementwise_factor: float = Field(gt=0, le=1)
     compile_overhead_factor: float = Field(gt=0, le=1)

@@ -328,14 +328,15 @@ def predict_row(row: dict, stack_id: str | None = None) -> tuple[float, float]:
     return est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
 
 
-def validate_rows(rows: list[dict]) -> list[RowResult]:
-    """Predict every row; a row that cannot be predicted is reported with its error, never skipped."""
+def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]:
+    """Predict every row (with the stack profile `stack`, an id or YAML path, where given; else each row's
+    `row_stack`); a row that cannot be predicted is reported with its error, never skipped."""
     results = []
     for row in rows:
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
             hardware=row.get("hardware", ""),
-            stack=row_stack(row),
+            stack=stack or row_stack(row),
             measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu")),
             measured_mem_gib=_float(row.get("measured_mem_gib")),
             status=run_status(row.get("status")),

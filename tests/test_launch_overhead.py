@@ -46,4 +46,15 @@ def test_measured_h100_runs_within_their_band():
     s = summarize(validate_rows(read_rows(MEASURED)))["all"]
     assert s["rows"] == 11 and s["failed"] == 0
     assert s["tps"]["mape"] <= 0.12 and s["tps"]["max_ape"] <= 0.20  # was 32 % / 47 % with launches always counted
-    assert s["mem"]["mape"] <= 0.10 and s["fit_agreement"]["share"] == 1.0
+    assert s["fit_agreement"]["share"] == 1.0
+
+
+def test_measured_h100_memory_with_the_loss_those_runs_had():
+    """The runs of 2026-11-26 computed the loss eagerly (the core compiles it since 3555c2b), as torchtitan-2024's
+    profile does: with it, memory is within 8 % (one-stream fragmentation 0.07); the 3B / 8B peaks held foreach
+    AdamW's temporaries (fused since 24b34e9), unmodelled, and are the worst (-14 %, -19 %)."""
+    results = validate_rows(read_rows(MEASURED), "torchtitan-2024")
+    s = summarize(results)["all"]
+    assert s["mem"]["mape"] <= 0.08
+    one_b = [r.mem_err for r in results if r.id.startswith("meshplan-1b")]
+    assert len(one_b) == 9 and max(map(abs, one_b)) <= 0.11

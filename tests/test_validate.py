@@ -119,6 +119,26 @@ def test_validate_cli_json(cli, ground_truth):
 def test_validate_cli_table(cli, ground_truth):
     out = cli("validate", str(ground_truth))
     assert out.returncode == 0 and "MAPE" in out.stdout and "r0000" in out.stdout
+    assert "fit / OOM: 132 runs ran; every one predicted to fit" in " ".join(out.stdout.split())
+
+
+def test_validate_with_one_stack_for_every_row(cli, ground_truth, tmp_path):
+    """--stack predicts every row with one profile (a release, or the YAML `meshplan calibrate` wrote): the rows
+    say so and the figures move with it; an unknown profile is one line, exit 2, before any row."""
+    out = cli("validate", str(ground_truth), "--json", "--stack", "torchtitan-2024", "--framework", "torchtitan")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert {r["stack"] for r in rows} == {"torchtitan-2024"}
+    own = {r["id"]: r["predicted_mem_gib"] for r in json.loads(cli("validate", str(ground_truth), "--json")
+                                                                 .stdout)["rows"]}
+    assert own["r0000"] == next(r["predicted_mem_gib"] for r in rows if r["id"] == "r0000")  # its own release
+    assert own["r0041"] != next(r["predicted_mem_gib"] for r in rows if r["id"] == "r0041")  # 2025-08's loss differs
+    local = tmp_path / "mine.yaml"
+    local.write_text("extends: torchtitan\nfragmentation: 0.5\n")
+    mine = json.loads(cli("validate", str(ground_truth), "--json", "--stack", str(local)).stdout)["rows"]
+    assert next(r["predicted_mem_gib"] for r in mine if r["id"] == "r0041") > own["r0041"]
+    bad = cli("validate", str(ground_truth), "--stack", "nope")
+    assert bad.returncode == 2 and "unknown stack profile 'nope'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_validate_bad_csv(cli, tmp_path):

@@ -13,7 +13,8 @@ Parameters, optimizer state and (from the second microbatch on) sharded gradient
 Fine-tuning (physics/finetune.py): under LoRA / QLoRA only the adapters have fp32 weights, gradients and AdamW
 state; the frozen base weights are their own category (bf16, NF4 for QLoRA); under CPU offload all four live on
 the host and the GPU holds only what FSDP gathers and the activations.
-Reserved memory is the allocated peak x (1 + fragmentation), the caching allocator's share. Bytes throughout.
+Reserved memory is the allocated peak x (1 + fragmentation), the caching allocator's share: lower where every
+allocation is on the compute stream (one GPU, DDP). Bytes throughout.
 """
 
 from __future__ import annotations
@@ -250,9 +251,24 @@ def worst_stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: R
     return worst, worst_stage
 
 
-def reserved_bytes(hw: HardwareProfile, stack: StackProfile, allocated: np.ndarray) -> np.ndarray:
-    """The caching allocator's reserved bytes for an allocated peak: x (1 + fragmentation), except near the
+def one_stream(lay: Layout) -> np.ndarray:
+    """Configurations whose step allocates on the compute stream alone: one GPU or DDP (its all-reduce runs in
+    place on persistent buckets). FSDP's all-gathers and reduce-scatters, TP / CP / EP collectives and pipeline
+    receives allocate on side streams, whose pools the compute stream cannot reuse."""
+    return (xp.logical_not(lay.fsdp) & xp.logical_not(lay.has_tp) & lay.single_stage & (lay.cp <= 1)
+            & (lay.ep <= 1))
+
+
+def fragmentation(stack: StackProfile, lay: Layout) -> np.ndarray | float:
+    """reserved / allocated - 1 of each configuration: the stack's one-stream figure where `one_stream`."""
+    if stack.fragmentation_one_stream is None:
+        return stack.fragmentation
+    return xp.where(one_stream(lay), stack.fragmentation_one_stream, stack.fragmentation)
+
+
+def reserved_bytes(hw: HardwareProfile, stack: StackProfile, allocated: np.ndarray, lay: Layout) -> np.ndarray:
+    """The caching allocator's reserved bytes for an allocated peak: x (1 + `fragmentation`), except near the
     limit, where it frees cached blocks and retries instead of growing (capped at the usable HBM)."""
     usable = hw.usable_hbm_gib * GIB
-    reserved = allocated * (1 + stack.fragmentation)
+    reserved = allocated * (1 + fragmentation(stack, lay))
     return xp.where((reserved > usable) & (allocated <= usable), usable, reserved)

@@ -26,6 +26,11 @@ def validate_cmd(
     ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: rows and summary"),
     framework: str = typer.Option(None, "--framework", help="only rows of this framework"),
+    stack: str = typer.Option(
+        None, "--stack",
+        help="predict every row with this stack profile (id or YAML path, e.g. one `meshplan calibrate` wrote) "
+             "[default: each row's framework, in the release that ran it]",
+    ),
 ) -> None:
     """Predict every row of a runs CSV from its configuration columns only; print predicted vs measured
     tokens/s/GPU and peak memory, and the mean absolute percentage error by framework."""
@@ -38,7 +43,11 @@ def validate_cmd(
         rows = [r for r in rows if r.get("framework") == framework]
         if not rows:
             raise MeshplanError(f"no rows with framework '{framework}' in {csv_path}")
-    results = validate_rows(rows)
+    if stack:
+        from meshplan.estimator.stack import load_stack
+
+        load_stack(stack)  # an unknown id or a bad YAML: one line, before any row is predicted
+    results = validate_rows(rows, stack)
     summary = summarize(results)
     if as_json:
         print(json.dumps({"rows": [r.as_dict() for r in results], "summary": summary}, indent=2))
@@ -75,6 +84,10 @@ def validate_cmd(
     if fit and fit["oom_rows"]:
         console.print(f"fit / OOM as the runs' status says: {fit['share']:.0%} of {fit['rows']} runs "
                       f"({fit['oom_predicted']} of the {fit['oom_rows']} that ran out of memory predicted not to fit)")
+    elif fit:
+        wrong = round((1 - fit["share"]) * fit["rows"])
+        console.print(f"fit / OOM: {fit['rows']} runs ran; " + (f"{wrong} of them predicted not to fit" if wrong
+                                                                 else "every one predicted to fit"))
     if cov["tps_interval_coverage"] is not None:
         mem = cov["mem_interval_coverage"]
         console.print(f"80 % intervals (from the cross-validated error) hold {cov['tps_interval_coverage']:.0%} of the "

@@ -50,6 +50,9 @@ def assumptions(hw: HardwareProfile, stack: StackProfile, memory_margin: float) 
     fp8 = f", fp8 GEMM {e.gemm_fp8:.2f} of fp8 peak" if e.gemm_fp8 else ""
     price = (f"${hw.price.usd_per_gpu_hour:.2f} per GPU-hour, {hw.price.offering or 'list price'} read "
              f"{hw.price.date}" if hw.price else "no list price (cost is not shown)")
+    one = stack.fragmentation_one_stream
+    frag = f"{stack.fragmentation:.0%} of allocated" + (
+        f", {one:.0%} on one GPU or DDP, where every allocation is on the compute stream" if one is not None else "")
     return f"""
 **Throughput and MFU.** Model FLOPs per token follow torchtitan's convention: `{FLOP_CONVENTION}`.
 MFU = tokens/s/GPU x FLOPs per token / the **dense bf16 peak** of the GPU ({hw.peak_tflops_bf16:,.0f} TFLOP/s
@@ -57,8 +60,7 @@ for {hw.id}), also for Float8 runs (as torchtitan reports it). Recompute from ac
 time but is not counted as model FLOPs.
 
 **Memory.** Every memory number is the **peak reserved** memory of torch's caching allocator on the
-**worst** rank (allocated + fragmentation; the stack's fragmentation is {stack.fragmentation:.0%} of
-allocated). With pipeline parallelism the worst pipeline stage is shown, and each stage on its own bar, so
+**worst** rank (allocated + fragmentation; the stack's fragmentation is {frag}). With pipeline parallelism the worst pipeline stage is shown, and each stage on its own bar, so
 an average never hides the rank that runs out of memory. Usable HBM = device total {hw.hbm_total_gib:.1f} GiB
 minus {hw.runtime_reserve_gib:.1f} GiB for the CUDA/ROCm context and NCCL/library workspaces =
 {hw.usable_hbm_gib:.1f} GiB. A plan fits when its peak is at most the **memory margin** ({memory_margin:.0%})
