@@ -134,3 +134,18 @@ def test_reserved_memory_caps_at_usable_when_the_allocation_fits():
     assert res[0] == pytest.approx(0.5 * usable * (1 + TT.fragmentation))
     assert res[1] == usable  # the allocator frees cached blocks and retries instead of growing past the device
     assert res[2] > usable  # a real OOM stays one
+
+
+@pytest.mark.parametrize(("tp", "ms"), [
+    # inside a node: 64 MiB x 7/8 / (450 GB/s x 0.82) + 7 ring steps x 5 us = 0.194138 ms a collective, x 8
+    (8, 8 * (67108864 * 7 / 8 / 369e9 + 7 * 5e-6) * 1e3),
+    # 16 ranks over two nodes: the 8 NICs of a node, 8 x 400 Gb/s / 8 x 0.73 = 292 GB/s, and 15 ring steps of 12 us
+    (16, 8 * (67108864 * 15 / 16 / 292e9 + 15 * 12e-6) * 1e3),
+])
+def test_tp_collectives_ring_over_the_network_when_the_group_spans_nodes(tp, ms):
+    """A block's 4 all-gathers + 4 reduce-scatters (no AC) of 4,096 tokens x 8,192 hidden in bf16 (64 MiB): a TP
+    group of 16 on 8-GPU nodes (Megatron-LM and nanotron run them) rings over the network, not NVLink."""
+    mha = M70.model_copy(update={"kv_heads": 64})
+    la = lay(mha, gpus=16, tp=tp, dp_shard=1, dp_replicate=16 // tp, seq_len=4096, global_batch_size=16, ac="none")
+    t = comms.tp_times(mha, H100, TT, la, 1)
+    assert float(np.asarray(t.total_s).ravel()[0]) * 1e3 == pytest.approx(ms, rel=1e-6)

@@ -53,14 +53,17 @@ class TPTimes:
 def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers) -> TPTimes:
     """Per block: 2 all-gathers + 2 reduce-scatters of tokens x hidden forward, the same backward, and the
     all-gathers again when the forward is recomputed (full AC) or the inputs re-gathered (op-SAC). Tensorwise
-    Float8 all-gathers the activations in fp8 (1 byte)."""
-    h, lat = float(model.hidden), hw.intra_node_latency_us * 1e-6
+    Float8 all-gathers the activations in fp8 (1 byte). TP stays inside a node in the plans meshplan ranks; a
+    configuration whose TP group spans nodes (Megatron-LM and nanotron run them) rings over the nodes' NICs."""
+    h, t, gpn = float(model.hidden), lay.tp, lay.gpus_per_node
+    spans = t > gpn  # a flat ring: every step waits for the slowest (inter-node) link
+    bw = group_bytes_per_s(hw, xp.minimum(t, gpn), spans, xp.ceil(t / gpn))
+    lat = xp.where(spans, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6
     ag_bytes = lay.tokens_mb * h * xp.where(lay.fp8 & (lay.float8 == int(Float8.TENSORWISE)), 1.0, BF16)
     rs_bytes = lay.tokens_mb * h * BF16
     n_ag = 4 + xp.where(lay.full_ac, 2, xp.where(lay.selective_ac, 2, 0))
     n_rs = 4 + xp.where(lay.full_ac, 2, 0)
-    bw = intra_node_bytes_per_s(hw)  # TP stays inside a node (the planner's rule; estimate warns otherwise)
-    total = layers * (n_ag * ring_s(ag_bytes, lay.tp, bw, lat) + n_rs * ring_s(rs_bytes, lay.tp, bw, lat))
+    total = layers * (n_ag * ring_s(ag_bytes, t, bw, lat) + n_rs * ring_s(rs_bytes, t, bw, lat))
     return TPTimes(total_s=total, overlap=xp.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap))
 
 
