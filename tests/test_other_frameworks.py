@@ -118,3 +118,18 @@ def test_nanotrons_loss_holds_ten_bytes_a_logit_on_its_vocab_shard(tp, gib):
                       micro_batch_size=1, ac="none")
     est = estimate(TIED, H100, cfg, load_stack("nanotron"))
     assert est["memory"]["breakdown_gib"]["logits_loss"] == pytest.approx(gib, abs=0.002)
+
+
+def test_nanotron_all_reduces_gradients_once_per_step_under_accumulation():
+    """nanotron's pipeline engine keeps DDP from syncing until the last microbatch's backward: 32 microbatches
+    all-reduce as much as one. torchtitan's DDP reduces on every backward: 32 times as much."""
+    def allreduce(stack, gbs):
+        cfg = TrainConfig(gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, global_batch_size=gbs,
+                          micro_batch_size=1, ac="full")
+        t = estimate(TIED, H100, cfg, load_stack(stack))["throughput"]
+        assert t["microbatches"] == gbs // 8
+        return t["breakdown_s"]["dp_allreduce"]
+
+    assert allreduce("nanotron", 256) == pytest.approx(allreduce("nanotron", 8), rel=1e-3)  # rounded to 0.1 ms
+    assert allreduce("torchtitan", 256) == pytest.approx(32 * allreduce("torchtitan", 8), rel=1e-2)
+    assert allreduce("nanotron", 8) > 0
