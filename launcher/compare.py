@@ -195,6 +195,7 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
         "notes": (
             f"{s.steps} steps on {s.device}; median after {WARMUP_STEPS} warm-up steps; memory = "
             + ("max reserved" if s.device.startswith("cuda") else "peak RSS")
+            + (f" (max allocated {s.measured_allocated_gib:.2f} GiB)" if s.measured_allocated_gib is not None else "")
             + f"; predicted {s.predicted['throughput']['tokens_per_sec_per_gpu']:.1f} tok/s/GPU and "
             f"{s.predicted['memory']['peak_gib']:.2f} GiB for {plan.hardware.id}"
             + ("; training dtype bfloat16 (no fp32 master)" if plan.training.dtype == "bfloat16" else "")

@@ -87,7 +87,7 @@ def _fake_run(run_dir, plan_path, steps=6):
             tps = 100.0 if s <= 2 else 1000.0 + s
             fh.write(json.dumps({"step": s, "loss": 5.0 - 0.1 * s, "tokens_per_sec_per_gpu": tps,
                                  "step_time_s": 16 * 8192 / tps, "peak_mem_gib": 40.0 + s, "mfu": 0.3,
-                                 "device": "cuda"}) + "\n")
+                                 "peak_active_gib": 36.0 + s, "device": "cuda"}) + "\n")
 
 
 def test_compare_reports_median_after_warmup_and_errors(cli, plan_path, tmp_path):
@@ -115,6 +115,8 @@ def test_compare_appends_ground_truth_rows_that_validate_reads(cli, plan_path, t
         rows = list(csv.DictReader(fh))
     assert [r["id"] for r in rows] == ["a1", "a2"] and tuple(rows[0]) == GROUND_TRUTH_COLUMNS
     assert rows[0]["hardware"] == "h100-sxm" and rows[0]["framework"] == "meshplan"
+    # the allocator's reserve above the allocated peak (what fragmentation_one_stream is fitted from) stays readable
+    assert "memory = max reserved (max allocated 42.00 GiB)" in rows[0]["notes"]
     res = validate_rows(read_rows(csv_path))
     # meshplan's own core has no stack profile of its own: validate predicts its rows with torchtitan's
     # (the core follows torchtitan's FSDP2 / TP / pipelining semantics) and says so in `stack`
