@@ -190,6 +190,39 @@ def pp_schedule_name(cell: str | None) -> str:
     return _SCHEDULE_NAMES.get(key, raw) if raw else "1F1B"
 
 
+# activation checkpointing as frameworks write it -> meshplan's mode: nanotron's recompute_layer (a bool), Megatron-LM's
+# recompute granularity (full / selective), torchtitan's modes (none / selective / full, op / layer selective)
+_AC_NAMES = {
+    "": "none", "none": "none", "no": "none", "false": "none", "off": "none", "0": "none", "disabled": "none",
+    "full": "full", "true": "full", "yes": "full", "on": "full", "1": "full", "recomputelayer": "full",
+    "layer": "full", "fullrecompute": "full", "block": "full", "uniform": "full",
+    "selective": "selective", "op": "selective", "sac": "selective", "selectiveop": "selective",
+    "selectivelayer": "selective", "opsac": "selective",
+}
+
+
+def ac_name(cell: str | None) -> str:
+    """The activation checkpointing mode a row names, as meshplan calls it; a word it does not know is returned as
+    written, for the configuration's one-line error to name."""
+    raw = (cell or "").strip()
+    return _AC_NAMES.get(_squash(raw), raw)
+
+
+def batch_that_divides(row: dict, gbs: int, mbs: int) -> int:
+    """The row's global batch (sequences) as a whole number of microbatches per data-parallel rank: a sweep that
+    states a target batch its framework rounded (accumulation steps are whole) is predicted at the nearest such
+    batch, never below one microbatch per rank; a batch that divides stays as it is."""
+    try:
+        model_ranks = _int(row, "tp", 1) * _int(row, "pp", 1) * _int(row, "cp", 1)
+        dp = _int(row, "gpus") // model_ranks if model_ranks > 0 else 0
+    except MeshplanError:
+        return gbs
+    unit = dp * mbs
+    if unit <= 0 or gbs <= 0 or gbs % unit == 0 or _int(row, "gpus") % model_ranks:
+        return gbs
+    return max(1, round(gbs / unit)) * unit
+
+
 _OK_STATUS = {"ok", "success", "succeeded", "completed", "complete", "finished", "done", "pass", "passed", "fits"}
 
 
@@ -287,9 +320,10 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             dp_replicate=_int(row, "dp_replicate", 1), dp_shard=_int(row, "dp_shard", -1),
             tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1), ep=_int(row, "ep", 1),
             pp_schedule=schedule, vpp=int(float(vpp)) if vpp else None,
-            seq_len=_int(row, "seq_len"), global_batch_size=_int(row, "global_batch_size"),
+            seq_len=_int(row, "seq_len"),
+            global_batch_size=batch_that_divides(row, _int(row, "global_batch_size"), _int(row, "micro_batch_size", 1)),
             micro_batch_size=_int(row, "micro_batch_size", 1),
-            ac=(row.get("ac") or "none").strip(),
+            ac=ac_name(row.get("ac")),
             compile=stack.default_compile if compile_ is None else compile_,
             float8=recipe if precision == "fp8" else "none",
             async_tp=bool(_bool(row.get("async_tp"))), dtype=training_dtype(row),

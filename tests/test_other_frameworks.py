@@ -14,7 +14,7 @@ from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import load_model
 from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
-from meshplan.estimator.validate import pp_schedule_name, run_status, validate_rows
+from meshplan.estimator.validate import ac_name, pp_schedule_name, run_status, validate_rows
 
 H100 = load_hardware("h100-sxm")
 # a Llama 3.2 1B-like model: 16 layers, tied embeddings
@@ -133,3 +133,26 @@ def test_nanotron_all_reduces_gradients_once_per_step_under_accumulation():
     assert allreduce("nanotron", 256) == pytest.approx(allreduce("nanotron", 8), rel=1e-3)  # rounded to 0.1 ms
     assert allreduce("torchtitan", 256) == pytest.approx(32 * allreduce("torchtitan", 8), rel=1e-2)
     assert allreduce("nanotron", 8) > 0
+
+
+@pytest.mark.parametrize(("cell", "mode"), [
+    ("", "none"), ("none", "none"), ("False", "none"), ("no", "none"), ("true", "full"), ("recompute_layer", "full"),
+    ("full", "full"), ("Full", "full"), ("full_recompute", "full"), ("selective", "selective"), ("op", "selective"),
+    ("selective-op", "selective"), ("weird", "weird"),
+])
+def test_activation_checkpointing_in_other_frameworks_words(cell, mode):
+    """nanotron's recompute_layer is a bool, Megatron-LM's granularity full / selective: read as meshplan's modes; an
+    unknown word is kept for the row's one-line error."""
+    assert ac_name(cell) == mode
+
+
+def test_a_sweeps_rounded_batch_and_recompute_flag_are_predicted():
+    """A sweep that states a target batch its framework rounded to whole accumulation steps (250 sequences on dp 4 x
+    micro-batch 3: 21 steps, 252) and nanotron's recompute_layer flag is predicted, as the row it ran is."""
+    got = validate_rows([_row(gpus="16", dp_replicate="4", tp="2", pp="2", pp_schedule="1f1b",
+                              global_batch_size=gbs, micro_batch_size="3", ac=ac)
+                         for gbs, ac in (("250", "true"), ("252", "full"), ("252", "weird"))])
+    assert got[0].error is None and got[1].error is None
+    assert got[0].predicted_tps_per_gpu == got[1].predicted_tps_per_gpu
+    assert got[0].predicted_mem_gib == got[1].predicted_mem_gib
+    assert "ac" in got[2].error and "'full'" in got[2].error
