@@ -7,6 +7,9 @@ link bandwidths in GB/s (1e9 B/s) per GPU per direction; network in Gb/s per GPU
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.estimator import data_files
@@ -41,6 +44,11 @@ class HardwareProfile(BaseModel):
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)
     name: str
+    aliases: list[str] = Field(
+        default_factory=list,
+        description="other names of the part (nvidia-smi / rocm-smi device names, the short name a run log gives); "
+                    "--hardware and a runs CSV's hardware column take them in any case and punctuation",
+    )
     vendor: str
     peak_tflops_bf16: float = Field(gt=0, description="dense bf16 tensor TFLOP/s")
     peak_tflops_fp8: float | None = Field(default=None, gt=0, description="dense fp8 tensor TFLOP/s; null: no fp8")
@@ -100,6 +108,35 @@ def hardware_names() -> list[str]:
     return data_files.names("hardware_profiles")
 
 
+def _key(name: str) -> str:
+    """A part's name reduced to lowercase letters and digits (`NVIDIA H100 80GB HBM3` -> `nvidiah10080gbhbm3`)."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+@functools.cache
+def _aliases(folder: str) -> dict[str, str]:
+    """key of every built-in profile's id, name and aliases -> its id (the profiles in `folder`, read once)."""
+    out: dict[str, str] = {}
+    for hw_id in hardware_names():
+        hw = data_files.load_named("hardware_profiles", hw_id, HardwareProfile, "hardware profile")
+        for name in (hw.id, hw.name, *hw.aliases):
+            out.setdefault(_key(name), hw.id)
+    return out
+
+
+def resolve_hardware_name(name: str) -> str | None:
+    """The built-in profile id a part's name stands for (its id, its profile name or one of its aliases, in any case
+    and punctuation: `H100`, `NVIDIA H100 80GB HBM3` -> `h100-sxm`); None when no profile has that name."""
+    return _aliases(str(data_files.data_dir("hardware_profiles"))).get(_key(name)) if _key(name) else None
+
+
 def load_hardware(name_or_path: str) -> HardwareProfile:
-    """A built-in profile id (`h100-sxm`) or a path to a profile YAML."""
-    return data_files.load_named("hardware_profiles", name_or_path, HardwareProfile, "hardware profile")
+    """A built-in profile id (`h100-sxm`), another name of a built-in part (`H100`, nvidia-smi's `NVIDIA H100 80GB
+    HBM3`: `aliases` in the profiles) or a path to a profile YAML."""
+    text = str(name_or_path)
+    looks_like_file = text.endswith((".yaml", ".yml")) or "/" in text or Path(text).exists()
+    if not looks_like_file and text not in hardware_names():
+        resolved = resolve_hardware_name(text)
+        if resolved is not None:
+            text = resolved
+    return data_files.load_named("hardware_profiles", text, HardwareProfile, "hardware profile")

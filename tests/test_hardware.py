@@ -69,3 +69,40 @@ def test_bad_profile(tmp_path, text, needle):
 def test_unknown_hardware():
     with pytest.raises(MeshplanError, match="unknown hardware profile 'tpu9'"):
         load_hardware("tpu9")
+
+
+@pytest.mark.parametrize(("name", "hw_id"), [
+    ("H100", "h100-sxm"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("h100_80gb", "h100-sxm"), ("H100 SXM5", "h100-sxm"),
+    ("NVIDIA H200", "h200-sxm"), ("A100-SXM4-40GB", "a100-sxm-40g"), ("NVIDIA A100-SXM4-80GB", "a100-sxm-80g"),
+    ("NVIDIA H100 PCIe", "h100-pcie"), ("AMD Instinct MI300X", "mi300x"), ("B200", "b200"),
+    ("NVIDIA H100 SXM5 80GB", "h100-sxm"),  # the profile's own name
+])
+def test_a_part_is_found_by_the_names_runs_and_tools_give_it(name, hw_id):
+    """nvidia-smi / rocm-smi device names and the short names of run logs find the profile (`aliases`)."""
+    assert load_hardware(name).id == hw_id
+
+
+def test_no_name_stands_for_two_parts():
+    from meshplan.estimator.hardware import _key
+
+    seen: dict[str, str] = {}
+    for hw_id in hardware_names():
+        hw = load_hardware(hw_id)
+        for name in {_key(n) for n in (hw.id, hw.name, *hw.aliases)}:
+            assert seen.setdefault(name, hw_id) == hw_id, f"{name!r}: {seen[name]} and {hw_id}"
+
+
+def test_a_runs_hardware_column_and_the_cli_take_the_names_too(cli, tmp_path):
+    from meshplan.estimator.validate import validate_rows
+
+    row = dict(id="x", source="a log", framework="torchtitan", model="Llama 3 8B", layers="32", hidden="4096",
+               heads="32", kv_heads="8", ffn_hidden="14336", vocab="128256", tied_embeddings="false", mlp="swiglu",
+               seq_len="8192", gpus="8", gpus_per_node="8", dp_replicate="1", dp_shard="8", tp="1", pp="1",
+               global_batch_size="8", micro_batch_size="1", precision="bf16", ac="selective", status="ok")
+    named, by_id = validate_rows([dict(row, hardware="NVIDIA H100 80GB HBM3"), dict(row, hardware="h100-sxm")])
+    assert named.error is None and named.predicted_tps_per_gpu == by_id.predicted_tps_per_gpu
+    out = cli("estimate", "--hardware", "H100", "--gpus", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    assert json.loads(out.stdout)["hardware"]["id"] == "h100-sxm"
