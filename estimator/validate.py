@@ -164,8 +164,8 @@ def row_stack(row: dict) -> str:
     profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so."""
     framework = (row.get("framework") or DEFAULT_STACK).strip()
     framework = FRAMEWORK_STACKS.get(framework, framework)
-    if framework not in stack_names():
-        framework = FALLBACK_STACK
+    if framework not in stack_names():  # the framework as a log spells it: TorchTitan, Nanotron, llm_foundry
+        framework = {_squash(n): n for n in stack_names()}.get(_squash(framework), FALLBACK_STACK)
     if _ZERO1.search(row.get("notes") or "") and f"{framework}-zero1" in stack_names():
         return f"{framework}-zero1"
     source = row.get("source") or ""

@@ -289,3 +289,11 @@ def test_validate_says_how_often_fit_and_oom_agree(ground_truth, tmp_path, cli):
     assert data["summary"]["all"]["fit_agreement"] == {"rows": 2, "share": 1.0, "oom_rows": 1, "oom_predicted": 1}
     table = cli("validate", str(path))
     assert "fit / OOM as the runs' status says: 100% of 2 runs (1 of the 1 that ran out of memory" in table.stdout
+
+
+@pytest.mark.parametrize(("framework", "stack"), [
+    ("TorchTitan", "torchtitan"), ("pytorch/torchtitan", "torchtitan"), ("Nanotron", "nanotron"),
+    ("llm_foundry", "llm-foundry"), ("LLM Foundry", "llm-foundry"), ("Megatron-LM", "generic"),
+])
+def test_a_framework_as_a_log_spells_it_finds_its_profile(framework, stack):
+    assert row_stack({"framework": framework, "source": ""}) == stack
