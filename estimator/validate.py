@@ -132,15 +132,31 @@ def _int(row: dict, key: str, default: int | None = None) -> int:
     return int(value)
 
 
-def _bool(cell: str | None) -> bool | None:
-    cell = (cell or "").strip().lower()
+_TRUE = {"true", "1", "yes", "y", "t", "on", "enabled", "enable"}
+_FALSE = {"false", "0", "no", "n", "f", "off", "disabled", "disable", "none"}
+
+
+def _bool(row: dict, key: str) -> bool | None:
+    """A yes / no column (true / false, 1 / 0, yes / no, on / off, enabled / disabled); empty: None."""
+    cell = (row.get(key) or "").strip().lower()
     if not cell:
         return None
-    if cell in ("true", "1", "yes"):
+    if cell in _TRUE:
         return True
-    if cell in ("false", "0", "no"):
+    if cell in _FALSE:
         return False
-    raise MeshplanError(f"not a boolean: {cell!r}")
+    raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is not true or false: {cell!r}")
+
+
+# precision as frameworks write it: Float8 (torchao, TE fp8 current / delayed scaling) or bf16 mixed precision
+_FP8 = re.compile(r"^(fp8|float8|te[-_ ]?fp8)([-_ ].*)?$")
+
+
+def _precision(row: dict) -> str:
+    """The row's precision: `fp8` for Float8 in any spelling (fp8, float8, fp8_e4m3, te_fp8), else as written,
+    lowercase (bf16, bf16-pure, amp_bf16: bf16 mixed precision)."""
+    cell = (row.get("precision") or "bf16").strip().lower()
+    return "fp8" if _FP8.match(cell) else cell
 
 
 def _float(cell: str | None) -> float | None:
@@ -294,13 +310,14 @@ def training_dtype(row: dict) -> str:
 def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, str, TrainConfig]:
     """Model, hardware id, stack id (`row_stack` unless given) and config of one row, from its configuration
     columns only."""
-    mlp = (row.get("mlp") or "swiglu").strip()
+    mlp = (row.get("mlp") or "swiglu").strip().lower()
+    mlp = {"silu": "swiglu", "swish": "swiglu"}.get(mlp, mlp)  # Llama's gated SiLU as configs name its activation
     try:
         model = ModelSpec(
             name=(row.get("model") or row.get("id") or "model").strip(),
             layers=_int(row, "layers"), hidden=_int(row, "hidden"), heads=_int(row, "heads"),
             kv_heads=_int(row, "kv_heads", _int(row, "heads")), ffn_hidden=_int(row, "ffn_hidden"),
-            vocab=_int(row, "vocab"), tied_embeddings=bool(_bool(row.get("tied_embeddings"))),
+            vocab=_int(row, "vocab"), tied_embeddings=bool(_bool(row, "tied_embeddings")),
             mlp=mlp, norm="layernorm" if mlp == "gelu" else "rmsnorm",
         )
         model = _row_moe(row, model)
@@ -311,9 +328,9 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
     pp = _int(row, "pp", 1)
     schedule = pp_schedule_name(row.get("pp_schedule"))
     vpp = (row.get("vpp") or "").strip()
-    precision = (row.get("precision") or "bf16").strip().lower()
+    precision = _precision(row)
     recipe = (row.get("float8_recipe") or "").strip() or ("tensorwise" if precision == "fp8" else "none")
-    compile_ = _bool(row.get("compile"))
+    compile_ = _bool(row, "compile")
     try:
         cfg = TrainConfig(
             gpus=_int(row, "gpus"), gpus_per_node=_int(row, "gpus_per_node", 8),
@@ -326,7 +343,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             ac=ac_name(row.get("ac")),
             compile=stack.default_compile if compile_ is None else compile_,
             float8=recipe if precision == "fp8" else "none",
-            async_tp=bool(_bool(row.get("async_tp"))), dtype=training_dtype(row),
+            async_tp=bool(_bool(row, "async_tp")), dtype=training_dtype(row),
         )
     except ValidationError as exc:
         raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None

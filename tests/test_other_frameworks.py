@@ -156,3 +156,17 @@ def test_a_sweeps_rounded_batch_and_recompute_flag_are_predicted():
     assert got[0].predicted_tps_per_gpu == got[1].predicted_tps_per_gpu
     assert got[0].predicted_mem_gib == got[1].predicted_mem_gib
     assert "ac" in got[2].error and "'full'" in got[2].error
+
+
+def test_a_logs_spellings_of_precision_booleans_and_activation_are_read():
+    """Float8 in any spelling is fp8 (tensorwise unless the recipe says otherwise); yes / no columns take on / off and
+    enabled / disabled; Llama's gated SiLU named by its activation is swiglu; a cell that is no boolean is one line
+    that names the row and the column."""
+    rows = [_row(precision=p, compile=c, mlp=m, pp="1", pp_schedule="", dp_replicate="8")
+            for p, c, m in (("fp8", "true", "swiglu"), ("Float8", "on", "silu"), ("FP8_E4M3", "enabled", "SwiGLU"),
+                            ("bf16", "true", "swiglu"), ("bf16", "maybe", "swiglu"))]
+    got = validate_rows(rows)
+    assert [r.error for r in got[:4]] == [None] * 4
+    assert got[0].predicted_tps_per_gpu == got[1].predicted_tps_per_gpu == got[2].predicted_tps_per_gpu
+    assert got[0].predicted_tps_per_gpu != got[3].predicted_tps_per_gpu  # fp8 is not bf16
+    assert got[4].error == "row x: column 'compile' is not true or false: 'maybe'"
