@@ -82,7 +82,9 @@ class StackProfile(BaseModel):
         default=None, pattern=r"^20\d\d-(0[1-9]|1[0-2])$",
         description="YYYY-MM: last month of runs this (older) release describes; none for the current release",
     )
-    fsdp: Literal["fsdp2", "fsdp1"]
+    fsdp: Literal["fsdp2", "fsdp1", "none"] = Field(
+        description="the framework's FSDP (none: data parallelism is replicas only, DDP or ZeRO-1: validate reads a "
+                    "row's dp_shard as replicas)")
     default_compile: bool
     reshard_after_forward: bool
     grad_sync_every_microbatch: bool

@@ -307,6 +307,22 @@ def training_dtype(row: dict) -> str:
     return "bfloat16" if (row.get("precision") or "").strip().lower() in PURE_BF16 else "float32"
 
 
+def data_parallel(row: dict, stack) -> tuple[int, int]:
+    """(dp_replicate, dp_shard) of a row. A framework without FSDP (`fsdp: none` in its stack profile: nanotron's
+    data parallelism is DDP, ZeRO-1 at most) runs every data-parallel rank as a replica, however the row's writer
+    split its dp between the two columns: dp_shard (given or inferred from the world size) joins dp_replicate."""
+    dp_replicate, dp_shard = _int(row, "dp_replicate", 1), _int(row, "dp_shard", -1)
+    if stack.fsdp != "none" or dp_shard == 1:
+        return dp_replicate, dp_shard
+    if dp_shard == -1:
+        model_ranks = _int(row, "tp", 1) * _int(row, "pp", 1) * _int(row, "cp", 1) * max(dp_replicate, 1)
+        gpus = _int(row, "gpus")
+        if model_ranks <= 0 or gpus % model_ranks:
+            return dp_replicate, dp_shard  # the configuration's own check says what is wrong
+        dp_shard = gpus // model_ranks
+    return dp_replicate * dp_shard, 1
+
+
 def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, str, TrainConfig]:
     """Model, hardware id, stack id (`row_stack` unless given) and config of one row, from its configuration
     columns only."""
@@ -331,10 +347,11 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
     precision = _precision(row)
     recipe = (row.get("float8_recipe") or "").strip() or ("tensorwise" if precision == "fp8" else "none")
     compile_ = _bool(row, "compile")
+    dp_replicate, dp_shard = data_parallel(row, stack)
     try:
         cfg = TrainConfig(
             gpus=_int(row, "gpus"), gpus_per_node=_int(row, "gpus_per_node", 8),
-            dp_replicate=_int(row, "dp_replicate", 1), dp_shard=_int(row, "dp_shard", -1),
+            dp_replicate=dp_replicate, dp_shard=dp_shard,
             tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1), ep=_int(row, "ep", 1),
             pp_schedule=schedule, vpp=int(float(vpp)) if vpp else None,
             seq_len=_int(row, "seq_len"),

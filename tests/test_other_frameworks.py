@@ -170,3 +170,17 @@ def test_a_logs_spellings_of_precision_booleans_and_activation_are_read():
     assert got[0].predicted_tps_per_gpu == got[1].predicted_tps_per_gpu == got[2].predicted_tps_per_gpu
     assert got[0].predicted_tps_per_gpu != got[3].predicted_tps_per_gpu  # fp8 is not bf16
     assert got[4].error == "row x: column 'compile' is not true or false: 'maybe'"
+
+
+def test_a_nanotron_rows_data_parallel_ranks_are_replicas_however_the_row_splits_them():
+    """nanotron has no FSDP (`fsdp: none`): dp 4 written as dp_shard, inferred, or split 2 x 2 is the same 4 DDP
+    replicas; torchtitan's profile reads dp_shard as FSDP (sharded state: less memory)."""
+    splits = [dict(dp_replicate="4", dp_shard="1"), dict(dp_replicate="1", dp_shard="4"),
+              dict(dp_replicate="1", dp_shard="-1"), dict(dp_replicate="2", dp_shard="2")]
+    got = validate_rows([_row(gpus="16", tp="2", pp="2", pp_schedule="1f1b", global_batch_size="256", **s)
+                         for s in splits])
+    assert [r.error for r in got] == [None] * 4
+    assert len({(r.predicted_tps_per_gpu, r.predicted_mem_gib) for r in got}) == 1
+    fsdp = validate_rows([_row(framework="generic", gpus="16", tp="1", pp="1", pp_schedule="", tied_embeddings="false",
+                               global_batch_size="256", dp_replicate=r, dp_shard=d) for r, d in (("16", "1"), ("1", "16"))])
+    assert [r.error for r in fsdp] == [None, None] and fsdp[1].predicted_mem_gib < fsdp[0].predicted_mem_gib
