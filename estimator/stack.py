@@ -88,6 +88,11 @@ class StackProfile(BaseModel):
     default_compile: bool
     reshard_after_forward: bool
     grad_sync_every_microbatch: bool
+    replicate_sync_every_microbatch: bool | None = Field(
+        default=None,
+        description="DDP without FSDP under gradient accumulation: all-reduce after every microbatch's backward "
+                    "(true) or the last one's only (false: no_sync before it); none: grad_sync_every_microbatch",
+    )
     prefetch_blocks: int = Field(ge=1)
     reduce_bytes: float = Field(gt=0, description="bytes per gradient element in reduce-scatter")
     loss_parallel: bool

@@ -184,3 +184,17 @@ def test_a_nanotron_rows_data_parallel_ranks_are_replicas_however_the_row_splits
     fsdp = validate_rows([_row(framework="generic", gpus="16", tp="1", pp="1", pp_schedule="", tied_embeddings="false",
                                global_batch_size="256", dp_replicate=r, dp_shard=d) for r, d in (("16", "1"), ("1", "16"))])
     assert [r.error for r in fsdp] == [None, None] and fsdp[1].predicted_mem_gib < fsdp[0].predicted_mem_gib
+
+
+def test_generic_ddp_all_reduces_once_per_step_and_its_fsdp_every_microbatch():
+    """A framework without a profile (Megatron-LM, DeepSpeed: `generic`) runs DDP's all-reduce in the last
+    microbatch's backward only (replicate_sync_every_microbatch false); under HSDP FSDP2 still reduces every
+    microbatch, as torchtitan does."""
+    def allreduce(stack, gbs, **kw):
+        cfg = TrainConfig(gpus=8, seq_len=4096, global_batch_size=gbs, micro_batch_size=1, ac="full", **kw)
+        return estimate(UNTIED, H100, cfg, load_stack(stack))["throughput"]["breakdown_s"]["dp_allreduce"]
+
+    ddp = dict(dp_replicate=8, dp_shard=1)
+    assert allreduce("generic", 256, **ddp) == pytest.approx(allreduce("generic", 8, **ddp), rel=1e-3)
+    hsdp = dict(dp_replicate=2, dp_shard=4)
+    assert allreduce("generic", 256, **hsdp) == pytest.approx(4 * allreduce("generic", 64, **hsdp), rel=1e-2)

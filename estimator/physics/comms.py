@@ -152,12 +152,16 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, traina
     """DP replicate (HSDP / DDP): the gradient all-reduce of the rank's `trainable_sharded` parameters across
     replicas, partly hidden (the stack's `dp_replicate_overlap_share` of FSDP's overlap), per step; after every
     microbatch's backward when the stack syncs gradients every microbatch (torchtitan: FSDP2 and DDP reduce on each
-    backward) and there is no pipeline. HSDP all-reduces in the reduce dtype, DDP the gradients as they are (fp32,
+    backward; Megatron-LM's and nanotron's DDP only on the last: `replicate_sync_every_microbatch`) and there is no
+    pipeline. HSDP all-reduces in the reduce dtype, DDP the gradients as they are (fp32,
     bf16 under training.dtype bfloat16)."""
     dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
     bw = xp.where(world > gpn, inter_node_bytes_per_s(hw) * xp.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
     bw = xp.minimum(bw, intra_node_bytes_per_s(hw))
     grad = xp.where(lay.fsdp, stack.reduce_bytes, GRAD_BYTES * state_scale(lay))
     allreduce = xp.where(dr > 1, 2 * grad * trainable_sharded * (dr - 1) / dr / bw, 0.0)
-    times = xp.where(lay.single_stage & bool(stack.grad_sync_every_microbatch), lay.microbatches, 1.0)
+    ddp_sync = stack.grad_sync_every_microbatch if stack.replicate_sync_every_microbatch is None \
+        else stack.replicate_sync_every_microbatch
+    every = xp.where(lay.fsdp, bool(stack.grad_sync_every_microbatch), bool(ddp_sync))
+    times = xp.where(lay.single_stage & every, lay.microbatches, 1.0)
     return times * allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)
