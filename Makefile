@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(BIN)/meshplan plan --model llama3-70b -o plan.yaml
 
 # The whole test suite (lint first; slow tests included), on two workers (pytest-xdist, a file per worker at a
-# time), then alone the tests that read a terminal's screen back frame by frame (marked serial). As root,
+# time), then alone the tests that read a terminal's screen back frame by frame or drive a real browser (marked serial). As root,
 # .ci/engines.sh first sets up and starts the real launch engines tests/engines drives (a one-node Slurm with
 # sacct, Open MPI; seconds when already up).
 # Not root, or when it fails outside CI: those tests skip, saying how to set them up; with CI=true they fail.

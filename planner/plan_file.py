@@ -350,6 +350,7 @@ def plan_yaml(plan: Plan) -> str:
             body["parallel"].pop(field)
     if plan.training.dtype == DEFAULT_DTYPE:  # fp32 state: the plan reads as it did before the field existed
         body["training"].pop("dtype")
+    body["hardware"].pop("aliases", None)  # names to look the part up by, not what the plan ran on
     return header + yaml.safe_dump(body, sort_keys=False, width=110)
 
 

@@ -21,7 +21,9 @@ ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background
 BARS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
     .map(d => (d.data || []).filter(t => t.type === 'bar').map(t => Array.from(t.y)))"""
 
-pytestmark = pytest.mark.slow
+# a real browser's page, timed by its own waits: run alone (make test's second part), since under the parallel part's
+# heaviest tests (multi-rank parity runs on both cores) one CI run saw the first page take over 120 s to render
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def free_port() -> int:
