@@ -224,7 +224,7 @@ def make_plan(
         name=name or _default_name(model.name, cfg.gpus),
         model_source=model_source,
         model=model,
-        hardware=hardware,
+        hardware=hardware.model_copy(update={"aliases": []}),  # names to look the part up by: not the plan's
         stack=stack,
         cluster=Cluster(nodes=nodes, gpus_per_node=gpn),
         parallel=Parallel(
