@@ -88,13 +88,26 @@ def one_line(exc: ValidationError, what: str) -> MeshplanError:
     return MeshplanError(f"invalid {what}: " + "; ".join(parts) + more)
 
 
+def name_key(name: str) -> str:
+    """A name reduced to lowercase letters and digits, the form names are matched in whatever their case and
+    punctuation (`NVIDIA H100 80GB HBM3` -> `nvidiah10080gbhbm3`)."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def names_a_file(name_or_path: str) -> bool:
+    """Whether `load_named` reads `name_or_path` as a file (a YAML suffix, or something that exists) rather than
+    as a built-in name."""
+    path = Path(name_or_path)
+    return path.suffix in (".yaml", ".yml") or path.exists()
+
+
 def load_named(
     kind: str, name_or_path: str, cls: type[T], what: str, prepare: Callable[[dict, str], dict] | None = None
 ) -> T:
     """Load a built-in entry by name, or a YAML file by path, into `cls`; `prepare(raw, file name)` may
     rewrite the YAML mapping first (a stack profile's `extends:`)."""
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+    if not names_a_file(name_or_path):
         path = data_dir(kind) / f"{name_or_path}.yaml"
         if not path.exists():
             known = ", ".join(names(kind))

@@ -8,7 +8,6 @@ link bandwidths in GB/s (1e9 B/s) per GPU per direction; network in Gb/s per GPU
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -108,11 +107,6 @@ def hardware_names() -> list[str]:
     return data_files.names("hardware_profiles")
 
 
-def _key(name: str) -> str:
-    """A part's name reduced to lowercase letters and digits (`NVIDIA H100 80GB HBM3` -> `nvidiah10080gbhbm3`)."""
-    return "".join(ch for ch in name.lower() if ch.isalnum())
-
-
 @functools.cache
 def _aliases(folder: str) -> dict[str, str]:
     """key of every built-in profile's id, name and aliases -> its id (the profiles in `folder`, read once)."""
@@ -120,23 +114,21 @@ def _aliases(folder: str) -> dict[str, str]:
     for hw_id in hardware_names():
         hw = data_files.load_named("hardware_profiles", hw_id, HardwareProfile, "hardware profile")
         for name in (hw.id, hw.name, *hw.aliases):
-            out.setdefault(_key(name), hw.id)
+            out.setdefault(data_files.name_key(name), hw.id)
     return out
 
 
 def resolve_hardware_name(name: str) -> str | None:
     """The built-in profile id a part's name stands for (its id, its profile name or one of its aliases, in any case
     and punctuation: `H100`, `NVIDIA H100 80GB HBM3` -> `h100-sxm`); None when no profile has that name."""
-    return _aliases(str(data_files.data_dir("hardware_profiles"))).get(_key(name)) if _key(name) else None
+    key = data_files.name_key(name)
+    return _aliases(str(data_files.data_dir("hardware_profiles"))).get(key) if key else None
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
     """A built-in profile id (`h100-sxm`), another name of a built-in part (`H100`, nvidia-smi's `NVIDIA H100 80GB
     HBM3`: `aliases` in the profiles) or a path to a profile YAML."""
     text = str(name_or_path)
-    looks_like_file = text.endswith((".yaml", ".yml")) or "/" in text or Path(text).exists()
-    if not looks_like_file and text not in hardware_names():
-        resolved = resolve_hardware_name(text)
-        if resolved is not None:
-            text = resolved
+    if not data_files.names_a_file(text) and text not in hardware_names():
+        text = resolve_hardware_name(text) or text  # an unknown name: load_named's one-line error lists the ids
     return data_files.load_named("hardware_profiles", text, HardwareProfile, "hardware profile")

@@ -154,6 +154,13 @@ class StackProfile(BaseModel):
     finetune: FineTuneBehaviour | None = Field(default=None, description="LoRA / QLoRA / CPU offload behaviour")
     sources: dict[str, str] = Field(default_factory=dict)
 
+    @property
+    def ddp_sync_every_microbatch(self) -> bool:
+        """Whether DDP without FSDP all-reduces after every microbatch's backward under gradient accumulation."""
+        if self.replicate_sync_every_microbatch is None:
+            return self.grad_sync_every_microbatch
+        return self.replicate_sync_every_microbatch
+
 
 def stack_names() -> list[str]:
     return data_files.names("stacks")

@@ -224,17 +224,20 @@ def ac_name(cell: str | None) -> str:
     return _AC_NAMES.get(_squash(raw), raw)
 
 
+def _dp_ranks(row: dict) -> int | None:
+    """Data-parallel ranks of a row, gpus / (tp x pp x cp); None where the columns give no whole number (the
+    configuration's own check then says what is wrong)."""
+    model_ranks = _int(row, "tp", 1) * _int(row, "pp", 1) * _int(row, "cp", 1)
+    gpus = _int(row, "gpus")
+    return gpus // model_ranks if model_ranks > 0 and gpus % model_ranks == 0 else None
+
+
 def batch_that_divides(row: dict, gbs: int, mbs: int) -> int:
     """The row's global batch (sequences) as a whole number of microbatches per data-parallel rank: a sweep that
     states a target batch its framework rounded (accumulation steps are whole) is predicted at the nearest such
     batch, never below one microbatch per rank; a batch that divides stays as it is."""
-    try:
-        model_ranks = _int(row, "tp", 1) * _int(row, "pp", 1) * _int(row, "cp", 1)
-        dp = _int(row, "gpus") // model_ranks if model_ranks > 0 else 0
-    except MeshplanError:
-        return gbs
-    unit = dp * mbs
-    if unit <= 0 or gbs <= 0 or gbs % unit == 0 or _int(row, "gpus") % model_ranks:
+    unit = (_dp_ranks(row) or 0) * mbs
+    if unit <= 0 or gbs <= 0 or gbs % unit == 0:
         return gbs
     return max(1, round(gbs / unit)) * unit
 
@@ -257,7 +260,7 @@ def run_status(cell: str | None) -> str:
 def _squash(name: str) -> str:
     """A model name reduced to lowercase letters and digits, an organisation prefix dropped
     (`Qwen/Qwen3-30B-A3B` -> `qwen330ba3b`)."""
-    return "".join(ch for ch in name.rsplit("/", 1)[-1].lower() if ch.isalnum())
+    return data_files.name_key(name.rsplit("/", 1)[-1])
 
 
 @lru_cache(maxsize=1)
@@ -315,11 +318,10 @@ def data_parallel(row: dict, stack) -> tuple[int, int]:
     if stack.fsdp != "none" or dp_shard == 1:
         return dp_replicate, dp_shard
     if dp_shard == -1:
-        model_ranks = _int(row, "tp", 1) * _int(row, "pp", 1) * _int(row, "cp", 1) * max(dp_replicate, 1)
-        gpus = _int(row, "gpus")
-        if model_ranks <= 0 or gpus % model_ranks:
+        dp = _dp_ranks(row)
+        if dp is None or dp_replicate < 1 or dp % dp_replicate:
             return dp_replicate, dp_shard  # the configuration's own check says what is wrong
-        dp_shard = gpus // model_ranks
+        dp_shard = dp // dp_replicate
     return dp_replicate * dp_shard, 1
 
 

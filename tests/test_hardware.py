@@ -83,12 +83,12 @@ def test_a_part_is_found_by_the_names_runs_and_tools_give_it(name, hw_id):
 
 
 def test_no_name_stands_for_two_parts():
-    from meshplan.estimator.hardware import _key
+    from meshplan.estimator.data_files import name_key
 
     seen: dict[str, str] = {}
     for hw_id in hardware_names():
         hw = load_hardware(hw_id)
-        for name in {_key(n) for n in (hw.id, hw.name, *hw.aliases)}:
+        for name in {name_key(n) for n in (hw.id, hw.name, *hw.aliases)}:
             assert seen.setdefault(name, hw_id) == hw_id, f"{name!r}: {seen[name]} and {hw_id}"
 
 

@@ -160,8 +160,6 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, traina
     bw = xp.minimum(bw, intra_node_bytes_per_s(hw))
     grad = xp.where(lay.fsdp, stack.reduce_bytes, GRAD_BYTES * state_scale(lay))
     allreduce = xp.where(dr > 1, 2 * grad * trainable_sharded * (dr - 1) / dr / bw, 0.0)
-    ddp_sync = stack.grad_sync_every_microbatch if stack.replicate_sync_every_microbatch is None \
-        else stack.replicate_sync_every_microbatch
-    every = xp.where(lay.fsdp, bool(stack.grad_sync_every_microbatch), bool(ddp_sync))
+    every = xp.where(lay.fsdp, bool(stack.grad_sync_every_microbatch), stack.ddp_sync_every_microbatch)
     times = xp.where(lay.single_stage & every, lay.microbatches, 1.0)
     return times * allreduce * (1 - stack.fsdp_overlap * stack.dp_replicate_overlap_share)
