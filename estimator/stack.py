@@ -118,6 +118,11 @@ class StackProfile(BaseModel):
     fsdp_overhead_s_per_layer: float = Field(default=0.0, ge=0, description="seconds per block per microbatch, "
                                              "fwd+bwd, that runs with FSDP add beyond compute and exposed collectives")
     step_overhead_s: float = Field(ge=0)
+    optimizer_implementation: Literal["fused", "foreach", "for-loop"] = Field(
+        default="fused",
+        description="torch AdamW's kernels (torchtitan's optimizer.implementation): foreach materialises one "
+                    "moment-sized temporary over every parameter in the step (sqrt of exp_avg_sq); fused and "
+                    "for-loop none worth counting")
     fsdp_overlap: float = Field(ge=0, le=1)
     fsdp_copy_bytes_per_param: float = Field(
         default=0.0, ge=0, description="HBM bytes per gathered parameter FSDP copies out of each all-gather on the "

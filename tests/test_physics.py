@@ -76,6 +76,25 @@ def test_one_gpu_trains_under_autocast():
     assert loss["unsharded_params"] == 2 * 7_504_924_672
 
 
+def test_foreach_adamw_step_holds_a_moment_sized_temporary():
+    """torch's foreach AdamW (torchtitan before 2025-02-24, plain torch.optim) computes sqrt(exp_avg_sq) for every
+    parameter at once: at the step every fp32 gradient, the state and one more fp32 moment are live. On one GPU with
+    full AC that outweighs the end of the backward; fused AdamW (torchtitan's default now) adds nothing."""
+    cfg = TrainConfig(gpus=1, seq_len=4096, micro_batch_size=1, ac="full")
+    fused = raw(cfg)
+    foreach = raw(cfg, stack=TT.model_copy(update={"optimizer_implementation": "foreach"}))
+    assert PEAK_PHASES[int(fused["peak_phase"])] == "end of backward"
+    assert PEAK_PHASES[int(foreach["peak_phase"])] == "optimizer step"
+    # fp32 weights (4) + moments (8) + gradients (4) + sqrt(exp_avg_sq) (4) = 20 bytes a parameter, nothing else
+    assert foreach["transient"] == pytest.approx(4 * M8.params)
+    assert foreach["allocated_bytes"] == pytest.approx(20 * M8.params)
+    assert foreach["allocated_bytes"] > fused["allocated_bytes"]
+    # with activations and logits the loss stays the peak: the temporary only matters where it is the largest phase
+    big = TrainConfig(gpus=8, seq_len=8192, micro_batch_size=2)
+    assert raw(big, stack=TT.model_copy(update={"optimizer_implementation": "foreach"}))["peak_bytes"] == \
+        pytest.approx(raw(big)["peak_bytes"])
+
+
 def test_phases_take_the_larger_not_the_sum():
     """The allocated peak is the larger phase, so it lies below the sum of every term and above each phase's
     shared state (params + optimizer + saved activations)."""

@@ -1,15 +1,16 @@
-"""Peak GPU memory of the worst rank, by category: the three phases of a microbatch and the worst pipeline stage.
+"""Peak GPU memory of the worst rank, by category: the four moments of a step and the worst pipeline stage.
 
-The allocated peak is the largest of three moments of a microbatch (the traced timeline of launcher/trace.py
+The allocated peak is the largest of four moments of a step (the traced timeline of launcher/trace.py
 shows each; summing every term as if all were live at once overshoots it by 8-39 %):
 
 - loss: every saved activation + the logits buffers of the loss (last stage only);
 - block backward: the saved activations + the temporaries of the block in backward (its activation gradients,
   MLP weight gradients, what AC recomputes) + the unsharded parameters (current + prefetched block, the root) +
   the reduce-scatter input of the block before it (FSDP2 holds it until the next reduce-scatter);
-- end of backward: every sharded gradient + the root's parameters and bf16 weight gradients.
+- end of backward: every sharded gradient + the root's parameters and bf16 weight gradients;
+- optimizer step: every gradient + the optimizer's temporaries (foreach AdamW: a moment-sized list; fused: none).
 
-Parameters, optimizer state and (from the second microbatch on) sharded gradients are live in all three.
+Parameters, optimizer state and (from the second microbatch on) sharded gradients are live in all four.
 Fine-tuning (physics/finetune.py): under LoRA / QLoRA only the adapters have fp32 weights, gradients and AdamW
 state; the frozen base weights are their own category (bf16, NF4 for QLoRA); under CPU offload all four live on
 the host and the GPU holds only what FSDP gathers and the activations.
@@ -52,7 +53,7 @@ ALLOCATED_CATEGORIES = (
     "transient",
 )
 MEMORY_CATEGORIES = (*ALLOCATED_CATEGORIES, "fragmentation")
-PEAK_PHASES = ("loss", "block backward", "end of backward")
+PEAK_PHASES = ("loss", "block backward", "end of backward", "optimizer step")
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,12 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
                 logits_loss=xp.zeros_like(p),
                 transient=xp.where(first & trains_root, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0))
 
+    zero = xp.zeros_like(p)
+    step = Phase(grads_fp32=gf, unsharded_params=up.end, unsharded_grads=zero, activations=zero, logits_loss=zero,
+                 transient=optimizer_temporary_bytes(stack, state.optimizer_bytes) + zero)
+
     base = state.params_bytes + state.optimizer_bytes + state.frozen_bytes
-    phases = (loss, backward, end)
+    phases = (loss, backward, end, step)
     totals = [base + ph.total() for ph in phases]
     phase = xp.where(last, xp.argmax_of(totals), xp.argmax_of(totals[1:]) + 1)
     parts = {"params_fp32": state.params_bytes, "frozen_params": state.frozen_bytes,
@@ -200,6 +205,13 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
         peak_phase=xp.as_float(phase),
         unsharded_params_max_bytes=up.backward,
     )
+
+
+def optimizer_temporary_bytes(stack: StackProfile, optimizer_bytes):
+    """Bytes torch's AdamW allocates on the GPU beyond its state during the step (`optimizer_bytes`: the rank's two
+    moments on the GPU). foreach (`_multi_tensor_adamw`) computes sqrt(exp_avg_sq) for every parameter at once:
+    one moment-sized list, in the moments' dtype. fused works in place; for-loop holds one tensor's at a time."""
+    return optimizer_bytes * (0.5 if stack.optimizer_implementation == "foreach" else 0.0)
 
 
 def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded, gf, acc, acts_blocks,
