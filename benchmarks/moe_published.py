@@ -51,7 +51,7 @@ def table() -> str:
         mape = s["tps"]["mape"]
         bias = s["tps"]["bias"]
         lines.append(f"- {fw}: tokens/s/GPU MAPE {pct(mape).lstrip('+')} (bias {pct(bias)}) over "
-                     f"{s['tps']['n']} rows" + (f", memory MAPE {pct(s['mem']['mape']).lstrip('+')} over "
+                     f"{s['tps']['n']} row{'s' if s['tps']['n'] != 1 else ''}" + (f", memory MAPE {pct(s['mem']['mape']).lstrip('+')} over "
                                               f"{s['mem']['n']}" if s["mem"]["n"] else ""))
     return "\n".join(lines)
 

@@ -124,6 +124,14 @@ def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None
     return (c.pp > 1) & (c.vpp != default) & xp.logical_not(exact)
 
 
+def _stages_exceed_layers(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
+    # torchtitan splits the layers + the embedding's and output's weights (generate_llm_fqn_per_model_part refuses
+    # more stages than those layer units), Megatron-LM the same with account_for_embedding / loss_in_pipeline_split:
+    # a first stage of the embedding alone and a last of the norm and output alone run
+    first, last = _less(c)
+    return c.pp * c.vpp > m.layers + xp.maximum(first, 0) + xp.maximum(last, 0)
+
+
 def _stage_less(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
     # torchtitan refuses a weight above the smallest stage's share; a negative one means nothing anywhere
     first, last = _less(c)
@@ -161,8 +169,8 @@ RULES: tuple[Rule, ...] = (
          "MLP width{mlp_widths}", _tp_widths),
     Rule(2, "tp_across_nodes", "tp {tp} spans nodes of {gpus_per_node} GPUs (TP traffic would cross the network)",
          lambda m, c, hw: c.tp > c.gpus_per_node, policy=True),
-    Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers",
-         lambda m, c, hw: c.pp * c.vpp > m.layers),
+    Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers + {layer_units_extra} for "
+         "the embedding and output (each stage needs one)", _stages_exceed_layers),
     Rule(31, "pp_stage_less", "{stage_less}", _stage_less),
     Rule(4, "pp_microbatches", "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill (each "
          "stage idles for pp - 1 of pp + microbatches - 1 microbatch times)", _pp_fill, predicted=True, ranking=True),
@@ -294,6 +302,7 @@ def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
         finetune={"qlora": "QLoRA"}.get(cfg.get("finetune"), "LoRA"),
     )
     out.update(_less_values(model, cfg, pp * vpp))
+    out["layer_units_extra"] = sum(max(int(cfg.get(f, DEFAULT_LESS)), 0) for f in LESS_FIELDS)
     out.setdefault("ep", 1)
     out.setdefault("microbatches", gb // max(dp * mb, 1))
     return out

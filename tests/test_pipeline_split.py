@@ -68,6 +68,21 @@ def test_the_heavier_middle_stage_is_what_the_default_split_costs():
     assert even["config"]["pp_first_stage_less_layers"] == 0 and "pp_first_stage_less_layers" not in default["config"]
 
 
+def test_stages_may_hold_the_embedding_or_the_output_alone():
+    """torchtitan splits layers + 1 + 1 units (and refuses more stages than that); Megatron-LM does the same with
+    account_for_embedding / loss_in_pipeline_split: a published Qwen3-235B run (94 layers) on pp 32 x vpp 3 = 96
+    stages. The first stage then holds the embedding alone, the last the norm and output alone."""
+    assert stage_blocks(94, 96) == [0] + [1] * 94 + [0]
+    four = load_model("llama3-8b").model_copy(update={"layers": 4})
+    cfg = dict(gpus=6, gpus_per_node=6, pp=6, seq_len=4096, global_batch_size=12, pp_schedule="GPipe")
+    r = estimate(four, H100, TrainConfig(**cfg), TT)
+    assert r["throughput"]["tokens_per_sec_per_gpu"] > 0
+    with pytest.raises(ConfigError, match="pp 7 x vpp 1 = 7 stages exceed the 4 layers [+] 2 for the embedding"):
+        TrainConfig(**{**cfg, "gpus": 7, "gpus_per_node": 7, "pp": 7, "global_batch_size": 14}).resolve(four, H100)
+    with pytest.raises(ConfigError, match="exceed the 4 layers [+] 0 for"):
+        TrainConfig(**{**cfg, "pp_first_stage_less_layers": 0, "pp_last_stage_less_layers": 0}).resolve(four, H100)
+
+
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("pp_first_stage_less_layers", -1, "pp_first_stage_less_layers -1 is negative"),
     ("pp_last_stage_less_layers", 12, "pp_last_stage_less_layers 12 exceeds 11, the layers each of the 8 stages"),

@@ -84,6 +84,8 @@ LAYOUTS_2 = {
     "pp2_gpipe": {"pp": 2, "pp_schedule": "GPipe"},
     "pp2_1f1b": {"pp": 2, "pp_schedule": "1F1B"},
     "pp2_interleaved": {"pp": 2, "vpp": 2, "pp_schedule": "Interleaved1F1B"},
+    # 6 stages for 4 layers + embedding + output: the first stage holds the embedding alone, the last the output alone
+    "pp2_interleaved_vpp3": {"pp": 2, "vpp": 3, "pp_schedule": "Interleaved1F1B"},
     "cp2": {"cp": 2},
     "hsdp_replicate2": {"dp_replicate": 2},
     "gpt_tp2": {"tp": 2, "model": GPT_STYLE},
