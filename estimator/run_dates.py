@@ -8,6 +8,7 @@ in August 2025) is dated per table here, each entry quoting the document's own s
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from pydantic import BaseModel, ValidationError
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from meshplan.estimator import data_files
 
 FILE_NAME = "run_dates.yaml"  # in the data folder's provenance/
+TORCH_FILE = "torch_releases.yaml"  # PyTorch minor release -> YYYY-MM, same folder
 
 
 class DocumentDate(BaseModel):
@@ -42,4 +44,40 @@ def documented_month(source: str, hardware: str) -> str | None:
     for entry in _entries():
         if hardware == entry.hardware and source.startswith(entry.source):
             return entry.month
+    return None
+
+
+_NIGHTLY = re.compile(r"(?i)\bdev(20\d\d)(0[1-9]|1[0-2])[0-3]\d\b")
+_ISO_DATE = re.compile(r"(?<![\d.])(20\d\d)-(0[1-9]|1[0-2])(?:-[0-3]\d)?(?![\d.])")
+_TORCH = re.compile(r"(?i)\b(?:py)?torch(?:\s+version)?\s*(?:[:=]=?|==)?\s*v?(2)\.(\d{1,2})(?:\.\d+)?((?:a|b|rc)\d*)?")
+
+
+@cache
+def _torch_releases() -> dict[tuple[int, int], str]:
+    path = data_files.data_dir("provenance") / TORCH_FILE
+    raw = data_files.read_yaml(path).get("releases") or {}
+    return {tuple(int(x) for x in str(k).split(".")): str(v) for k, v in raw.items()}
+
+
+def _month_before(month: str) -> str:
+    year, mon = (int(x) for x in month.split("-"))
+    return f"{year - (mon == 1)}-{12 if mon == 1 else mon - 1:02d}"
+
+
+def notes_month(notes: str) -> str | None:
+    """The YYYY-MM a row's notes date its run by, where its source does not: a nightly torch's stamp
+    (`2.9.0.dev20250815` -> 2025-08), an ISO date (`2025-06-03`), or the torch release the notes name (`torch 2.5.1`
+    -> its release month, `data/provenance/torch_releases.yaml`; a pre-release such as `2.7.0a0` -> the month
+    before). A torch newer than the table's last release names no month (the current framework release). None if
+    the notes say none of these."""
+    notes = notes or ""
+    if m := _NIGHTLY.search(notes):
+        return f"{m.group(1)}-{m.group(2)}"
+    if m := _ISO_DATE.search(notes):
+        return f"{m.group(1)}-{m.group(2)}"
+    if m := _TORCH.search(notes):
+        month = _torch_releases().get((int(m.group(1)), int(m.group(2))))
+        if month is None:
+            return None
+        return _month_before(month) if m.group(3) else month
     return None

@@ -13,7 +13,8 @@ Defaults for cells a source left empty (documented in the README):
 The `framework` column picks the stack profile (`data/stacks/`). A framework's older releases behave
 differently (torchtitan before April 2025 did not compile the loss), so when the `source` names the month of
 the run (torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md`), or `data/provenance/run_dates.yaml` dates
-the source's table on that hardware from the software versions the document states, the release profile
+the source's table on that hardware from the software versions the document states, or the row's notes give a
+date, a torch nightly's stamp or the torch release that ran it (`run_dates.notes_month`), the release profile
 covering that month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
 which software ran, never what it measured. A framework with no profile (say `megatron`) is predicted
 with the `generic` profile (torchtitan's constants, the bf16-model + fp32-master conventions most frameworks share)
@@ -39,7 +40,7 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
-from meshplan.estimator.run_dates import documented_month
+from meshplan.estimator.run_dates import documented_month, notes_month
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
 
 CONFIG_COLUMNS = (
@@ -175,7 +176,8 @@ _ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1
 def row_stack(row: dict) -> str:
     """The stack profile that predicts a row: its framework's release that ran the job (the month the
     `source` names, e.g. a benchmark file dated 202412, or the month `data/provenance/run_dates.yaml` documents
-    for the source's table on that hardware; else the current release), or its ZeRO-1 variant when the
+    for the source's table on that hardware, or the month the notes give: a date, a nightly's stamp or the torch
+    release they name; else the current release), or its ZeRO-1 variant when the
     notes say so. meshplan's own runs are predicted with torchtitan's (FRAMEWORK_STACKS). A framework without a
     profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so."""
     framework = (row.get("framework") or DEFAULT_STACK).strip()
@@ -185,7 +187,9 @@ def row_stack(row: dict) -> str:
     if _ZERO1.search(row.get("notes") or "") and f"{framework}-zero1" in stack_names():
         return f"{framework}-zero1"
     source = row.get("source") or ""
-    return stack_for_run(framework, source_month(source) or documented_month(source, row.get("hardware") or ""))
+    month = (source_month(source) or documented_month(source, row.get("hardware") or "")
+             or notes_month(row.get("notes") or ""))
+    return stack_for_run(framework, month)
 
 
 # a pipeline schedule as frameworks write it -> meshplan's name: torch.distributed.pipelining's classes

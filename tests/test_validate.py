@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.run_dates import documented_month
+from meshplan.estimator.run_dates import documented_month, notes_month
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run
 from meshplan.estimator.validate import (
     MEASURED_COLUMNS,
@@ -183,6 +183,28 @@ def test_a_dated_source_selects_the_release_that_ran_it(source, month, stack):
     assert source_month(source) == month
     assert stack_for_run("torchtitan", month) == stack
     assert stack_for_run("llm-foundry", month) == "llm-foundry"  # one release known
+
+
+@pytest.mark.parametrize(
+    ("notes", "month", "stack"),
+    [
+        ("memory = max reserved; torch 2.5.1+cu124", "2024-10", "torchtitan-2024"),
+        ("pytorch version: 2.7.0a0+gitb98af95, torchtitan version: 0.0.2", "2025-03", "torchtitan-2024"),  # pre-release
+        ("torch==2.7.0", "2025-04", "torchtitan-2025-08"),
+        ("pytorch version: 2.9.0.dev20250815+cu128", "2025-08", "torchtitan-2025-08"),  # the nightly's own stamp
+        ("PyTorch 2.9", "2025-10", "torchtitan"),
+        ("logged 2024-12-03 at step 100", "2024-12", "torchtitan-2024"),
+        ("torch 2.11.0+cu130", None, "torchtitan"),  # newer than the table: the current release
+        ("torchtitan 0.0.2; TPS at step 90", None, "torchtitan"),  # torchtitan's own version is not torch's
+        ("", None, "torchtitan"),
+    ],
+)
+def test_undated_sources_are_dated_by_what_their_notes_say(notes, month, stack):
+    assert notes_month(notes) == month
+    row = {"framework": "TorchTitan", "source": "a GitHub issue comment", "hardware": "h100-sxm", "notes": notes}
+    assert row_stack(row) == stack
+    # the source's own date wins over the notes
+    assert row_stack({**row, "source": "benchmarks/llama3_h100_202412_torchtitan.md"}) == "torchtitan-2024"
 
 
 @pytest.mark.parametrize(
