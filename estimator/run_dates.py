@@ -71,13 +71,11 @@ def notes_month(notes: str) -> str | None:
     before). A torch newer than the table's last release names no month (the current framework release). None if
     the notes say none of these."""
     notes = notes or ""
-    if m := _NIGHTLY.search(notes):
-        return f"{m.group(1)}-{m.group(2)}"
-    if m := _ISO_DATE.search(notes):
-        return f"{m.group(1)}-{m.group(2)}"
-    if m := _TORCH.search(notes):
-        month = _torch_releases().get((int(m.group(1)), int(m.group(2))))
-        if month is None:
-            return None
-        return _month_before(month) if m.group(3) else month
-    return None
+    for stated in (_NIGHTLY, _ISO_DATE):  # a date the notes state, the nightly's first
+        if m := stated.search(notes):
+            return f"{m.group(1)}-{m.group(2)}"
+    torch = _TORCH.search(notes)
+    released = torch and _torch_releases().get((int(torch.group(1)), int(torch.group(2))))
+    if not released:
+        return None
+    return _month_before(released) if torch.group(3) else released
