@@ -268,18 +268,32 @@ def _squash(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _moe_presets() -> dict[str, ModelSpec]:
-    """The mixture-of-experts / MLA presets by their squashed names and descriptions."""
+def _presets() -> dict[str, ModelSpec]:
+    """Every model preset by its squashed name and description (with and without its parenthesis); a Llama 3.1
+    preset also by its Llama 3 name (the same dimensions: `Llama 3 8B`, `Meta-Llama-3-70B`)."""
     from meshplan.estimator.model_spec import load_model, preset_names
 
     out = {}
     for name in preset_names():
         spec = load_model(name)
-        if spec.moe is not None or spec.mla is not None:
-            for key in (name, spec.description, spec.description.split(" (")[0]):
-                if key:
-                    out[_squash(key)] = spec
+        label = spec.description.split(" (")[0]
+        for key in (name, spec.description, label, label.replace("Llama 3.1 ", "Llama 3 ")):
+            if key:
+                out.setdefault(_squash(key), spec)
     return out
+
+
+def _moe_presets() -> dict[str, ModelSpec]:
+    """The mixture-of-experts / MLA presets of :func:`_presets`."""
+    return {k: v for k, v in _presets().items() if v.moe is not None or v.mla is not None}
+
+
+def preset_of(cell: str) -> ModelSpec | None:
+    """The model preset a row's `model` cell names, as logs and Hugging Face write it (`Llama 3.1 8B`, `llama3-8b`,
+    `meta-llama/Meta-Llama-3.1-8B`, `Qwen/Qwen3-30B-A3B`); None if none."""
+    key = _squash(cell or "")
+    presets = _presets()
+    return presets.get(key) or (presets.get(key[len("meta"):]) if key.startswith("meta") else None)
 
 
 def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
@@ -329,13 +343,29 @@ def data_parallel(row: dict, stack) -> tuple[int, int]:
     return dp_replicate * dp_shard, 1
 
 
+DIMENSION_COLUMNS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+
+
+def _preset_without_dimensions(row: dict) -> ModelSpec | None:
+    """The preset a row names when it gives none of the model's dimensions (a team's own log: the model by name);
+    None when it gives any (they are read as they are). A name that is no preset is a one-line error."""
+    if any((row.get(c) or "").strip() for c in DIMENSION_COLUMNS):
+        return None
+    preset = preset_of(row.get("model") or "")
+    if preset is None:
+        raise MeshplanError(
+            f"row {row.get('id', '?')}: no model dimensions and model {(row.get('model') or '').strip()!r} is no "
+            f"preset: fill {', '.join(DIMENSION_COLUMNS)} (or name a preset: meshplan models)")
+    return preset
+
+
 def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, str, TrainConfig]:
     """Model, hardware id, stack id (`row_stack` unless given) and config of one row, from its configuration
     columns only."""
     mlp = (row.get("mlp") or "swiglu").strip().lower()
     mlp = {"silu": "swiglu", "swish": "swiglu"}.get(mlp, mlp)  # Llama's gated SiLU as configs name its activation
     try:
-        model = ModelSpec(
+        model = _preset_without_dimensions(row) or ModelSpec(
             name=(row.get("model") or row.get("id") or "model").strip(),
             layers=_int(row, "layers"), hidden=_int(row, "hidden"), heads=_int(row, "heads"),
             kv_heads=_int(row, "kv_heads", _int(row, "heads")), ffn_hidden=_int(row, "ffn_hidden"),

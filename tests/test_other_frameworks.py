@@ -198,3 +198,39 @@ def test_generic_ddp_all_reduces_once_per_step_and_its_fsdp_every_microbatch():
     assert allreduce("generic", 256, **ddp) == pytest.approx(allreduce("generic", 8, **ddp), rel=1e-3)
     hsdp = dict(dp_replicate=2, dp_shard=4)
     assert allreduce("generic", 256, **hsdp) == pytest.approx(4 * allreduce("generic", 64, **hsdp), rel=1e-2)
+
+
+DIMENSIONS = dict.fromkeys(("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "tied_embeddings"), "")
+
+
+@pytest.mark.parametrize("name", ["Llama 3.1 8B", "llama3-8b", "meta-llama/Meta-Llama-3.1-8B", "Meta-Llama-3-8B",
+                                  "Llama-3-8B"])
+def test_a_row_naming_a_preset_without_dimensions_is_predicted_as_the_preset(name):
+    """A team's own log names its model and leaves the dimensions out: the preset it names is used, as if its
+    dimensions were written out (the Llama 3 name too: Llama 3 and 3.1 share their dimensions)."""
+    written = _row(framework="torchtitan", model="Llama 3.1 8B", layers="32", hidden="4096", heads="32",
+                   kv_heads="8", ffn_hidden="14336", tied_embeddings="false", dp_replicate="1", dp_shard="8",
+                   pp="1", pp_schedule="", global_batch_size="8")
+    named = {**written, **DIMENSIONS, "model": name}
+    got, want = validate_rows([named, written])
+    assert got.error is None and got.predicted_tps_per_gpu == pytest.approx(want.predicted_tps_per_gpu)
+    assert got.predicted_mem_gib == pytest.approx(want.predicted_mem_gib)
+
+
+def test_a_moe_preset_by_name_keeps_its_experts():
+    row = _row(framework="torchtitan", model="Qwen/Qwen3-30B-A3B", **DIMENSIONS, dp_replicate="1", dp_shard="8",
+               pp="1", pp_schedule="", global_batch_size="8", ep="8")
+    dense = {**row, "model": "Qwen3 dense", "layers": "48", "hidden": "2048", "heads": "32", "kv_heads": "4",
+             "ffn_hidden": "6144", "vocab": "151936", "tied_embeddings": "false", "ep": "1"}
+    got, without_experts = validate_rows([row, dense])
+    assert got.error is None and got.predicted_tps_per_gpu > 0
+    # 128 experts of which 8 run: far more memory than the dense model of the same width, and faster per token
+    assert got.predicted_mem_gib > 2 * without_experts.predicted_mem_gib
+
+
+def test_a_row_without_dimensions_naming_no_preset_is_one_line():
+    (got,) = validate_rows([{**_row(), **DIMENSIONS, "model": "My 7B"}])
+    assert got.error.startswith("row x: no model dimensions and model 'My 7B' is no preset: fill layers")
+    assert "\n" not in got.error
+    (partial,) = validate_rows([{**_row(), "vocab": ""}])  # some dimensions given: the empty one is named
+    assert "vocab" in partial.error
