@@ -152,6 +152,9 @@ class StackProfile(BaseModel):
     splits_tied_embeddings: bool = Field(
         default=False, description="TP and PP split a model whose embedding and output share weights (Megatron, "
         "nanotron: vocab-parallel, a copy on the first and last stage); torchtitan cannot")
+    async_tp_needs_compile: bool = Field(
+        default=True, description="async TP is a torch.compile pass (torchtitan's micro-pipeline TP); false where the "
+        "framework's own TP linears overlap their collectives (nanotron, Megatron-LM)")
     replicated_state: ReplicatedState = Field(
         default_factory=ReplicatedState, description="what a rank keeps without FSDP (DDP, TP or PP alone)")
     float8: dict[str, Float8Recipe]

@@ -234,3 +234,17 @@ def test_a_row_without_dimensions_naming_no_preset_is_one_line():
     assert "\n" not in got.error
     (partial,) = validate_rows([{**_row(), "vocab": ""}])  # some dimensions given: the empty one is named
     assert "vocab" in partial.error
+
+
+def test_async_tp_runs_eager_where_the_framework_overlaps_its_own_tp_collectives():
+    """nanotron's tp_linear_async_communication and Megatron-LM's tp_comm_overlap need no torch.compile; torchtitan's
+    async TP is an inductor pass and refuses an eager run."""
+    vanilla, overlapped = validate_rows([_row(tp="4", pp="1", pp_schedule="", tied_embeddings="false", async_tp=a)
+                                         for a in ("false", "true")])
+    assert vanilla.error is None and overlapped.error is None
+    assert overlapped.predicted_tps_per_gpu > vanilla.predicted_tps_per_gpu
+    (megatron,) = validate_rows([_row(framework="megatron", tp="4", pp="1", pp_schedule="", async_tp="true")])
+    assert megatron.error is None and megatron.stack == "generic"
+    (titan,) = validate_rows([_row(framework="torchtitan", tp="4", pp="1", pp_schedule="", tied_embeddings="false",
+                                   async_tp="true")])
+    assert titan.error == "async TP is a torch.compile pass: it needs compile on"
