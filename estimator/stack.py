@@ -152,6 +152,10 @@ class StackProfile(BaseModel):
     splits_tied_embeddings: bool = Field(
         default=False, description="TP and PP split a model whose embedding and output share weights (Megatron, "
         "nanotron: vocab-parallel, a copy on the first and last stage); torchtitan cannot")
+    pads_vocab: bool = Field(
+        default=False, description="the vocabulary is padded to a multiple of tp (Megatron-LM's "
+        "make_vocab_size_divisible_by x tp, nanotron's _vocab_size_with_padding); torchtitan refuses a tp that does "
+        "not divide it")
     async_tp_needs_compile: bool = Field(
         default=True, description="async TP is a torch.compile pass (torchtitan's micro-pipeline TP); false where the "
         "framework's own TP linears overlap their collectives (nanotron, Megatron-LM)")

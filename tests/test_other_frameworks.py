@@ -248,3 +248,14 @@ def test_async_tp_runs_eager_where_the_framework_overlaps_its_own_tp_collectives
     (titan,) = validate_rows([_row(framework="torchtitan", tp="4", pp="1", pp_schedule="", tied_embeddings="false",
                                    async_tp="true")])
     assert titan.error == "async TP is a torch.compile pass: it needs compile on"
+
+
+def test_a_vocabulary_tp_does_not_divide_is_padded_where_the_framework_pads_it():
+    """GPT-2's 50,257 tokens over tp 4: Megatron-LM and nanotron pad the vocabulary to a multiple of tp; torchtitan
+    refuses."""
+    nano, megatron, titan = validate_rows([
+        _row(tp="4", pp="1", pp_schedule="", tied_embeddings="false", vocab="50257"),
+        _row(framework="Megatron-LM", tp="4", pp="1", pp_schedule="", vocab="50257"),
+        _row(framework="torchtitan", tp="4", pp="1", pp_schedule="", tied_embeddings="false", vocab="50257")])
+    assert nano.error is None and megatron.error is None and nano.predicted_mem_gib > 0
+    assert titan.error == "tp 4 does not divide the vocabulary (50257), which loss parallel shards"
