@@ -152,6 +152,9 @@ class StackProfile(BaseModel):
     splits_tied_embeddings: bool = Field(
         default=False, description="TP and PP split a model whose embedding and output share weights (Megatron, "
         "nanotron: vocab-parallel, a copy on the first and last stage); torchtitan cannot")
+    stage_counts_like_torchtitan: bool = Field(
+        default=True, description="only the stage counts torchtitan's pipeline_parallel_layers_per_stage can give "
+        "run (false: the framework splits any pp x vpp its layers fill, Megatron-LM's virtual stages)")
     pads_vocab: bool = Field(
         default=False, description="the vocabulary is padded to a multiple of tp (Megatron-LM's "
         "make_vocab_size_divisible_by x tp, nanotron's _vocab_size_with_padding); torchtitan refuses a tp that does "

@@ -259,3 +259,14 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_where_the_framework_pads_it()
         _row(framework="torchtitan", tp="4", pp="1", pp_schedule="", tied_embeddings="false", vocab="50257")])
     assert nano.error is None and megatron.error is None and nano.predicted_mem_gib > 0
     assert titan.error == "tp 4 does not divide the vocabulary (50257), which loss parallel shards"
+
+
+def test_virtual_stages_torchtitan_cannot_count_run_where_the_framework_splits_them_itself():
+    """Megatron-LM runs 80 layers on pp 4 x vpp 5 (4 layers a virtual stage); torchtitan's layers_per_stage gives
+    no split into 20 stages of 80 layers + embedding + output, and refuses."""
+    shape = dict(layers="80", hidden="8192", heads="64", kv_heads="8", ffn_hidden="28672", tied_embeddings="false",
+                 gpus="64", tp="4", pp="4", vpp="5", pp_schedule="Interleaved1F1B", dp_replicate="4",
+                 global_batch_size="64")
+    megatron, titan = validate_rows([_row(framework="megatron", **shape), _row(framework="torchtitan", **shape)])
+    assert megatron.error is None and megatron.predicted_tps_per_gpu > 0
+    assert "torchtitan cannot split the 80 layers" in titan.error
