@@ -18,8 +18,8 @@ date, a torch nightly's stamp or the torch release that ran it (`run_dates.notes
 covering that month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
 which software ran, never what it measured. A framework with no profile (say `megatron`) is predicted
 with the `generic` profile (torchtitan's constants, the bf16-model + fp32-master conventions most frameworks share)
-rather than failing; a row whose notes say ZeRO-1 uses the framework's `-zero1` profile where one exists
-(`nanotron-zero1`); `--json` rows name the profile used (`stack`).
+rather than failing; a row whose notes say ZeRO-1 (or Megatron-LM's distributed optimizer) uses the framework's
+`-zero1` profile where one exists (`nanotron-zero1`, `generic-zero1`); `--json` rows name the profile used (`stack`).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ FALLBACK_STACK = "generic"  # a framework without a profile
 # frameworks that run another's semantics: meshplan's own training core (launcher/) follows torchtitan's FSDP2 /
 # TP / pipelining and writes `framework=meshplan` in the rows `meshplan compare --append-csv` adds
 FRAMEWORK_STACKS = {"meshplan": "torchtitan"}
-_ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1\b")
+_ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1\b|\bdistributed[-_ ]optimizer\b")
 
 
 def row_stack(row: dict) -> str:

@@ -200,6 +200,7 @@ def test_generic_ddp_all_reduces_once_per_step_and_its_fsdp_every_microbatch():
     assert allreduce("generic", 256, **hsdp) == pytest.approx(4 * allreduce("generic", 64, **hsdp), rel=1e-2)
 
 
+M8, H100_ = load_model("llama3-8b"), load_hardware("h100-sxm")
 DIMENSIONS = dict.fromkeys(("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "tied_embeddings"), "")
 
 
@@ -270,3 +271,19 @@ def test_virtual_stages_torchtitan_cannot_count_run_where_the_framework_splits_t
     megatron, titan = validate_rows([_row(framework="megatron", **shape), _row(framework="torchtitan", **shape)])
     assert megatron.error is None and megatron.predicted_tps_per_gpu > 0
     assert "torchtitan cannot split the 80 layers" in titan.error
+
+
+def test_megatron_distributed_optimizer_shards_master_weights_and_moments_over_replicas():
+    """Megatron-LM's --use-distributed-optimizer (ZeRO-1): generic-zero1 when the notes say so; the fp32 master copy
+    (4 bytes a parameter) and AdamW's moments (8) divide over the 8 replicas, the bf16 weights (2) and the fp32
+    grad buffer (4) do not."""
+    ddp = _row(framework="Megatron-LM", model="Llama 1B", tp="1", pp="1", pp_schedule="", dp_replicate="8",
+               tied_embeddings="false")
+    plain, sharded = validate_rows([ddp, {**ddp, "notes": "--use-distributed-optimizer"}])
+    assert (plain.stack, sharded.stack) == ("generic", "generic-zero1")
+    assert sharded.predicted_mem_gib < plain.predicted_mem_gib
+    cfg = TrainConfig(gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, global_batch_size=8)
+    full, zero = (estimate(M8, H100_, cfg, load_stack(s))["memory"]["breakdown_gib"] for s in ("generic", "generic-zero1"))
+    assert zero["params_fp32"] == pytest.approx(full["params_fp32"] * (2 + 4 / 8) / 6, rel=1e-3)
+    assert zero["optimizer_states"] == pytest.approx(full["optimizer_states"] / 8, rel=1e-3)
+    assert zero["grads_fp32"] == pytest.approx(full["grads_fp32"])
