@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from meshplan.estimator import validate as V  # noqa: E402
+from meshplan.estimator.calibration import field_value as _get  # noqa: E402
 
 DEFAULT_CSV = ROOT / "data" / "ground_truth" / "runs.csv"  # the repository's copy of shared/ground_truth
 
@@ -46,12 +47,6 @@ PARAMS = [
     # runs alone (until 2026-11 it had four more of its own); its MPT attention path is its one
     ("llm-foundry", "attention_factor", 0.4, 1.2),
 ]
-
-
-def _get(obj, path: str):
-    for part in path.split("."):
-        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
-    return obj
 
 
 def _set(obj, path: str, value: float) -> None:

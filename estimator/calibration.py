@@ -61,7 +61,8 @@ MIN_NEW = 0.3  # share of a constant's effect on the rows that the constants cho
 MAX_FITTED_SHARE = 0.5  # at most one fitted constant per two measured values
 
 
-def _raw(stack: StackProfile, path: str):
+def field_value(stack: StackProfile, path: str):
+    """The value at a dotted field path of a stack profile (`float8.rowwise.gemm_factor`), as it is (None too)."""
     obj = stack
     for part in path.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
@@ -69,7 +70,7 @@ def _raw(stack: StackProfile, path: str):
 
 
 def get(stack: StackProfile, path: str) -> float:
-    return float(_raw(stack, path))
+    return float(field_value(stack, path))
 
 
 def with_values(stack: StackProfile, values: dict[str, float]) -> StackProfile:
@@ -159,7 +160,7 @@ def sensitivities(stack: StackProfile, runs: list[Run], knobs: tuple[Knob, ...] 
     base = np.asarray(log_errors(stack, runs))
     out = {}
     for k in knobs:
-        if _raw(stack, k.path) is None:  # a profile without this figure (fragmentation_one_stream): nothing to move
+        if field_value(stack, k.path) is None:  # a profile without this figure (fragmentation_one_stream): nothing to move
             continue
         v = get(stack, k.path)
         step = 0.1 * v if v > 0 else 0.1 * (k.high - k.low)

@@ -213,9 +213,9 @@ def pp_schedule_name(cell: str | None) -> str:
 # activation checkpointing as frameworks write it -> meshplan's mode: nanotron's recompute_layer (a bool), Megatron-LM's
 # recompute granularity (full / selective), torchtitan's modes (none / selective / full, op / layer selective)
 _AC_NAMES = {
-    "": "none", "none": "none", "no": "none", "false": "none", "off": "none", "0": "none", "disabled": "none",
-    "full": "full", "true": "full", "yes": "full", "on": "full", "1": "full", "recomputelayer": "full",
-    "layer": "full", "fullrecompute": "full", "block": "full", "uniform": "full",
+    **dict.fromkeys(_FALSE | {""}, "none"), **dict.fromkeys(_TRUE, "full"),  # a yes / no cell: recompute_layer
+    "full": "full", "recomputelayer": "full", "layer": "full", "fullrecompute": "full", "block": "full",
+    "uniform": "full",
     "selective": "selective", "op": "selective", "sac": "selective", "selectiveop": "selective",
     "selectivelayer": "selective", "opsac": "selective",
 }
@@ -283,6 +283,7 @@ def _presets() -> dict[str, ModelSpec]:
     return out
 
 
+@lru_cache(maxsize=1)
 def _moe_presets() -> dict[str, ModelSpec]:
     """The mixture-of-experts / MLA presets of :func:`_presets`."""
     return {k: v for k, v in _presets().items() if v.moe is not None or v.mla is not None}
