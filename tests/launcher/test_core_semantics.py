@@ -13,9 +13,11 @@ import pytest
 from launchtools import TINY_MODEL, run_world1
 
 # each worker: PREAMBLE (a gloo group of one on the port in argv[1]; the model in argv[2]), then its body, which
-# fills `out`; at exit the group is destroyed and `out` printed as the last line
+# fills `out`, then EPILOGUE: the group destroyed, `out` printed as the last line, and the process ended as the core's
+# ranks end (os._exit once everything is flushed: interpreter teardown can abort in torch's C++ threads, "terminate
+# called without an active exception", seen once in CI). A body that raises never reaches it and exits non-zero.
 PREAMBLE = """
-import atexit, json, os, sys, torch
+import json, os, sys, torch
 import torch.distributed as dist
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.core.train import Trainer
@@ -24,7 +26,12 @@ os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0
 dist.init_process_group("gloo")
 model = json.loads(sys.argv[2])
 out = {}
-atexit.register(lambda: (dist.destroy_process_group(), print(json.dumps(out))))
+"""
+EPILOGUE = """
+dist.destroy_process_group()
+print(json.dumps(out), flush=True)
+sys.stderr.flush()
+os._exit(0)
 """
 
 WORKER = PREAMBLE + """
@@ -42,7 +49,7 @@ for name, dtype, mixed in (("gpu_policy_fp32", "float32", True), ("gpu_policy_bf
     out[name] = {"autocast": isinstance(tr._amp_context(), torch.autocast), "logits": str(logits.dtype),
                  "param": str(next(tr.parts[0].parameters()).dtype), "loss": step["loss"]}
 out["is_nf4_plain"] = is_nf4(torch.zeros(2))
-"""
+""" + EPILOGUE
 
 
 def test_autocast_where_torchtitan_uses_it():
@@ -66,7 +73,7 @@ for compile in (False, True):
     out[str(compile)] = {"eager_loss": tr.loss_fn is cross_entropy,
                          "compiled": getattr(tr.loss_fn, "_torchdynamo_orig_callable", None) is cross_entropy,
                          "loss": tr.train_step()["loss"]}
-"""
+""" + EPILOGUE
 
 
 @pytest.mark.slow
@@ -89,7 +96,7 @@ for one_rank in (False, True):
     tr = Trainer(cfg, torch.device("cpu"), mixed_precision=True)
     out[str(one_rank)] = {"blocks": [isinstance(b, FSDPModule) for b in tr.parts[0].layers.values()],
                           "autocast": isinstance(tr._amp_context(), torch.autocast), "loss": tr.train_step()["loss"]}
-"""
+""" + EPILOGUE
 
 
 def test_fsdp_one_rank_wraps_every_block():
