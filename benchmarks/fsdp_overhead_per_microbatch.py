@@ -2,14 +2,14 @@
 
     python benchmarks/fsdp_overhead_per_microbatch.py
 
-`fsdp_overhead_s_per_layer` (torchtitan.yaml, 5 ms a block, fitted at its bound and not identified) is counted for
-every microbatch. Every torchtitan run of runs.csv without a pipeline has one microbatch a step, so they cannot say
-whether it belongs to the microbatch (each block gathered again) or to the step. llm-foundry's profile takes
-torchtitan's value, and 48 of its 77 runs accumulate gradients over 2-21 microbatches (FSDP1 gathers each block
-again every microbatch). This script predicts them both ways from their configuration columns: as the estimator
-does, and with the overhead counted once a step (the step without it, plus the overhead of one microbatch: the
-overhead adds linearly to a microbatch's time, and llm-foundry runs have no pipeline). Prints MAPE and bias of
-tokens/s/GPU for the runs with one microbatch and with several.
+`fsdp_overhead_s_per_layer` (a stack's FSDP cost per block, not identified) is counted for every microbatch. Every
+torchtitan run of runs.csv without a pipeline has one microbatch a step, so they cannot say whether it belongs to the
+microbatch (each block gathered again) or to the step. 48 of llm-foundry's 77 runs accumulate gradients over 2-21
+microbatches (FSDP1 gathers each block again every microbatch); its profile's own value (llm-foundry.yaml, fitted on
+all 77 as a per-microbatch cost; until 2026-11 it took torchtitan's 5 ms, with the same verdict) predicts them both
+ways from their configuration columns: as the estimator does, and with the overhead counted once a step (the step
+without it, plus the overhead of one microbatch: the overhead adds linearly to a microbatch's time, and llm-foundry
+runs have no pipeline). Prints MAPE and bias of tokens/s/GPU for the runs with one microbatch and with several.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
         tokens = with_it["tokens_per_sec_per_gpu"] * with_it["step_time_s"]  # tokens a GPU a step
         for how, tps in (("per microbatch", with_it["tokens_per_sec_per_gpu"]), ("once a step", tokens / per_step)):
             errors.setdefault((m > 1, how), []).append(tps / measured - 1)
-    print(f"llm-foundry runs of {CSV.relative_to(ROOT)} with torchtitan's fsdp_overhead_s_per_layer "
+    print(f"llm-foundry runs of {CSV.relative_to(ROOT)} with its fsdp_overhead_s_per_layer "
           f"{stack.fsdp_overhead_s_per_layer * 1e3:.1f} ms a block, tokens/s/GPU:")
     for (accumulates, how), errs in sorted(errors.items()):
         e = np.asarray(errs)

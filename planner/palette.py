@@ -34,7 +34,7 @@ TIME_STYLE: dict[str, CategoryStyle] = {
     "recompute": CategoryStyle("recomp", "recompute (AC)", "#a0cbe8"),
     "float8_casts": CategoryStyle("fp8", "Float8 casts", "#f28e2b"),
     "elementwise": CategoryStyle("elem", "elementwise", "#ffbe7d"),
-    "overhead": CategoryStyle("overhead", "launch + step overhead", "#bab0ac"),
+    "overhead": CategoryStyle("overhead", "launch, FSDP + step overhead", "#bab0ac"),
     "fsdp_exposed": CategoryStyle("fsdp", "FSDP comm (exposed)", "#59a14f"),
     "tp_exposed": CategoryStyle("tp", "TP comm (exposed)", "#8cd17d"),
     "cp_exposed": CategoryStyle("cp", "CP comm (exposed)", "#b07aa1"),

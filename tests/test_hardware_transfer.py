@@ -47,8 +47,13 @@ def test_the_500w_cap_slows_the_same_die():
 def test_b200_lies_between_torchtitans_runs_and_the_measured_h200_comparison():
     """[S3] (hardware_facts.md): Llama 3.1 8B on 8 GPUs at seq 8K trained at 461 TFLOP/s on H200 and 778 on B200
     under DeepSpeed, a ratio of 1.69; torchtitan's published B200 runs were slower (the torchao table: 8,308 tok/s
-    on B200 against 6,150 on H100 for the same 8B job, 1.35). The profile sits between the two."""
+    on B200 against 6,150 on H100 for the same 8B job, one 8k microbatch, op-SAC: 1.35). The profile reproduces the
+    torchao ratio on its own job and stays below DeepSpeed's against the H200 (which outruns the H100) from one to
+    four microbatches a GPU (more work a block, less of torchtitan's fixed per-block cost)."""
+    torchao = dict(micro_batch_size=1, global_batch_size=8, ac="selective")
+    assert _tps("b200", **torchao) / _tps("h100-sxm", **torchao) == pytest.approx(8307.5 / 6150, abs=0.07)
     ratios = [_tps("b200", micro_batch_size=mb, global_batch_size=8 * mb, ac=ac)
               / _tps("h200-sxm", micro_batch_size=mb, global_batch_size=8 * mb, ac=ac)
               for mb, ac in ((1, "none"), (2, "selective"), (4, "full"))]
-    assert all(1.35 < r < 778 / 461 for r in ratios), ratios
+    assert all(1.25 < r < 778 / 461 for r in ratios), ratios
+    assert ratios == sorted(ratios), ratios

@@ -1,6 +1,6 @@
 """The CPU's kernel launches cost step time only where they outlast the GPU's work; FSDP runs add a per-block cost of
 their own. Measured on one H100 (data/measurements/h100-sxm-core-2026-11-26.csv): a 1B model's 8k-token eager step
-showed none of the 5 ms a block the published FSDP runs need, and its 2k-token step waited on its launches. The
+showed none of the 5-12 ms a block the published FSDP runs need, and its 2k-token step waited on its launches. The
 estimator must say the same, and predict those measured runs within the band they were measured at."""
 
 from __future__ import annotations

@@ -75,11 +75,10 @@ def test_every_published_run_that_ran_is_predicted_to_fit(results):
     assert summarize(results)["all"]["fit_agreement"]["share"] == 1.0
 
 
-# torchtitan rows more than 25 % off, each explained in the README ("Accuracy"): r0012's microbatches as the CSV derives
-# them, the torchao table's MI300X Float8 tensorwise run, predicted from the MI300X's MAMF (TunableOp on, ROCm 6.3), and
-# its slower B200 MXFP8 variant (mxfp8_cublas_rceil, 3 % below mxfp8_cublas, which the model does not tell apart) on
-# the table's power-limited B200s
-KNOWN_OUTLIERS = {"r0012", "r0463", "r0469"}
+# torchtitan rows more than 25 % off, each explained in the README ("Accuracy"): none since 2026-11, when the FSDP
+# overhead's 5 ms bound went (r0012's 32 pipelined microbatches, the torchao table's MI300X Float8 tensorwise run and
+# its B200 MXFP8 run were 25-37 % off with it)
+KNOWN_OUTLIERS: set[str] = set()
 
 
 def test_no_other_torchtitan_row_worse_than_25_percent(results):
@@ -94,9 +93,12 @@ def test_no_other_torchtitan_row_worse_than_25_percent(results):
     assert known == KNOWN_OUTLIERS  # an outlier that is no longer one leaves the list
 
 
-def test_the_mi300x_outlier_is_over_predicted(results):
-    """The MI300X's MAMF (TunableOp on, ROCm 6.3) says it runs faster than the torchao table measured it."""
-    assert all(r.tps_err > 0.25 for r in results if r.id in ("r0463", "r0469"))
+def test_the_mi300x_float8_run_is_over_predicted(results):
+    """The MI300X's MAMF (TunableOp on, ROCm 6.3) says its Float8 tensorwise run is faster than the torchao table
+    measured it: still the most over-predicted row of that table."""
+    torchao = [r for r in results if r.id.startswith("r04") and r.framework == "torchtitan"]
+    worst = max(torchao, key=lambda r: r.tps_err)
+    assert worst.id == "r0463" and worst.tps_err > 0.1
 
 
 def test_predictions_ignore_measured_columns(ground_truth):
@@ -273,13 +275,15 @@ def test_stack_profile_extends_a_builtin(tmp_path):
 
 def test_a_framework_without_a_profile_is_predicted_with_the_generic_profile(ground_truth):
     """FSDP rows of an unknown framework are predicted as torchtitan's current release would run them (same
-    constants); without FSDP the generic profile keeps the model in bf16 (no fp32 fallback for TP / PP, no autocast)."""
+    constants, same memory) but for torchtitan's own per-block FSDP cost: only FSDP2's hooks (~1 ms a block), so
+    faster; without FSDP the generic profile keeps the model in bf16 (no fp32 fallback for TP / PP, no autocast)."""
     rows = [r for r in read_rows(ground_truth) if r["id"] in ("r0041", "r0000")]
     other = [{**r, "framework": "megatron-lm"} for r in rows]
     got = validate_rows(other)
     assert [r.error for r in got] == [None, None]
     assert [r.stack for r in got] == ["generic", "generic"]
-    assert [predict_row(r) for r in other] == [predict_row(r, "torchtitan") for r in rows]
+    for mine, titan in zip([predict_row(r) for r in other], [predict_row(r, "torchtitan") for r in rows], strict=True):
+        assert mine[1] == titan[1] and 1.05 < mine[0] / titan[0] < 1.4
     assert summarize(got)["by_framework"]["megatron-lm"]["rows"] == 2
     # 8 x TP 8, no FSDP: torchtitan trains it in fp32; the generic profile and nanotron in bf16
     tp8 = {**rows[0], "dp_shard": "1", "tp": "8", "global_batch_size": "8", "micro_batch_size": "1"}
