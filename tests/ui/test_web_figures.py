@@ -166,3 +166,16 @@ def test_ranked_frame_and_vectorised_summaries_match_the_planner(res70):
     sample = pts.sample(200, random_state=0)
     assert list(sample["label"]) == [short_config(res70.config(int(i))) for i in sample["index"]]
     assert summaries(df.iloc[:0]).empty
+
+
+def test_assumptions_state_each_stacks_fsdp_cost():
+    """The page's assumptions name the per-block FSDP cost of the stack it estimates with (torchtitan's fitted figure
+    is its largest single overhead), not one stack's figure for all."""
+    from meshplan.ui.web.text import assumptions
+
+    hw = load_hardware("h100-sxm")
+    for sid in ("torchtitan", "llm-foundry"):
+        stack = load_stack(sid)
+        text = assumptions(hw, stack, 0.9)
+        assert f"FSDP adds {stack.fsdp_overhead_s_per_layer * 1e3:.1f} ms a block per microbatch" in text
+    assert load_stack("torchtitan").fsdp_overhead_s_per_layer != load_stack("llm-foundry").fsdp_overhead_s_per_layer

@@ -73,7 +73,9 @@ flight, including the logits and loss buffers of the last stage.
 collectives reach {hw.intra_node_efficiency:.2f} of the scale-up link and {hw.inter_node_efficiency:.2f} of
 the scale-out line rate. The {stack.name} stack: model-shape GEMMs reach {stack.gemm_efficiency:.2f} of
 best-shape; FSDP overlaps {stack.fsdp_overlap:.0%} of compute with its collectives; vanilla TP overlaps
-{stack.tp_overlap:.0%}, async TP {stack.async_tp_overlap:.0%}; context parallel overlaps {stack.cp_overlap:.0%}.
+{stack.tp_overlap:.0%}, async TP {stack.async_tp_overlap:.0%}; context parallel overlaps {stack.cp_overlap:.0%};
+FSDP adds {stack.fsdp_overhead_s_per_layer * 1e3:.1f} ms a block per microbatch beyond compute and its exposed
+collectives (fitted to the stack's published runs; what it is, no run identifies).
 Each number's source is in the hardware profile and stack YAML files.
 
 **Ranking.** Configurations within {RANK_BAND:.0%} throughput of each other rank by lower memory (the estimate is
