@@ -51,7 +51,8 @@ def estimate_arrays(
     `host_full_load_bytes_per_node`, `trainable_params_rank` (after FSDP), one per
     TIME_CATEGORIES entry (seconds per optimizer step; they sum to `step_time_s`), `step_time_s`,
     `tokens_per_sec_per_gpu`, `mfu`, `worst_stage` (0-based pipeline stage index), `microbatches`,
-    `microbatch_time_s`. Each stage's rank holds the blocks torchtitan's split gives it (physics/stages.py); the
+    `microbatch_time_s`, `fsdp_overhead_s` (seconds per step of the stack's per-block FSDP cost, inside
+    `overhead`). Each stage's rank holds the blocks torchtitan's split gives it (physics/stages.py); the
     step is timed on the rank holding the most (`shapes.rank_params`).
     """
     lay = layout_of(c)
@@ -82,4 +83,5 @@ def estimate_arrays(
         "mfu": step.mfu,
         "microbatches": lay.microbatches,
         "microbatch_time_s": step.microbatch_s,
+        "fsdp_overhead_s": step.fsdp_overhead_s,
     }

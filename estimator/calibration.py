@@ -127,6 +127,13 @@ def predict(stack: StackProfile, runs: list[Run]) -> list[tuple[float, float]]:
     return out
 
 
+def largest_fsdp_share(stack: StackProfile, runs: list[Run]) -> float | None:
+    """The largest share of a step `fsdp_overhead_s_per_layer` takes among `runs` under `stack`, rounded up to
+    the point (the profile's `fsdp_overhead_calibrated_share`); none where no run has the cost."""
+    largest = max(estimate(r.model, r.hw, r.config, stack)["throughput"]["fsdp_overhead_share"] for r in runs)
+    return math.ceil(largest * 100) / 100 if largest > 0 else None
+
+
 def log_errors(stack: StackProfile, runs: list[Run]) -> np.ndarray:
     """log(predicted / measured) of every measured value (tokens/s first, then memory, per run)."""
     errs = []
@@ -307,6 +314,8 @@ def profile_yaml(cal: Calibration, new_id: str, base_ref: str, source: str) -> s
         for part in parts[:-1]:
             obj = obj.setdefault(part, {})
         obj[parts[-1]] = round(value, 6)
+    if "fsdp_overhead_s_per_layer" in cal.values():  # the refitted cost's own range (warned beyond it)
+        body["fsdp_overhead_calibrated_share"] = largest_fsdp_share(cal.fitted, cal.runs)
     if "float8" in body:  # a recipe is replaced whole by `extends:`' merge: carry its other fields
         for recipe, fields in body["float8"].items():
             body["float8"][recipe] = {**cal.base.float8[recipe].model_dump(), **fields}

@@ -24,6 +24,9 @@ FLOP_CONVENTION = ("6*(N_active - N_embedding) + 12*L*h*s per token (torchtitan;
 GIB_DECIMALS = 3  # GiB figures are rounded once, to this many decimals, wherever they are reported
 
 
+SHARE_TOLERANCE = 0.01  # a share within a point of the calibrated largest is within the fitted range
+
+
 def _r(x: float, nd: int = GIB_DECIMALS) -> float:
     return round(float(x), nd)
 
@@ -89,6 +92,9 @@ def estimate(
             f"loading a full fp32 checkpoint on every rank would need {full_load:.0f} GiB host RAM per node; "
             "load sharded (DCP) or from a seed checkpoint"
         )
+    tps_interval, extrapolated = fsdp_overhead_interval(r, stack)
+    if extrapolated:
+        warnings.append(extrapolated)
     if cfg.tp > cfg.gpus_per_node:
         warnings.append(f"tp {cfg.tp} spans nodes ({cfg.gpus_per_node} GPUs per node): TP traffic crosses the network")
     extra = embedding_partial_bytes(model, cfg.tp, cfg.pp, cfg.microbatches, stack.reduce_bytes) / GIB
@@ -123,17 +129,42 @@ def estimate(
         },
         "throughput": {
             "tokens_per_sec_per_gpu": _r(r["tokens_per_sec_per_gpu"], 1),
-            "tokens_per_sec_per_gpu_interval": [
-                _r(x, 1) for x in intervals.interval(r["tokens_per_sec_per_gpu"], "tokens_per_sec_per_gpu", stack.id)],
+            "tokens_per_sec_per_gpu_interval": [_r(x, 1) for x in tps_interval],
             "step_time_s": _r(r["step_time_s"], 4),
             "mfu": _r(r["mfu"], 4),
             "microbatches": int(round(r["microbatches"])),
             "breakdown_s": {k: _r(r[k], 4) for k in TIME_CATEGORIES},
+            "fsdp_overhead_share": _r(r["fsdp_overhead_s"] / max(r["step_time_s"], 1e-12), 4),
             "flop_convention": FLOP_CONVENTION,
             "mfu_peak_tflops": hw.peak_tflops_bf16,
         },
         "warnings": warnings,
     }
+
+
+def fsdp_overhead_interval(r: dict, stack: StackProfile) -> tuple[list[float], str | None]:
+    """The 80 % interval of tokens/s/GPU, and a warning where the estimate leans on the stack's per-block FSDP
+    cost beyond the runs it was fitted to (`r`: one configuration's `estimate_arrays`, as floats).
+
+    The cost is fitted as seconds a block per microbatch (`fsdp_overhead_s_per_layer`, not identified); the
+    calibration runs cannot tell a fixed cost from one that grows with the work a block and microbatch holds, and
+    both predict them alike. Where it takes a larger share of the step than in any of them
+    (`fsdp_overhead_calibrated_share`), the interval's upper end reaches the estimate under the other reading:
+    the cost at that largest share."""
+    tps, step, ovh = r["tokens_per_sec_per_gpu"], r["step_time_s"], r["fsdp_overhead_s"]
+    low, high = intervals.interval(tps, "tokens_per_sec_per_gpu", stack.id)
+    cap = stack.fsdp_overhead_calibrated_share
+    share = ovh / max(step, 1e-12)
+    if cap is None or share <= cap + SHARE_TOLERANCE or tps <= 0:
+        return [low, high], None
+    alt_step = (step - ovh) / (1 - cap)
+    alt_tps = tps * step / alt_step
+    high = max(high, intervals.interval(alt_tps, "tokens_per_sec_per_gpu", stack.id)[1])
+    return [low, high], (
+        f"{share:.0%} of this step is {stack.id}'s per-block FSDP cost "
+        f"({stack.fsdp_overhead_s_per_layer * 1e3:.1f} ms a block per microbatch, fitted, not identified), more than "
+        f"in any run it was fitted to ({cap:.0%}): few tokens a block and microbatch extrapolate; were the cost to "
+        f"grow with that work, tokens/s/GPU would be {alt_tps:,.0f}, where the interval now reaches")
 
 
 def trainable_params(model: ModelSpec, cfg: TrainConfig | None) -> int:

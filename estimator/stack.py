@@ -117,6 +117,10 @@ class StackProfile(BaseModel):
                                               "microbatch, fwd+bwd, eager; exposed only beyond the GPU's work")
     fsdp_overhead_s_per_layer: float = Field(default=0.0, ge=0, description="seconds per block per microbatch, "
                                              "fwd+bwd, that runs with FSDP add beyond compute and exposed collectives")
+    fsdp_overhead_calibrated_share: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="the largest share of a step `fsdp_overhead_s_per_layer` takes in the runs it was fitted to; "
+                    "beyond it an estimate extrapolates (warned, its interval widened); none: not fitted")
     step_overhead_s: float = Field(ge=0)
     optimizer_implementation: Literal["fused", "foreach", "for-loop"] = Field(
         default="fused",

@@ -71,6 +71,7 @@ class RowResult:
     stack: str | None = None  # the stack profile (framework release) that predicted the row
     status: str = ""  # the run's status column: ok, or oom (it ran out of memory)
     predicted_fits: bool | None = None  # the predicted peak is within the hardware's usable HBM
+    predicted_tps_interval: list[float] | None = None  # the estimate's own (wider where it extrapolates)
 
     @property
     def tps_err(self) -> float | None:
@@ -88,6 +89,8 @@ class RowResult:
         """80 % interval of tokens/s/GPU from the cross-validated error (:mod:`meshplan.estimator.intervals`)."""
         if self.predicted_tps_per_gpu is None:
             return None
+        if self.predicted_tps_interval is not None:
+            return [round(x, 1) for x in self.predicted_tps_interval]
         lo, hi = intervals.interval(self.predicted_tps_per_gpu, "tokens_per_sec_per_gpu", self.stack or self.framework)
         return [round(lo, 1), round(hi, 1)]
 
@@ -426,10 +429,15 @@ def _stack(stack_id: str):
     return load_stack(stack_id)
 
 
+def estimate_row(row: dict, stack_id: str | None = None) -> dict:
+    """`estimate`'s answer for the row's configuration columns."""
+    model, hw_id, stack_id, cfg = row_inputs(row, stack_id)
+    return estimate(model, _hardware(hw_id), cfg, _stack(stack_id))
+
+
 def predict_row(row: dict, stack_id: str | None = None) -> tuple[float, float]:
     """(tokens/s/GPU, peak reserved GiB) predicted from the row's configuration columns."""
-    model, hw_id, stack_id, cfg = row_inputs(row, stack_id)
-    est = estimate(model, _hardware(hw_id), cfg, _stack(stack_id))
+    est = estimate_row(row, stack_id)
     return est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
 
 
@@ -448,9 +456,12 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         )
         try:
             cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS}
-            tps, mem = predict_row(cells, base["stack"])
+            est = estimate_row(cells, base["stack"])
+            tps, mem = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
             fits = mem <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib
-            results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, predicted_fits=fits, **base))
+            results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, predicted_fits=fits,
+                                     predicted_tps_interval=est["throughput"]["tokens_per_sec_per_gpu_interval"],
+                                     **base))
         except MeshplanError as exc:
             results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))
     return results

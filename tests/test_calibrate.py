@@ -78,3 +78,29 @@ def test_bad_calibration_input_is_one_line(cli, tmp_path, measured):
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and needle in out.stderr, (args, out.stderr)
         assert "Traceback" not in out.stderr
     assert not list(tmp_path.glob("*.yaml"))  # nothing half-written
+
+
+def test_a_refitted_fsdp_cost_carries_its_own_fitted_range(tmp_path, measured):
+    """A profile that refits the per-block FSDP cost states the largest share of a step it takes in the runs it
+    was fitted to (its estimates beyond that warn), computed under the refitted value; one that keeps the base's
+    cost keeps the base's range."""
+    import yaml
+
+    from meshplan.estimator.calibration import Calibration, Choice, largest_fsdp_share, profile_yaml
+
+    runs = runs_of(measured[0])
+    fitted = with_values(BASE, {"fsdp_overhead_s_per_layer": 0.004})
+    share = largest_fsdp_share(fitted, runs)
+    assert share is not None and 0 < share < largest_fsdp_share(BASE, runs)
+    cal = Calibration(base=BASE, fitted=fitted, choice=Choice(fitted=["fsdp_overhead_s_per_layer"]), runs=runs,
+                      before={"tps": 0.1, "mem": None}, in_sample={"tps": 0.01, "mem": None},
+                      cross_validated={"tps": 0.02, "mem": None}, folds=2)
+    body = yaml.safe_load(profile_yaml(cal, "mine", "torchtitan", "m.csv"))
+    assert body["fsdp_overhead_s_per_layer"] == 0.004 and body["fsdp_overhead_calibrated_share"] == share
+    (tmp_path / "mine.yaml").write_text(profile_yaml(cal, "mine", "torchtitan", "m.csv"))
+    assert load_stack(str(tmp_path / "mine.yaml")).fsdp_overhead_calibrated_share == share
+    cal = Calibration(base=BASE, fitted=with_values(BASE, {"gemm_efficiency": 0.7}), choice=Choice(
+        fitted=["gemm_efficiency"]), runs=runs, before={"tps": 0.1, "mem": None},
+        in_sample={"tps": 0.05, "mem": None}, cross_validated={"tps": 0.06, "mem": None}, folds=2)
+    body = yaml.safe_load(profile_yaml(cal, "mine", "torchtitan", "m.csv"))
+    assert "fsdp_overhead_calibrated_share" not in body

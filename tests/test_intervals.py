@@ -135,3 +135,49 @@ def test_plain_interpolation_is_numpys_to_the_bit():
     peaks = np.array([10.0, 60.0, 79.0, 200.0])
     assert intervals.fit_probability(peaks, 70.0, "torchtitan").tolist() == [
         intervals.fit_probability(float(p), 70.0, "torchtitan") for p in peaks]
+
+
+def test_each_fitted_fsdp_cost_states_the_largest_share_its_runs_give_it(ground_truth):
+    """`fsdp_overhead_calibrated_share` is what the shipped constants give the published runs, not a guess: the
+    largest share of a step the per-block FSDP cost takes among each family's runs, rounded up to the point."""
+    import math
+
+    from meshplan.estimator import validate as V
+
+    shares: dict[str, float] = {}
+    for row in V.read_rows(ground_truth):
+        if V.run_status(row.get("status")) != "ok" or not row.get("measured_tps_per_gpu"):
+            continue
+        stack = V._stack(V.row_stack(row))
+        family = stack.family or stack.id
+        if family in ("torchtitan", "llm-foundry"):
+            share = V.estimate_row(row)["throughput"]["fsdp_overhead_share"]
+            shares[family] = max(shares.get(family, 0.0), share)
+    for family, largest in shares.items():
+        stated = V._stack(family).fsdp_overhead_calibrated_share
+        assert stated == math.ceil(largest * 100) / 100, (family, largest, stated)
+    assert V._stack("generic").fsdp_overhead_calibrated_share is None  # its 1 ms is measured, not fitted
+
+
+def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli):
+    """An 8B model's 2k-token microbatches on 8 GPUs: the fitted 12 ms a block is over half the step, more than in
+    any published run; the estimate stays (the cost as fitted) but warns, and the interval's upper end reaches
+    the estimate with the cost at its largest fitted share. At 8k tokens it is within the fitted range."""
+    def est(seq: str) -> dict:
+        out = cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--compile", "--seq-len", seq,
+                  "--global-batch-size", "8", "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    short, long_ = est("2048"), est("8192")
+    t = short["throughput"]
+    assert t["fsdp_overhead_share"] > 0.5
+    plain_hi = intervals.interval(t["tokens_per_sec_per_gpu"], "tokens_per_sec_per_gpu", "torchtitan")[1]
+    lo, hi = t["tokens_per_sec_per_gpu_interval"]
+    assert lo < t["tokens_per_sec_per_gpu"] and hi > 1.2 * plain_hi, (lo, hi, plain_hi)
+    assert any("per-block FSDP cost" in w and "extrapolate" in w for w in short["warnings"])
+    t = long_["throughput"]
+    assert 0.1 < t["fsdp_overhead_share"] < 0.43
+    assert t["tokens_per_sec_per_gpu_interval"][1] == pytest.approx(
+        intervals.interval(t["tokens_per_sec_per_gpu"], "tokens_per_sec_per_gpu", "torchtitan")[1], abs=0.1)
+    assert not any("per-block FSDP cost" in w for w in long_["warnings"])

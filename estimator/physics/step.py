@@ -50,6 +50,7 @@ class StepTime:
     microbatch_s: np.ndarray
     tokens_per_sec_per_gpu: np.ndarray
     mfu: np.ndarray  # model FLOPs (torchtitan's convention) / bf16 peak of the profile
+    fsdp_overhead_s: np.ndarray  # seconds per step of the stack's per-block FSDP cost (part of `overhead`)
 
 
 def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankParams,
@@ -104,7 +105,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     tps = lay.global_batch * lay.seq_len / (lay.world * step)
     return StepTime(parts=parts, step_s=step, microbatch_s=t_mb, tokens_per_sec_per_gpu=tps,
                     mfu=finetune.flops_per_token(model, lay, model_flops_per_token(model, lay.seq_len)) * tps
-                    / (hw.peak_tflops_bf16 * 1e12))
+                    / (hw.peak_tflops_bf16 * 1e12), fsdp_overhead_s=m * comp.fsdp_overhead_s)
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: np.ndarray) -> np.ndarray:
