@@ -403,7 +403,9 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             async_tp=bool(_bool(row, "async_tp")), dtype=training_dtype(row),
         )
     except ValidationError as exc:
-        raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+        err = exc.errors()[0]
+        given = f" {err['input']!r}" if isinstance(err.get("input"), str | int | float) else ""
+        raise MeshplanError(f"row {row.get('id', '?')}: {err['loc'][0]}{given}: {err['msg']}") from None
     return model, (row.get("hardware") or "").strip(), stack_id, cfg
 
 

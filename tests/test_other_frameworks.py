@@ -59,7 +59,7 @@ def test_a_nanotron_sweep_row_with_tied_embeddings_and_pp_is_predicted():
     got = validate_rows(rows)
     assert [r.error for r in got[:3]] == [None, None, None]
     assert all(r.predicted_tps_per_gpu > 0 and r.predicted_mem_gib > 0 for r in got[:3])
-    assert "pp_schedule" in got[3].error  # an unknown name: one line naming the field
+    assert "pp_schedule 'zero-bubble'" in got[3].error  # an unknown name: one line naming the field and the value
     # the same rows under torchtitan: refused, as torchtitan refuses them
     titan = validate_rows([{**r, "framework": "torchtitan"} for r in rows[:2]])
     assert all("ties its input and output embeddings" in r.error for r in titan)
@@ -155,7 +155,7 @@ def test_a_sweeps_rounded_batch_and_recompute_flag_are_predicted():
     assert got[0].error is None and got[1].error is None
     assert got[0].predicted_tps_per_gpu == got[1].predicted_tps_per_gpu
     assert got[0].predicted_mem_gib == got[1].predicted_mem_gib
-    assert "ac" in got[2].error and "'full'" in got[2].error
+    assert "ac 'weird'" in got[2].error and "'full'" in got[2].error
 
 
 def test_a_logs_spellings_of_precision_booleans_and_activation_are_read():
