@@ -181,3 +181,9 @@ def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli
     assert t["tokens_per_sec_per_gpu_interval"][1] == pytest.approx(
         intervals.interval(t["tokens_per_sec_per_gpu"], "tokens_per_sec_per_gpu", "torchtitan")[1], abs=0.1)
     assert not any("per-block FSDP cost" in w for w in long_["warnings"])
+    # the text report says how much of the step the cost is, and warns where it extrapolates
+    out = cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--compile", "--seq-len", "2048",
+              "--global-batch-size", "8")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "(55% of the step) is the stack's per-block FSDP cost" in text and "warning: 55% of this step" in text
