@@ -92,7 +92,8 @@ def estimate(
             f"loading a full fp32 checkpoint on every rank would need {full_load:.0f} GiB host RAM per node; "
             "load sharded (DCP) or from a seed checkpoint"
         )
-    tps_interval, extrapolated = fsdp_overhead_interval(r, stack)
+    fsdp_share = r["fsdp_overhead_s"] / max(r["step_time_s"], 1e-12)
+    tps_interval, extrapolated = fsdp_overhead_interval(r, stack, fsdp_share)
     if extrapolated:
         warnings.append(extrapolated)
     if cfg.tp > cfg.gpus_per_node:
@@ -134,7 +135,7 @@ def estimate(
             "mfu": _r(r["mfu"], 4),
             "microbatches": int(round(r["microbatches"])),
             "breakdown_s": {k: _r(r[k], 4) for k in TIME_CATEGORIES},
-            "fsdp_overhead_share": _r(r["fsdp_overhead_s"] / max(r["step_time_s"], 1e-12), 4),
+            "fsdp_overhead_share": _r(fsdp_share, 4),
             "flop_convention": FLOP_CONVENTION,
             "mfu_peak_tflops": hw.peak_tflops_bf16,
         },
@@ -142,9 +143,10 @@ def estimate(
     }
 
 
-def fsdp_overhead_interval(r: dict, stack: StackProfile) -> tuple[list[float], str | None]:
+def fsdp_overhead_interval(r: dict, stack: StackProfile, share: float) -> tuple[list[float], str | None]:
     """The 80 % interval of tokens/s/GPU, and a warning where the estimate leans on the stack's per-block FSDP
-    cost beyond the runs it was fitted to (`r`: one configuration's `estimate_arrays`, as floats).
+    cost beyond the runs it was fitted to (`r`: one configuration's `estimate_arrays`, as floats; `share`: the
+    cost's share of its step).
 
     The cost is fitted as seconds a block per microbatch (`fsdp_overhead_s_per_layer`, not identified); the
     calibration runs cannot tell a fixed cost from one that grows with the work a block and microbatch holds, and
@@ -154,7 +156,6 @@ def fsdp_overhead_interval(r: dict, stack: StackProfile) -> tuple[list[float], s
     tps, step, ovh = r["tokens_per_sec_per_gpu"], r["step_time_s"], r["fsdp_overhead_s"]
     low, high = intervals.interval(tps, "tokens_per_sec_per_gpu", stack.id)
     cap = stack.fsdp_overhead_calibrated_share
-    share = ovh / max(step, 1e-12)
     if cap is None or share <= cap + SHARE_TOLERANCE or tps <= 0:
         return [low, high], None
     alt_step = (step - ovh) / (1 - cap)

@@ -86,13 +86,11 @@ class RowResult:
         return self.predicted_mem_gib / self.measured_mem_gib - 1
 
     def tps_interval(self) -> list[float] | None:
-        """80 % interval of tokens/s/GPU from the cross-validated error (:mod:`meshplan.estimator.intervals`)."""
-        if self.predicted_tps_per_gpu is None:
+        """80 % interval of tokens/s/GPU: the estimate's own (from the cross-validated error,
+        :mod:`meshplan.estimator.intervals`; wider where it extrapolates)."""
+        if self.predicted_tps_interval is None:
             return None
-        if self.predicted_tps_interval is not None:
-            return [round(x, 1) for x in self.predicted_tps_interval]
-        lo, hi = intervals.interval(self.predicted_tps_per_gpu, "tokens_per_sec_per_gpu", self.stack or self.framework)
-        return [round(lo, 1), round(hi, 1)]
+        return [round(x, 1) for x in self.predicted_tps_interval]
 
     def mem_interval(self) -> list[float] | None:
         if self.predicted_mem_gib is None:

@@ -202,7 +202,7 @@ def render(result: dict, console: Console | None = None) -> None:
     share = thr.get("fsdp_overhead_share", 0.0)
     if share >= 0.005:
         console.print(f"of the overhead, {share * thr['step_time_s']:.4f} s ({share:.0%} of the step) is the stack's "
-                      f"per-block FSDP cost (fitted to published runs; what it is, nothing identifies)")
+                      f"per-block FSDP cost (its profile's fsdp_overhead_s_per_layer, whose comment says where it comes from)")
     console.print(
         f"[bold]{thr['tokens_per_sec_per_gpu']:,.0f} tokens/s/GPU[/] (80 % interval "
         f"{thr['tokens_per_sec_per_gpu_interval'][0]:,.0f}-{thr['tokens_per_sec_per_gpu_interval'][1]:,.0f}), "

@@ -178,4 +178,7 @@ def test_assumptions_state_each_stacks_fsdp_cost():
         stack = load_stack(sid)
         text = assumptions(hw, stack, 0.9)
         assert f"FSDP adds {stack.fsdp_overhead_s_per_layer * 1e3:.1f} ms a block per microbatch" in text
+        assert f"at most {stack.fsdp_overhead_calibrated_share:.0%} of a step" in text
     assert load_stack("torchtitan").fsdp_overhead_s_per_layer != load_stack("llm-foundry").fsdp_overhead_s_per_layer
+    generic = assumptions(hw, load_stack("generic"), 0.9)  # FSDP2's measured hooks: not called fitted
+    assert "FSDP adds 1.0 ms a block per microbatch" in generic and "measured" in generic and "fitted to" not in generic

@@ -44,6 +44,14 @@ def hardware_facts(hw: HardwareProfile) -> list[str]:
     ]
 
 
+def fsdp_cost_source(stack: StackProfile) -> str:
+    """Where a stack's per-block FSDP cost comes from: fitted to its runs (which then bound it) or measured."""
+    if stack.fsdp_overhead_calibrated_share is None:
+        return "FSDP2's per-block hooks, measured; no published run of this stack fitted it"
+    return (f"fitted to the stack's published runs, where it is at most {stack.fsdp_overhead_calibrated_share:.0%} of "
+            "a step; what it is, no run identifies")
+
+
 def assumptions(hw: HardwareProfile, stack: StackProfile, memory_margin: float) -> str:
     """The conventions behind every number on the page, as markdown."""
     e = hw.efficiency
@@ -75,7 +83,7 @@ the scale-out line rate. The {stack.name} stack: model-shape GEMMs reach {stack.
 best-shape; FSDP overlaps {stack.fsdp_overlap:.0%} of compute with its collectives; vanilla TP overlaps
 {stack.tp_overlap:.0%}, async TP {stack.async_tp_overlap:.0%}; context parallel overlaps {stack.cp_overlap:.0%};
 FSDP adds {stack.fsdp_overhead_s_per_layer * 1e3:.1f} ms a block per microbatch beyond compute and its exposed
-collectives (fitted to the stack's published runs; what it is, no run identifies).
+collectives ({fsdp_cost_source(stack)}).
 Each number's source is in the hardware profile and stack YAML files.
 
 **Ranking.** Configurations within {RANK_BAND:.0%} throughput of each other rank by lower memory (the estimate is
