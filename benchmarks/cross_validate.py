@@ -136,22 +136,32 @@ def read_held_out() -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _kept(records: list[dict], column: str, framework: str | None = None) -> list[dict]:
+    return [r for r in records if r[column] not in ("", None) and (framework is None or r["framework"] == framework)]
+
+
 def _ratios(records: list[dict], column: str, framework: str | None = None) -> list[float]:
-    return [float(r[column]) for r in records if r[column] not in ("", None)
-            and (framework is None or r["framework"] == framework)]
+    return [float(r[column]) for r in _kept(records, column, framework)]
+
+
+def _table(records: list[dict], column: str, framework: str | None = None) -> dict:
+    """One quantile table, each held-out fold (a document, a hardware part) weighing the same: the next run a user
+    predicts comes from a setup none of the calibration documents holds, and a fold of 2 runs (the H200 document)
+    tells as much about that as one of 33."""
+    from meshplan.estimator.intervals import quantile_table
+
+    kept = _kept(records, column, framework)
+    return quantile_table([float(r[column]) for r in kept], groups=[f"{r['scheme']}:{r['fold']}" for r in kept])
 
 
 def interval_tables(records: list[dict]) -> dict:
     """metric -> {"all" | framework: quantile table} from held-out predictions (a framework's own table when it has
     >= MIN_ROWS predictions)."""
-    from meshplan.estimator.intervals import quantile_table
-
     out = {}
     for metric, column in METRIC_COLUMNS:
         fws = sorted({r["framework"] for r in records})
-        own = {fw: quantile_table(_ratios(records, column, fw)) for fw in fws
-               if len(_ratios(records, column, fw)) >= MIN_ROWS}
-        out[metric] = {"all": quantile_table(_ratios(records, column)), **own}
+        own = {fw: _table(records, column, fw) for fw in fws if len(_ratios(records, column, fw)) >= MIN_ROWS}
+        out[metric] = {"all": _table(records, column), **own}
     return out
 
 
@@ -165,10 +175,11 @@ def write_intervals(records: list[dict], rows: int, rounds: int) -> None:
         f"# `python benchmarks/cross_validate.py --write-intervals` ({rows} runs of data/ground_truth/runs.csv, {rounds}",
         "# rounds). Each run was predicted twice by constants refitted without it: without its source document and",
         "# without its hardware part (both folds pooled; benchmarks/data/held_out_predictions.csv). `rows`:",
-        "# predictions behind a table; `quantiles`: the ratio at each probability (linear between predictions). A",
+        "# predictions behind a table; `quantiles`: the ratio at each probability (linear between predictions), each",
+        "# held-out fold weighing the same however many runs it holds (the next run is from a setup no fold holds). A",
         f"# framework's own table is kept when it has >= {MIN_ROWS} predictions, else `all` applies. Never edit by hand.",
     ]
-    body = {"method": "leave one source document out, leave one hardware part out (pooled)",
+    body = {"method": "leave one source document out, leave one hardware part out (pooled, each fold weighing the same)",
             "metrics": interval_tables(records)}
     path = intervals_path()
     path.parent.mkdir(exist_ok=True)
@@ -180,40 +191,51 @@ def write_intervals(records: list[dict], rows: int, rounds: int) -> None:
 
 def interval_coverage(records: list[dict]) -> dict:
     """How often the 80 % interval holds a run it was not built from: for each fold, intervals from every other
-    fold's predictions, tested on this fold's (per metric and framework, as the estimator picks its table)."""
+    fold's predictions, tested on this fold's (per metric and framework, as the estimator picks its table).
+    metric -> framework or "all" -> (share of runs held, runs); metric + "/folds" -> "all" -> (the folds' mean
+    share, folds): each fold weighing the same, as the tables do."""
     from meshplan.estimator.intervals import QuantileTable
 
     out = {}
     for metric, column in METRIC_COLUMNS:
-        hits = {}
+        hits, per_fold = {}, []
         for key in sorted({(r["scheme"], r["fold"]) for r in records}):
             rest = [r for r in records if (r["scheme"], r["fold"]) != key]
             tables = interval_tables(rest)[metric]
             for r in records:
                 if (r["scheme"], r["fold"]) == key and r[column] not in ("", None):
                     t = QuantileTable(**tables.get(r["framework"], tables["all"]))
-                    hits.setdefault(r["framework"], []).append(t.ratio(0.1) <= float(r[column]) <= t.ratio(0.9))
+                    held = t.ratio(0.1) <= float(r[column]) <= t.ratio(0.9)
+                    hits.setdefault(r["framework"], []).append(held)
+                    if not per_fold or per_fold[-1][0] != key:
+                        per_fold.append((key, []))
+                    per_fold[-1][1].append(held)
         out[metric] = {fw: (sum(h) / len(h), len(h)) for fw, h in hits.items()}
         every = [x for h in hits.values() for x in h]
         out[metric]["all"] = (sum(every) / len(every), len(every))
+        out[metric + "/folds"] = {"all": (sum(sum(h) / len(h) for _, h in per_fold) / len(per_fold), len(per_fold))}
     return out
 
 
 def intervals_markdown(records: list[dict]) -> str:
     tables, cov = interval_tables(records), interval_coverage(records)
     out = ["Generated by `python benchmarks/cross_validate.py --write-intervals --write-readme` from "
-           f"{len(records)} held-out predictions (each run twice: without its document, without its hardware part). "
-           "Coverage: for each fold, the interval built from the other folds' predictions, tested on its own.", "",
-           "| metric | table | predictions | 80 % interval (x estimate) | coverage on held-out folds |",
-           "|---|---|---|---|---|"]
+           f"{len(records)} held-out predictions (each run twice: without its document, without its hardware part), "
+           "each fold weighing the same in the quantiles however many runs it holds. Coverage: for each fold, the "
+           "interval built from the other folds' predictions, tested on its own; as a share of the runs, and as the "
+           "folds' mean share (each fold once: how the interval does on the next document or part).", "",
+           "| metric | table | predictions | 80 % interval (x estimate) | coverage: runs | coverage: folds' mean |",
+           "|---|---|---|---|---|---|"]
     from meshplan.estimator.intervals import QuantileTable
 
     for metric, by in tables.items():
         for name, raw in by.items():
             t = QuantileTable(**raw)
             share, n = cov[metric].get(name, (None, 0))
+            folds, k = cov[metric + "/folds"]["all"] if name == "all" else (None, 0)
             out.append(f"| {metric} | {name} | {t.rows} | {t.ratio(0.1):.2f} - {t.ratio(0.9):.2f} | "
-                       + (f"{share:.0%} of {n}" if share is not None else "-") + " |")
+                       + (f"{share:.0%} of {n}" if share is not None else "-") + " | "
+                       + (f"{folds:.0%} of {k} folds" if folds is not None else "-") + " |")
     return "\n".join(out)
 
 
@@ -308,7 +330,7 @@ def main() -> None:
         return
     records = read_held_out()
     if args.intervals_only and args.write_intervals:
-        write_intervals(records, len({r["id"] for r in records}), args.rounds)
+        write_intervals(records, len(V.read_rows(Path(args.csv))), args.rounds)  # the runs the folds were cut from
     text = intervals_markdown(records)
     print(text)
     if args.write_readme:

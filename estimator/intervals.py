@@ -91,10 +91,35 @@ class IntervalFile(BaseModel):
     metrics: dict[str, dict[str, QuantileTable]]  # metric -> "all" or a framework -> table
 
 
-def quantile_table(ratios: list[float]) -> dict:
-    """The YAML form of a QuantileTable from measured / predicted ratios (what cross_validate.py writes)."""
-    r = np.sort(np.asarray(ratios, dtype=float))
-    return {"rows": len(r), "quantiles": {p: round(float(np.quantile(r, p)), 4) for p in PROBABILITIES}}
+def weighted_quantile(values, weights, p: float) -> float:
+    """The `p` quantile of `values` with `weights` (any positive numbers): linear between the sorted values, each
+    placed at the middle of its weight's share, (W_before_i + w_i / 2) / W_total, the smallest and largest value
+    below and above those; with equal weights numpy's `np.quantile(..., method="hazen")`."""
+    v, w = np.asarray(values, dtype=float), np.asarray(weights, dtype=float)
+    if len(v) != len(w) or len(v) == 0 or np.any(w <= 0):
+        raise ValueError("weighted_quantile needs as many positive weights as values, at least one")
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    middle = (np.cumsum(w) - w / 2) / w.sum()
+    return float(np.interp(p, middle, v))
+
+
+def quantile_table(ratios: list[float], groups: list[str] | None = None) -> dict:
+    """The YAML form of a QuantileTable from measured / predicted ratios (what cross_validate.py writes). With
+    `groups` (one name per ratio: the held-out fold it came from), each group weighs the same however many runs it
+    holds, so the quantiles describe the next group (a new document, a new hardware part) rather than the largest
+    groups' runs; `rows` stays the number of ratios."""
+    r = np.asarray(ratios, dtype=float)
+    if groups is None:
+        w = np.ones(len(r))
+    else:
+        if len(groups) != len(r):
+            raise ValueError("quantile_table: one group per ratio")
+        size: dict[str, int] = {}
+        for g in groups:
+            size[g] = size.get(g, 0) + 1
+        w = np.array([1.0 / size[g] for g in groups])
+    return {"rows": len(r), "quantiles": {p: round(weighted_quantile(r, w, p), 4) for p in PROBABILITIES}}
 
 
 def _load() -> IntervalFile:

@@ -69,9 +69,38 @@ def test_intervals_hold_most_runs_of_folds_they_were_not_built_from():
     rows = [line.split("|") for line in out.stdout.splitlines() if line.startswith("| tokens") or
             line.startswith("| peak")]
     assert len(rows) >= 2
+    folds_checked = 0
     for cells in rows:
-        share = int(cells[5].strip().split("%")[0])
+        share = int(cells[5].strip().split("%")[0])  # share of the held-out runs
         assert share >= 70, cells
+        if "folds" in cells[6]:  # each fold once: how the interval does on the next document or hardware part
+            assert int(cells[6].strip().split("%")[0]) >= 70, cells
+            folds_checked += 1
+    assert folds_checked == 2  # tokens/s and memory, on the "all" tables
+
+
+def test_quantiles_weigh_each_held_out_fold_the_same():
+    """cross_validate.py weighs each fold once: a 2-run fold (the H200 document) pulls a quantile as far as a
+    33-run one; with equal weights the quantiles are numpy's (its "hazen" positions, (i + 1/2) / n)."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(1.0, 0.1, 23)
+    for p in intervals.PROBABILITIES:
+        assert intervals.weighted_quantile(x, np.ones(23), p) == pytest.approx(float(np.quantile(x, p, method="hazen")),
+                                                                                   abs=1e-12)
+    assert intervals.weighted_quantile([3.0], [2.0], 0.4) == 3.0
+    ratios = [0.9] * 19 + [1.2]  # one fold of 19 runs at 0.9, one fold of one run at 1.2
+    by_run = intervals.quantile_table(ratios)
+    by_fold = intervals.quantile_table(ratios, groups=["big"] * 19 + ["small"])
+    assert by_run["rows"] == by_fold["rows"] == 20
+    assert by_run["quantiles"][0.9] < 1.0 < by_fold["quantiles"][0.9]  # the small fold counts half, not a twentieth
+    assert by_fold["quantiles"][0.0] == 0.9 and by_fold["quantiles"][1.0] == 1.2
+    intervals.QuantileTable(**by_fold)  # a valid table: increasing, with 0.1 and 0.9
+    with pytest.raises(ValueError):
+        intervals.quantile_table(ratios, groups=["big"])
+    with pytest.raises(ValueError):
+        intervals.weighted_quantile([1.0, 2.0], [1.0, 0.0], 0.5)
 
 
 @pytest.mark.parametrize(
