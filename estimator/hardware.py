@@ -8,6 +8,7 @@ link bandwidths in GB/s (1e9 B/s) per GPU per direction; network in Gb/s per GPU
 from __future__ import annotations
 
 import functools
+import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -118,11 +119,55 @@ def _aliases(folder: str) -> dict[str, str]:
     return out
 
 
+# words a part's name carries that do not tell parts apart: the vendor, the product line, the memory's type, the
+# SXM / OAM module (the profiles' default form; PCIe and NVL parts keep their word), the server it sits in
+_NOISE_WORDS = re.compile(r"^(nvidia|amd|instinct|tesla|gpu|hbm\w*|sxm\d?|oam|dgx|hgx)$")
+
+
+def _words_key(name: str, keep_size: bool = True) -> str:
+    """A name as the set of its words less `_NOISE_WORDS` (and, with `keep_size` false, its memory size such as
+    `141GB`), sorted: `NVIDIA H200 141GB HBM3e` and `H200-SXM-141GB` -> `141gb h200`."""
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    kept = {w for w in words if not _NOISE_WORDS.match(w) and (keep_size or not re.fullmatch(r"\d+gb?", w))}
+    return " ".join(sorted(kept))
+
+
+@functools.cache
+def _word_aliases(folder: str, keep_size: bool) -> dict[str, str]:
+    """`_words_key` of every built-in profile's id, name and aliases -> its id, without the keys two parts share
+    (`H100` with its size dropped would name both the 80 GB and the 96 GB part)."""
+    out: dict[str, set[str]] = {}
+    for hw_id in hardware_names():
+        hw = data_files.load_named("hardware_profiles", hw_id, HardwareProfile, "hardware profile")
+        for name in (hw.id, hw.name, *hw.aliases):
+            out.setdefault(_words_key(name, keep_size), set()).add(hw.id)
+    return {key: next(iter(ids)) for key, ids in out.items() if key and len(ids) == 1}
+
+
 def resolve_hardware_name(name: str) -> str | None:
     """The built-in profile id a part's name stands for (its id, its profile name or one of its aliases, in any case
-    and punctuation: `H100`, `NVIDIA H100 80GB HBM3` -> `h100-sxm`); None when no profile has that name."""
+    and punctuation: `H100`, `NVIDIA H100 80GB HBM3` -> `h100-sxm`), else the one profile whose names hold the same
+    words once vendor, memory type and module words are set aside (`H200-SXM-141GB`, `NVIDIA H200 141GB HBM3e` ->
+    `h200-sxm`), else the one whose names do without the memory size too; None when no profile (or more than one)
+    has that name."""
     key = data_files.name_key(name)
-    return _aliases(str(data_files.data_dir("hardware_profiles"))).get(key) if key else None
+    if not key:
+        return None
+    folder = str(data_files.data_dir("hardware_profiles"))
+    found = _aliases(folder).get(key) or _word_aliases(folder, True).get(_words_key(name))
+    if found is None:
+        found = _word_aliases(folder, False).get(_words_key(name, keep_size=False))
+        sizes = [float(w.rstrip("gb")) for w in re.findall(r"[a-z0-9]+", name.lower()) if re.fullmatch(r"\d+gb?", w)]
+        if found is not None and sizes and not _size_fits(found, sizes[0]):
+            return None  # `A100 40GB PCIe`: a size the one profile of that name does not have is another part
+    return found
+
+
+def _size_fits(hw_id: str, size: float) -> bool:
+    """Whether a name's memory size (`192GB`, in GB or GiB as vendors and tools write it) is the profile's device
+    memory, within 12 % (B200: 192 GB marketed, 179 GiB in nvidia-smi; H200: 141 GB, 140.4 GiB)."""
+    total = data_files.load_named("hardware_profiles", hw_id, HardwareProfile, "hardware profile").hbm_total_gib
+    return any(abs(size - t) <= 0.12 * t for t in (total, total * GIB / 1e9))
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:

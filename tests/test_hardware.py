@@ -82,6 +82,26 @@ def test_a_part_is_found_by_the_names_runs_and_tools_give_it(name, hw_id):
     assert load_hardware(name).id == hw_id
 
 
+@pytest.mark.parametrize(("name", "hw_id"), [
+    ("H200-SXM-141GB", "h200-sxm"), ("NVIDIA H200 141GB HBM3e", "h200-sxm"), ("H200 SXM 141GB", "h200-sxm"),
+    ("NVIDIA B200 180GB HBM3e", "b200"), ("B200 192GB", "b200"), ("AMD Instinct MI300X 192GB", "mi300x"),
+    ("AMD MI300X", "mi300x"), ("L40S 48GB", "l40s"), ("NVIDIA H100 NVL 94GB", "h100-nvl"), ("Tesla A100", "a100-sxm-80g"),
+    ("A100 SXM4 40GB", "a100-sxm-40g"), ("H100 PCIe 80GB", "h100-pcie"),
+])
+def test_a_name_in_other_words_finds_its_part(name, hw_id):
+    """Names no alias spells out find the one part whose names hold the same words once vendor, memory type and
+    module words are set aside, or without the memory size where the size the name gives is the part's."""
+    assert load_hardware(name).id == hw_id
+
+
+@pytest.mark.parametrize("name", ["A100 40GB PCIe", "H200 80GB", "MI300X 128GB", "H800", "A800", "H20", "V100"])
+def test_another_part_is_not_taken_for_a_near_name(name):
+    """A size the part of that name does not come in, or a part meshplan has no profile for, is an unknown name:
+    a one-line error that lists the profiles, never the nearest part's memory."""
+    with pytest.raises(MeshplanError, match="unknown hardware profile"):
+        load_hardware(name)
+
+
 def test_no_name_stands_for_two_parts():
     from meshplan.estimator.data_files import name_key
 
