@@ -8,7 +8,10 @@ Defaults for cells a source left empty (documented in the README):
 - `compile` empty: the stack profile's `default_compile` (llm-foundry: false);
 - `pp_schedule` empty with pp > 1: 1F1B; other frameworks' names are read as ours (nanotron's `afab` is GPipe,
   `ScheduleInterleaved1F1B` is Interleaved1F1B, any case); `vpp` empty: 2 for Interleaved1F1B, else 1;
-- `float8_recipe` empty with precision fp8: tensorwise.
+- `float8_recipe` empty with precision fp8: tensorwise;
+- `global_batch_size` empty: one microbatch a data-parallel rank and step (a log that states its local batch only);
+- `async_tp` true with tp 1: off (there are no TP linears to apply it to);
+- `seq_len` written in thousands (`8k`, `128K`): times 1,024.
 
 The `framework` column picks the stack profile (`data/stacks/`). A framework's older releases behave
 differently (torchtitan before April 2025 did not compile the loss), so when the `source` names the month of
@@ -119,14 +122,20 @@ class RowResult:
         }
 
 
+_K_COLUMNS = {"seq_len"}  # columns logs write in thousands of tokens (`8k` = 8,192, `128K` = 131,072)
+
+
 def _int(row: dict, key: str, default: int | None = None) -> int:
     cell = (row.get(key) or "").strip()
     if not cell:
         if default is None:
             raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is empty")
         return default
+    scale = 1
+    if cell[-1:] in ("k", "K") and key in _K_COLUMNS:  # `8k` tokens, as logs write sequence lengths
+        cell, scale = cell[:-1].strip(), 1024
     try:
-        value = float(cell)
+        value = float(cell) * scale
     except ValueError:
         raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is not a number: {cell!r}") from None
     if not value.is_integer():
@@ -393,18 +402,35 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1), ep=_int(row, "ep", 1),
             pp_schedule=schedule, vpp=int(float(vpp)) if vpp else None,
             seq_len=_int(row, "seq_len"),
-            global_batch_size=batch_that_divides(row, _int(row, "global_batch_size"), _int(row, "micro_batch_size", 1)),
+            global_batch_size=batch_that_divides(row, _global_batch(row), _int(row, "micro_batch_size", 1)),
             micro_batch_size=_int(row, "micro_batch_size", 1),
             ac=ac_name(row.get("ac")),
             compile=stack.default_compile if compile_ is None else compile_,
             float8=recipe if precision == "fp8" else "none",
-            async_tp=bool(_bool(row, "async_tp")), dtype=training_dtype(row),
+            # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
+            async_tp=bool(_bool(row, "async_tp")) and _int(row, "tp", 1) > 1, dtype=training_dtype(row),
         )
     except ValidationError as exc:
         err = exc.errors()[0]
         given = f" {err['input']!r}" if isinstance(err.get("input"), str | int | float) else ""
         raise MeshplanError(f"row {row.get('id', '?')}: {err['loc'][0]}{given}: {err['msg']}") from None
-    return model, (row.get("hardware") or "").strip(), stack_id, cfg
+    hardware = (row.get("hardware") or "").strip()
+    if not hardware:
+        raise MeshplanError(f"row {row.get('id', '?')}: column 'hardware' is empty (a part's name or a profile id: "
+                            "ls data/hardware_profiles)")
+    return model, hardware, stack_id, cfg
+
+
+def _global_batch(row: dict) -> int:
+    """The row's global batch (sequences); empty: one microbatch a data-parallel rank and step (no gradient
+    accumulation, what a log that states only its local batch ran), where the columns give whole data-parallel
+    ranks."""
+    if (row.get("global_batch_size") or "").strip():
+        return _int(row, "global_batch_size")
+    dp = _dp_ranks(row)
+    if not dp:
+        return _int(row, "global_batch_size")  # the empty-column error
+    return dp * _int(row, "micro_batch_size", 1)
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -184,6 +184,27 @@ def test_validate_reports_bad_row_instead_of_skipping(ground_truth, tmp_path):
     assert summarize(res)["all"]["failed"] == 1
 
 
+def test_cells_logs_leave_empty_or_write_their_own_way(ground_truth):
+    """A global batch left empty is one microbatch a data-parallel rank (the same prediction as the batch written
+    out), `8k` is 8,192 tokens, async TP with tp 1 is off (as frameworks run it), and an empty hardware cell is a
+    one-line error naming the column."""
+    row = next(r for r in read_rows(ground_truth) if r["id"] == "r0001")  # 8B, FSDP 8, seq 8192, micro-batch 2
+    assert (row["gpus"], row["tp"], row["pp"], row["cp"], row["seq_len"]) == ("8", "1", "1", "1", "8192.0")
+    written, empty, k, async_tp1, no_hw = validate_rows([
+        row, {**row, "global_batch_size": ""}, {**row, "seq_len": "8k"}, {**row, "async_tp": "true"},
+        {**row, "hardware": " "}])
+    assert written.error is None and written.predicted_tps_per_gpu > 0
+    assert int(float(row["global_batch_size"])) == 8 * int(float(row["micro_batch_size"]))  # one microbatch a rank
+    for other in (empty, k, async_tp1):
+        assert other.error is None
+        assert (other.predicted_tps_per_gpu, other.predicted_mem_gib) == (written.predicted_tps_per_gpu,
+                                                                          written.predicted_mem_gib)
+    assert no_hw.error == f"row {row['id']}: column 'hardware' is empty (a part's name or a profile id: " \
+                          "ls data/hardware_profiles)"
+    accumulate = validate_rows([{**row, "global_batch_size": "64"}])[0]  # 4 microbatches a rank: not the same
+    assert accumulate.predicted_tps_per_gpu != written.predicted_tps_per_gpu
+
+
 @pytest.mark.parametrize(
     ("source", "month", "stack"),
     [
