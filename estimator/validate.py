@@ -293,18 +293,32 @@ def _presets() -> dict[str, ModelSpec]:
     return out
 
 
-@lru_cache(maxsize=1)
-def _moe_presets() -> dict[str, ModelSpec]:
-    """The mixture-of-experts / MLA presets of :func:`_presets`."""
-    return {k: v for k, v in _presets().items() if v.moe is not None or v.mla is not None}
+# words after a model's name that name a checkpoint of the same architecture: Hugging Face's -Base / -Instruct /
+# -hf, a version or a release date (Mixtral-8x7B-v0.1, Qwen3-30B-A3B-Instruct-2507, DeepSeek-V3-0324)
+_CHECKPOINT_WORD = re.compile(r"^(base|instruct|chat|hf|it|pretrain(ed)?|v\d+(\.\d+)*|\d{4}|\d{6})$", re.IGNORECASE)
+# names of the same architecture a preset does not carry: torchtitan's 16B deepseek_v3 flavor is DeepSeek-V2-Lite's shape
+_SAME_SHAPE = {"deepseekv2lite": "deepseekv316b"}
 
 
 def preset_of(cell: str) -> ModelSpec | None:
     """The model preset a row's `model` cell names, as logs and Hugging Face write it (`Llama 3.1 8B`, `llama3-8b`,
-    `meta-llama/Meta-Llama-3.1-8B`, `Qwen/Qwen3-30B-A3B`); None if none."""
-    key = _squash(cell or "")
+    `meta-llama/Meta-Llama-3.1-8B`, `Qwen/Qwen3-30B-A3B`), also with a checkpoint's words after it
+    (`Qwen3-30B-A3B-Instruct-2507`, `Mixtral-8x7B-v0.1`, `Llama 3.1 8B (torchtitan)`); None if none."""
     presets = _presets()
-    return presets.get(key) or (presets.get(key[len("meta"):]) if key.startswith("meta") else None)
+
+    def lookup(text: str) -> ModelSpec | None:
+        key = _squash(text)
+        key = _SAME_SHAPE.get(key, key)
+        return presets.get(key) or (presets.get(key[len("meta"):]) if key.startswith("meta") else None)
+
+    found = lookup(cell or "")
+    if found is None and cell:
+        words = re.split(r"[\s_\-]+", re.sub(r"\([^)]*\)", " ", cell.rsplit("/", 1)[-1]).strip())
+        found = lookup(" ".join(words)) if words else None
+        while found is None and len(words) > 1 and _CHECKPOINT_WORD.match(words[-1]):
+            words.pop()  # one word at a time: DeepSeek-V3-Base is DeepSeek-V3 before its `V3` is taken for a version
+            found = lookup(" ".join(words))
+    return found
 
 
 def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
@@ -317,8 +331,9 @@ def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
                "shared_ffn_hidden": _int(row, "shared_ffn_hidden", 0),
                "first_dense_layers": _int(row, "first_dense_layers", 0)}
         return ModelSpec.model_validate({**dense.model_dump(), "moe": moe})
-    preset = _moe_presets().get(_squash(dense.name))
-    if preset is not None and (preset.layers, preset.hidden) == (dense.layers, dense.hidden):
+    preset = preset_of(dense.name)
+    if preset is not None and (preset.moe is not None or preset.mla is not None) \
+            and (preset.layers, preset.hidden) == (dense.layers, dense.hidden):
         return preset.model_copy(update={"name": dense.name})
     return dense
 

@@ -168,6 +168,37 @@ def test_validate_reads_moe_rows_instead_of_predicting_them_dense(ground_truth, 
     assert len({r.predicted_tps_per_gpu for r in results}) == 3
 
 
+@pytest.mark.parametrize(("cell", "preset"), [
+    ("Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"), ("Qwen/Qwen3-30B-A3B-Base", "qwen3-30b-a3b"),
+    ("deepseek-ai/DeepSeek-V3-0324", "deepseek-v3"), ("DeepSeek-V3-Base", "deepseek-v3"),
+    ("deepseek-ai/DeepSeek-V2-Lite-Chat", "deepseek-v3-16b"), ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "llama4-scout"), ("Meta-Llama-3.1-70B-Instruct", "llama3-70b"),
+    ("Llama 3.1 8B (torchtitan)", "llama3-8b"), ("Llama-2-7b-hf", "llama2-7b"),
+])
+def test_a_checkpoints_name_finds_its_architectures_preset(cell, preset):
+    """Hugging Face checkpoints of one architecture (-Base, -Instruct, a version or release date) are its preset,
+    so a MoE run's row named after its checkpoint is predicted with its experts, not as the dense model its
+    columns describe."""
+    from meshplan.estimator.validate import preset_of
+
+    assert preset_of(cell).name == preset
+
+
+def test_a_moe_row_named_after_its_checkpoint_keeps_its_experts(ground_truth):
+    dense = read_rows(ground_truth)[0]
+    row = {**dense, "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "layers": "48", "hidden": "2048", "heads": "32",
+           "kv_heads": "4", "ffn_hidden": "6144", "vocab": "151936", "seq_len": "4096", "gpus": "8", "dp_shard": "8"}
+    model = row_inputs(row)[0]
+    assert model.moe is not None and model.moe.experts == 128
+    assert preset_is_none("Qwen3 8B") and preset_is_none("v0.1")  # no preset: the row's own columns, dense
+
+
+def preset_is_none(cell: str) -> bool:
+    from meshplan.estimator.validate import preset_of
+
+    return preset_of(cell) is None
+
+
 def test_local_attention_counts_fewer_scores_in_time_not_in_mfu():
     # Llama 4: chunks of 8192 in 3 of 4 layers; at seq 32768 a chunked layer keeps 8192/32768 of the causal scores:
     # 0.25 + 0.75 x 0.25 = 0.4375. A sliding window of 4096 at seq 8192 keeps 2x0.5 - 0.5^2 = 0.75 of them
