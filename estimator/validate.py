@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from meshplan.estimator import data_files, intervals
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.hardware import load_hardware
+from meshplan.estimator.hardware import load_hardware, resolve_hardware_name
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
 from meshplan.estimator.run_dates import documented_month, notes_month
@@ -542,32 +542,37 @@ def _fit_agreement(rows: list[RowResult]) -> dict | None:
 
 
 def summarize(results: list[RowResult]) -> dict:
-    """Mean absolute percentage error of tokens/s/GPU and memory, by framework and overall, and the share of
-    measured values inside their 80 % interval (`*_coverage`; in-sample on the calibration rows)."""
-    out: dict = {"by_framework": {}}
-    groups = sorted({r.framework for r in results})
-    for fw in groups + ["all"]:
-        rs = [r for r in results if fw == "all" or r.framework == fw]
-        tps = [r.tps_err for r in rs if r.tps_err is not None]
-        mem = [r.mem_err for r in rs if r.mem_err is not None]
-        worst = max((r for r in rs if r.tps_err is not None), key=lambda r: abs(r.tps_err), default=None)
-        worst_mem = max((r for r in rs if r.mem_err is not None), key=lambda r: abs(r.mem_err), default=None)
-        entry = {
-            "rows": len(rs),
-            "failed": sum(r.error is not None for r in rs),
-            "tps": _stats(tps),
-            "mem": _stats(mem),
-            "worst_tps_row": worst.id if worst else None,
-            "worst_mem_row": worst_mem.id if worst_mem else None,
-            "fit_agreement": _fit_agreement(rs),
-            "tps_interval_coverage": _coverage(rs, "measured_tps_per_gpu", "tps_interval"),
-            "mem_interval_coverage": _coverage(rs, "measured_mem_gib", "mem_interval"),
-        }
-        if fw == "all":
-            out["all"] = entry
-        else:
-            out["by_framework"][fw] = entry
+    """Mean absolute percentage error of tokens/s/GPU and memory (and their bias, the mean signed error), by
+    framework, by hardware part and overall, and the share of measured values inside their 80 % interval
+    (`*_coverage`; in-sample on the calibration rows)."""
+    out: dict = {"by_framework": {fw: _summary([r for r in results if r.framework == fw])
+                                  for fw in sorted({r.framework for r in results})}}
+    out["all"] = _summary(results)
+    # by hardware part: the profile a row's hardware cell names (`NVIDIA H200` and `h200-sxm` together)
+    parts: dict[str, list[RowResult]] = {}
+    for r in results:
+        parts.setdefault(resolve_hardware_name(r.hardware) or r.hardware, []).append(r)
+    out["by_hardware"] = {hw: _summary(rs) for hw, rs in sorted(parts.items())}
     return out
+
+
+def _summary(rs: list[RowResult]) -> dict:
+    """MAPE, worst row, bias, fit agreement and interval coverage of a group of rows."""
+    tps = [r.tps_err for r in rs if r.tps_err is not None]
+    mem = [r.mem_err for r in rs if r.mem_err is not None]
+    worst = max((r for r in rs if r.tps_err is not None), key=lambda r: abs(r.tps_err), default=None)
+    worst_mem = max((r for r in rs if r.mem_err is not None), key=lambda r: abs(r.mem_err), default=None)
+    return {
+        "rows": len(rs),
+        "failed": sum(r.error is not None for r in rs),
+        "tps": _stats(tps),
+        "mem": _stats(mem),
+        "worst_tps_row": worst.id if worst else None,
+        "worst_mem_row": worst_mem.id if worst_mem else None,
+        "fit_agreement": _fit_agreement(rs),
+        "tps_interval_coverage": _coverage(rs, "measured_tps_per_gpu", "tps_interval"),
+        "mem_interval_coverage": _coverage(rs, "measured_mem_gib", "mem_interval"),
+    }
 
 
 def pct(x: float | None) -> str:

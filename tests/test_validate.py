@@ -140,6 +140,24 @@ def test_validate_cli_table(cli, ground_truth):
     out = cli("validate", str(ground_truth))
     assert out.returncode == 0 and "MAPE" in out.stdout and "r0000" in out.stdout
     assert "fit / OOM: 132 runs ran; every one predicted to fit" in " ".join(out.stdout.split())
+    assert "by hardware part" in out.stdout and "h200-sxm" in out.stdout
+
+
+def test_validate_summarizes_each_hardware_part_with_its_bias(ground_truth):
+    """The summary groups rows by the part their hardware cell names (an nvidia-smi name with the profile id) and
+    gives each part's bias, the mean signed error: the H200 runs are predicted slow, both of them."""
+    rows = read_rows(ground_truth)
+    h200 = [r for r in rows if r["hardware"] == "h200-sxm"]
+    renamed = [{**h200[0], "id": "h200-by-name", "hardware": "NVIDIA H200 141GB HBM3e"}]
+    results = validate_rows(rows + renamed)
+    by_hw = summarize(results)["by_hardware"]
+    assert set(by_hw) >= {"h100-sxm", "h100-96g-500w", "h200-sxm", "a100-sxm-80g", "b200", "mi300x"}
+    assert "NVIDIA H200 141GB HBM3e" not in by_hw and by_hw["h200-sxm"]["rows"] == len(h200) + 1
+    errs = [r.tps_err for r in results if r.id in {x["id"] for x in h200} | {"h200-by-name"}]
+    assert by_hw["h200-sxm"]["tps"]["bias"] == pytest.approx(sum(errs) / len(errs), abs=1e-4)
+    assert by_hw["h200-sxm"]["tps"]["bias"] < 0 and by_hw["h200-sxm"]["tps"]["mape"] == pytest.approx(
+        -by_hw["h200-sxm"]["tps"]["bias"], abs=1e-4)
+    assert sum(s["rows"] for s in by_hw.values()) == len(results)
 
 
 def test_validate_with_one_stack_for_every_row(cli, ground_truth, tmp_path):

@@ -33,7 +33,8 @@ def validate_cmd(
     ),
 ) -> None:
     """Predict every row of a runs CSV from its configuration columns only; print predicted vs measured
-    tokens/s/GPU and peak memory, and the mean absolute percentage error by framework."""
+    tokens/s/GPU and peak memory, and the mean absolute percentage error by framework and by hardware part
+    (with its bias)."""
     if csv_path is None:
         csv_path = default_csv()
         if not csv_path.exists():
@@ -79,6 +80,17 @@ def validate_cmd(
             f"{s['mem']['max_ape'] * 100:.1f}%" if s["mem"]["n"] else "-", s["worst_mem_row"] or "-",
         )
     console.print(stable)
+    if len(summary["by_hardware"]) > 1:
+        htable = Table(title="by hardware part (bias: the mean signed error; + predicts more than measured)")
+        for col in ("hardware", "rows", "failed", "tok/s MAPE", "bias", "memory MAPE", "bias"):
+            htable.add_column(col)
+        for hw, s in summary["by_hardware"].items():
+            htable.add_row(
+                hw, str(s["rows"]), str(s["failed"]),
+                f"{s['tps']['mape'] * 100:.1f}%" if s["tps"]["n"] else "-", pct(s["tps"]["bias"]),
+                f"{s['mem']['mape'] * 100:.1f}% (n={s['mem']['n']})" if s["mem"]["n"] else "-", pct(s["mem"]["bias"]),
+            )
+        console.print(htable)
     cov = summary["all"]
     fit = cov.get("fit_agreement")
     if fit and fit["oom_rows"]:
