@@ -75,6 +75,7 @@ class RowResult:
     status: str = ""  # the run's status column: ok, or oom (it ran out of memory)
     predicted_fits: bool | None = None  # the predicted peak is within the hardware's usable HBM
     predicted_tps_interval: list[float] | None = None  # the estimate's own (wider where it extrapolates)
+    cell: str = ""  # framework | model | part | GPUs | seq: the runs a sweep varies the layout of (`_cell`)
 
     @property
     def tps_err(self) -> float | None:
@@ -118,6 +119,7 @@ class RowResult:
             "mem_error": None if self.mem_err is None else round(self.mem_err, 4),
             "status": self.status,
             "predicted_fits": self.predicted_fits,
+            "cell": self.cell,
             "error": self.error,
         }
 
@@ -170,9 +172,19 @@ def _precision(row: dict) -> str:
     return "fp8" if _FP8.match(cell) else cell
 
 
-def _float(cell: str | None) -> float | None:
-    cell = (cell or "").strip()
-    return float(cell) if cell else None
+_NOT_MEASURED = {"", "nan", "-", "n/a", "na", "none", "null", "oom"}  # how sweeps and pandas write a missing value
+
+
+def _float(cell: str | None, column: str = "value") -> float | None:
+    """A measured number; None where the cell is empty or says it is missing (`nan`, `-`, `N/A`, `OOM`)."""
+    text = (cell or "").strip()
+    if text.lower() in _NOT_MEASURED:
+        return None
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        raise MeshplanError(f"column '{column}' is not a number: {text!r}") from None
+    return value if math.isfinite(value) else None
 
 
 DEFAULT_STACK = "torchtitan"  # an empty framework cell
@@ -489,12 +501,16 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
     for row in rows:
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
-            hardware=row.get("hardware", ""),
-            stack=stack or row_stack(row),
-            measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu")),
-            measured_mem_gib=_float(row.get("measured_mem_gib")),
-            status=run_status(row.get("status")),
+            hardware=row.get("hardware", ""), status=run_status(row.get("status")), cell=_cell(row),
         )
+        try:
+            base.update(stack=stack or row_stack(row),
+                        measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu"), "measured_tps_per_gpu"),
+                        measured_mem_gib=_float(row.get("measured_mem_gib"), "measured_mem_gib"))
+        except MeshplanError as exc:
+            results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, measured_tps_per_gpu=None,
+                                     measured_mem_gib=None, error=f"row {base['id'] or '?'}: {exc}", **base))
+            continue
         try:
             cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS}
             est = estimate_row(cells, base["stack"])
@@ -506,6 +522,64 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         except MeshplanError as exc:
             results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))
     return results
+
+
+def _cell(row: dict) -> str:
+    """The cell a row's configuration belongs to: framework, model, hardware part, world size and sequence length
+    (what a sweep holds fixed while it varies the layout); rows of one cell are ranked against each other."""
+    def num(key: str) -> str:
+        try:
+            value = _float(row.get(key), key)
+        except MeshplanError:
+            value = None
+        return f"{value:g}" if value is not None else (row.get(key) or "").strip()
+
+    hw = (row.get("hardware") or "").strip()
+    return " | ".join([(row.get("framework") or "").strip().lower(), _squash(row.get("model") or ""),
+                       resolve_hardware_name(hw) or hw, f"{num('gpus')} GPUs", f"seq {num('seq_len')}"])
+
+
+def _ranks(values: list[float]) -> list[float]:
+    """Ranks from 1, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation of two equally long lists (None under 3 values or with a constant list)."""
+    if len(xs) != len(ys) or len(xs) < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else None
+
+
+def _rank_correlation(rows: list[RowResult]) -> dict | None:
+    """How well the predictions order the runs of each cell (`_cell`: one model, part, world size and sequence
+    length) by measured tokens/s/GPU: Spearman's rank correlation per cell of >= 3 measured runs, and its mean
+    over the cells weighted by their runs; None without such a cell."""
+    cells: dict[str, list[RowResult]] = {}
+    for r in rows:
+        if r.cell and r.tps_err is not None:
+            cells.setdefault(r.cell, []).append(r)
+    per = [(len(rs), rho) for rs in cells.values()
+           if (rho := spearman([r.predicted_tps_per_gpu for r in rs], [r.measured_tps_per_gpu for r in rs]))
+           is not None]
+    if not per:
+        return None
+    runs = sum(n for n, _ in per)
+    return {"cells": len(per), "rows": runs, "mean": round(sum(n * rho for n, rho in per) / runs, 4)}
 
 
 def _stats(errors: list[float]) -> dict:
@@ -570,6 +644,7 @@ def _summary(rs: list[RowResult]) -> dict:
         "worst_tps_row": worst.id if worst else None,
         "worst_mem_row": worst_mem.id if worst_mem else None,
         "fit_agreement": _fit_agreement(rs),
+        "rank_correlation": _rank_correlation(rs),
         "tps_interval_coverage": _coverage(rs, "measured_tps_per_gpu", "tps_interval"),
         "mem_interval_coverage": _coverage(rs, "measured_mem_gib", "mem_interval"),
     }

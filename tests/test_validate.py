@@ -143,6 +143,60 @@ def test_validate_cli_table(cli, ground_truth):
     assert "by hardware part" in out.stdout and "h200-sxm" in out.stdout
 
 
+def test_spearman_ranks_with_ties():
+    from meshplan.estimator.validate import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, rel=1e-6)  # scipy.stats.spearmanr
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_validate_ranks_the_runs_of_each_cell(ground_truth):
+    """Runs of one model, part, world size and sequence length form a cell (a sweep's layouts of one job): the
+    summary gives the rank correlation of predicted and measured tokens/s/GPU within cells of >= 3 runs. Shuffling
+    the measured values of a cell against their rows lowers it."""
+    rows = [r for r in read_rows(ground_truth) if r["framework"] == "torchtitan"]
+    results = validate_rows(rows)
+    rank = summarize(results)["all"]["rank_correlation"]
+    assert rank["cells"] >= 5 and rank["rows"] >= 20 and rank["mean"] > 0.8, rank
+    cells = {r.cell for r in results}
+    assert "torchtitan | llama318b | h100-96g-500w | 8 GPUs | seq 8192" in cells
+    by_cell = {}
+    for r in rows:
+        by_cell.setdefault(results[rows.index(r)].cell, []).append(r)
+    big = max(by_cell.values(), key=len)
+    measured = [r["measured_tps_per_gpu"] for r in big]
+    reversed_rows = [{**r, "measured_tps_per_gpu": m} for r, m in zip(
+        sorted(big, key=lambda r: float(r["measured_tps_per_gpu"])), sorted(measured, key=float, reverse=True),
+        strict=True)]
+    assert summarize(validate_rows(reversed_rows))["all"]["rank_correlation"]["mean"] < 0
+
+
+@pytest.mark.parametrize("cell", ["nan", "NaN", "-", "N/A", "OOM", "", "inf"])
+def test_a_measured_cell_that_says_missing_is_not_measured(ground_truth, cell):
+    row = read_rows(ground_truth)[0]
+    got = validate_rows([{**row, "measured_tps_per_gpu": cell, "measured_mem_gib": cell}])[0]
+    assert got.error is None and got.measured_tps_per_gpu is None and got.tps_err is None
+    assert summarize([got])["all"]["tps"]["n"] == 0
+
+
+def test_a_measured_cell_that_is_no_number_is_that_rows_error(ground_truth, cli, tmp_path):
+    rows = read_rows(ground_truth)[:2]
+    rows[1] = {**rows[1], "measured_tps_per_gpu": "fast"}
+    got = validate_rows(rows)
+    assert got[0].error is None
+    assert got[1].error == f"row {rows[1]['id']}: column 'measured_tps_per_gpu' is not a number: 'fast'"
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    out = cli("validate", str(path), "--json")
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+    assert json.loads(out.stdout)["summary"]["all"]["failed"] == 1
+
+
 def test_validate_summarizes_each_hardware_part_with_its_bias(ground_truth):
     """The summary groups rows by the part their hardware cell names (an nvidia-smi name with the profile id) and
     gives each part's bias, the mean signed error: the H200 runs are predicted slow, both of them."""

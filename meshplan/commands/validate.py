@@ -100,6 +100,11 @@ def validate_cmd(
         wrong = round((1 - fit["share"]) * fit["rows"])
         console.print(f"fit / OOM: {fit['rows']} runs ran; " + (f"{wrong} of them predicted not to fit" if wrong
                                                                  else "every one predicted to fit"))
+    rank = cov.get("rank_correlation")
+    if rank:
+        console.print(f"ranking: within {rank['cells']} cell(s) of one model, part, world size and sequence length "
+                      f"({rank['rows']} runs), the predictions order the measured tokens/s/GPU with a rank "
+                      f"correlation of {rank['mean']:.2f} (Spearman, weighted by runs)")
     if cov["tps_interval_coverage"] is not None:
         mem = cov["mem_interval_coverage"]
         console.print(f"80 % intervals (from the cross-validated error) hold {cov['tps_interval_coverage']:.0%} of the "
