@@ -70,6 +70,9 @@ class MLASpec(BaseModel):
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+MAX_LAYERS = 10_000  # blocks: the largest published models have a few hundred; beyond this a typo, not a model
+
+
 class ModelSpec(BaseModel):
     """Shape of a decoder. Counts are plain integers (parameters, not bytes). `ffn_hidden` is the dense MLP's
     width (the dense layers of a MoE model; unused when every layer is MoE)."""
@@ -77,7 +80,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, max_length=200)
-    layers: int = Field(gt=0, description="transformer blocks")
+    layers: int = Field(gt=0, le=MAX_LAYERS, description="transformer blocks")
     hidden: int = Field(gt=0, description="model width h")
     heads: int = Field(gt=0, description="query heads")
     kv_heads: int = Field(gt=0, description="key/value heads (GQA when < heads)")

@@ -129,6 +129,8 @@ _K_COLUMNS = {"seq_len"}  # columns logs write in thousands of tokens (`8k` = 8,
 
 def _int(row: dict, key: str, default: int | None = None) -> int:
     cell = (row.get(key) or "").strip()
+    if cell.lower() in _NOT_MEASURED - {"oom"}:  # empty as sweeps write it: nan, -, N/A, none, null
+        cell = ""
     if not cell:
         if default is None:
             raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is empty")
@@ -412,12 +414,14 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
         )
         model = _row_moe(row, model)
     except ValidationError as exc:
-        raise MeshplanError(f"row {row.get('id', '?')}: {exc.errors()[0]['msg']}") from None
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise MeshplanError(f"row {row.get('id', '?')}: {where + ': ' if where else ''}{err['msg']}") from None
     stack_id = stack_id or row_stack(row)
     stack = _stack(stack_id)
     pp = _int(row, "pp", 1)
     schedule = pp_schedule_name(row.get("pp_schedule"))
-    vpp = (row.get("vpp") or "").strip()
+    vpp = _int(row, "vpp", -1)  # -1: empty (the schedule's default)
     precision = _precision(row)
     recipe = (row.get("float8_recipe") or "").strip() or ("tensorwise" if precision == "fp8" else "none")
     compile_ = _bool(row, "compile")
@@ -427,7 +431,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             gpus=_int(row, "gpus"), gpus_per_node=_int(row, "gpus_per_node", 8),
             dp_replicate=dp_replicate, dp_shard=dp_shard,
             tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1), ep=_int(row, "ep", 1),
-            pp_schedule=schedule, vpp=int(float(vpp)) if vpp else None,
+            pp_schedule=schedule, vpp=None if vpp == -1 else vpp,
             seq_len=_int(row, "seq_len"),
             global_batch_size=batch_that_divides(row, _global_batch(row), _int(row, "micro_batch_size", 1)),
             micro_batch_size=_int(row, "micro_batch_size", 1),
@@ -520,7 +524,9 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
                                      predicted_tps_interval=est["throughput"]["tokens_per_sec_per_gpu_interval"],
                                      **base))
         except MeshplanError as exc:
-            results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=str(exc), **base))
+            msg = str(exc)  # the configuration's own checks say what is wrong, not which row: prefix it
+            msg = msg if msg.startswith("row ") else f"row {base['id'] or '?'}: {msg}"
+            results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, error=msg, **base))
     return results
 
 

@@ -248,7 +248,7 @@ def test_async_tp_runs_eager_where_the_framework_overlaps_its_own_tp_collectives
     assert megatron.error is None and megatron.stack == "generic"
     (titan,) = validate_rows([_row(framework="torchtitan", tp="4", pp="1", pp_schedule="", tied_embeddings="false",
                                    async_tp="true")])
-    assert titan.error == "async TP is a torch.compile pass: it needs compile on"
+    assert titan.error == "row x: async TP is a torch.compile pass: it needs compile on"
 
 
 def test_a_vocabulary_tp_does_not_divide_is_padded_where_the_framework_pads_it():
@@ -259,7 +259,7 @@ def test_a_vocabulary_tp_does_not_divide_is_padded_where_the_framework_pads_it()
         _row(framework="Megatron-LM", tp="4", pp="1", pp_schedule="", vocab="50257"),
         _row(framework="torchtitan", tp="4", pp="1", pp_schedule="", tied_embeddings="false", vocab="50257")])
     assert nano.error is None and megatron.error is None and nano.predicted_mem_gib > 0
-    assert titan.error == "tp 4 does not divide the vocabulary (50257), which loss parallel shards"
+    assert titan.error == "row x: tp 4 does not divide the vocabulary (50257), which loss parallel shards"
 
 
 def test_virtual_stages_torchtitan_cannot_count_run_where_the_framework_splits_them_itself():

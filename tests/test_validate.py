@@ -197,6 +197,22 @@ def test_a_measured_cell_that_is_no_number_is_that_rows_error(ground_truth, cli,
     assert json.loads(out.stdout)["summary"]["all"]["failed"] == 1
 
 
+@pytest.mark.parametrize("value", ["nan", "abc", "-1", "0", "1.5", "inf", "1e9", "99999999999999999999",
+                                   "$(rm -rf /)", "0x10", "true", ""])
+def test_no_cell_value_breaks_validate(ground_truth, value):
+    """Whatever one cell of a row holds (a sweep's nan, a word, a huge or negative number, shell text), validate
+    predicts the row or reports that row's one-line error: never an exception, never a run out of memory
+    (layers 1e9 once built a billion-entry tuple)."""
+    from meshplan.estimator.validate import CONFIG_COLUMNS, MEASURED_COLUMNS
+
+    rows = read_rows(ground_truth)
+    bases = [rows[0], next(r for r in rows if r["pp"] not in ("1", "1.0", ""))]
+    for base in bases:
+        for column in dict.fromkeys([*CONFIG_COLUMNS, *MEASURED_COLUMNS, "status", "notes", "source"]):
+            (got,) = validate_rows([{**base, column: value}])
+            assert got.error is None or ("\n" not in got.error and got.error), (column, value, got.error)
+
+
 def test_validate_summarizes_each_hardware_part_with_its_bias(ground_truth):
     """The summary groups rows by the part their hardware cell names (an nvidia-smi name with the profile id) and
     gives each part's bias, the mean signed error: the H200 runs are predicted slow, both of them."""
