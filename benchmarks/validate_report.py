@@ -49,6 +49,16 @@ def report(csv_path: Path) -> str:
             f"| {fw} | {s['rows']} | {_p(s['tps']['mape'])} | {_p(s['tps']['max_ape'])} ({s['worst_tps_row']}) "
             f"| {_p(s['mem']['mape'])} ({s['mem']['n']}) | {_p(s['mem']['max_ape'])} ({s['worst_mem_row'] or '-'}) |"
         )
+    lines += ["", "By hardware part (bias: the mean signed error, + where the estimate is above the measurement):", "",
+              "| hardware | rows | tokens/s/GPU MAPE | bias | memory MAPE (rows) | bias |", "|---|---:|---:|---:|---:|---:|"]
+    for hw, s in summary["by_hardware"].items():
+        lines.append(f"| {hw} | {s['rows']} | {_p(s['tps']['mape'])} | {pct(s['tps']['bias'])} | "
+                     f"{_p(s['mem']['mape'])} ({s['mem']['n']}) | {pct(s['mem']['bias'])} |")
+    rank = summary["all"]["rank_correlation"]
+    if rank:
+        lines += ["", f"Within the {rank['cells']} cells of >= 3 runs of one model, part, world size and sequence length "
+                  f"({rank['rows']} runs), the predictions order the measured tokens/s/GPU with a Spearman rank "
+                  f"correlation of {rank['mean']:.2f} (weighted by runs)."]
     worst = sorted(
         (r for r in results if r.error is None),
         key=lambda r: -max(abs(r.tps_err or 0), abs(r.mem_err or 0)),

@@ -63,7 +63,9 @@ def test_cpu_smoke_writes_rows_validate_reads(tmp_path):
     assert rows[1]["precision"] == "bf16-pure" and rows[1]["ac"] == "full" and rows[1]["micro_batch_size"] == "2"
     assert float(rows[0]["measured_tps_per_gpu"]) > 0
     # a CPU run's hardware is the CPU, which no hardware profile describes: validate reads the rows and says so
-    errors = {res.error for res in validate_rows(read_rows(out / "measured.csv"))}
+    results = validate_rows(read_rows(out / "measured.csv"))
+    assert all(res.error.startswith(f"row {res.id}: ") for res in results)  # each error names its row
+    errors = {res.error.split(": ", 1)[1] for res in results}
     assert len(errors) == 1 and errors.pop().startswith("unknown hardware profile 'cpu'; choose one of: a100")
     assert not (tmp_path / "work" / "runs" / "tiny-eager" / "checkpoints").exists()  # measures; saves nothing
     assert "===== tiny-eager rc 0 =====" in (out / "logs.txt").read_text()
