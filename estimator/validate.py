@@ -464,13 +464,32 @@ def _global_batch(row: dict) -> int:
     return dp * _int(row, "micro_batch_size", 1)
 
 
+# the columns without which no row can be predicted; the others of CONFIG_COLUMNS, when a CSV leaves them out, are
+# empty in every row (their defaults: tp 1, one microbatch a rank, torchtitan, ...) and `absent_columns` names them
+REQUIRED_COLUMNS = ("hardware", "gpus", "seq_len")
+MODEL_COLUMNS = ("layers", "hidden", "heads", "ffn_hidden", "vocab")  # or a `model` column naming presets
+
+
+def absent_columns(path: Path) -> list[str]:
+    """The configuration columns of the ground-truth schema `path`'s header lacks (read as empty)."""
+    header = next(csv.reader(io.StringIO(data_files.read_text(path), newline="")), [])
+    return [c for c in CONFIG_COLUMNS if c not in header]
+
+
 def read_rows(path: Path) -> list[dict]:
+    """The rows of a runs CSV; a configuration column it leaves out is empty in every row (its default), but
+    without hardware, gpus, seq_len and the model (its name, or its dimensions) no row can be predicted: a
+    one-line error names what to add."""
     text = data_files.read_text(path)  # one-line error for a missing, unreadable or non-UTF-8 file
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
-        missing = [c for c in CONFIG_COLUMNS if c not in (reader.fieldnames or [])]
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
+        if "model" not in header and any(c not in header for c in MODEL_COLUMNS):
+            missing.append("model (or " + ", ".join(MODEL_COLUMNS) + ")")
         if missing:
-            raise MeshplanError(f"{path} lacks the ground-truth column(s): {', '.join(missing)}")
+            raise MeshplanError(f"{path} lacks the ground-truth column(s): {', '.join(missing)} "
+                                f"(the schema: data/ground_truth/README.md)")
         return list(reader)
     except csv.Error as exc:
         raise MeshplanError(f"{path} is not a valid CSV: {exc}") from None

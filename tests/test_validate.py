@@ -258,6 +258,24 @@ def test_validate_bad_csv(cli, tmp_path):
     assert "Traceback" not in out.stderr
 
 
+def test_a_csv_with_only_the_columns_it_needs_is_predicted(cli, tmp_path):
+    """A team's log with a model name, part, world size and sequence length (the rest left out) is predicted with
+    the defaults, and validate says which schema columns it read as empty; without those four it is one line
+    naming what to add."""
+    p = tmp_path / "mine.csv"
+    p.write_text("id,model,hardware,gpus,seq_len,tp,measured_tps_per_gpu\n"
+                 "a,Llama 3.1 8B,H100,8,8192,1,8000\nb,Llama 3.1 70B,NVIDIA H100 80GB HBM3,64,8k,8,700\n")
+    out = cli("validate", str(p), "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert [r["error"] for r in rows] == [None, None] and all(r["predicted_tps_per_gpu"] > 0 for r in rows)
+    assert "has no column(s) framework, layers" in out.stderr and "global_batch_size" in out.stderr
+    assert out.stderr.count("\n") == 1
+    p.write_text("id,model,gpus,seq_len\na,Llama 3.1 8B,8,8192\n")
+    bad = cli("validate", str(p))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "lacks the ground-truth column(s): hardware" in bad.stderr
+
+
 def test_validate_reports_bad_row_instead_of_skipping(ground_truth, tmp_path):
     rows = read_rows(ground_truth)[:3]
     rows[1] = {**rows[1], "hardware": "no-such-gpu"}

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.validate import pct, read_rows, summarize, validate_rows
+from meshplan.estimator.validate import absent_columns, pct, read_rows, summarize, validate_rows
 
 
 def default_csv() -> Path:
@@ -40,6 +40,9 @@ def validate_cmd(
         if not csv_path.exists():
             raise MeshplanError(f"give the runs CSV to validate ({csv_path} is missing from this installation)")
     rows = read_rows(csv_path)
+    absent = absent_columns(csv_path)
+    if absent:  # not an error: those cells take their defaults, but a misspelled column would too
+        typer.echo(f"note: {csv_path} has no column(s) {', '.join(absent)}: read as empty (their defaults)", err=True)
     if framework:
         rows = [r for r in rows if r.get("framework") == framework]
         if not rows:
