@@ -560,7 +560,8 @@ def _cell(row: dict) -> str:
         return f"{value:g}" if value is not None else (row.get(key) or "").strip()
 
     hw = (row.get("hardware") or "").strip()
-    return " | ".join([(row.get("framework") or "").strip().lower(), _squash(row.get("model") or ""),
+    model = _squash(row.get("model") or "") or f"{num('layers')} layers x {num('hidden')}"
+    return " | ".join([(row.get("framework") or "").strip().lower(), model,
                        resolve_hardware_name(hw) or hw, f"{num('gpus')} GPUs", f"seq {num('seq_len')}"])
 
 
