@@ -276,6 +276,15 @@ def test_a_csv_with_only_the_columns_it_needs_is_predicted(cli, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "lacks the ground-truth column(s): hardware" in bad.stderr
 
 
+def test_framework_filter_takes_the_name_as_logs_spell_it(cli, ground_truth):
+    out = cli("validate", str(ground_truth), "--framework", "LLM_Foundry", "--json")
+    assert out.returncode == 0, out.stderr
+    assert {r["framework"] for r in json.loads(out.stdout)["rows"]} == {"llm-foundry"}
+    bad = cli("validate", str(ground_truth), "--framework", "megatron")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "no rows with framework 'megatron'" in bad.stderr and "(it has: llm-foundry, torchtitan)" in bad.stderr
+
+
 def test_validate_reports_bad_row_instead_of_skipping(ground_truth, tmp_path):
     rows = read_rows(ground_truth)[:3]
     rows[1] = {**rows[1], "hardware": "no-such-gpu"}

@@ -44,9 +44,14 @@ def validate_cmd(
     if absent:  # not an error: those cells take their defaults, but a misspelled column would too
         typer.echo(f"note: {csv_path} has no column(s) {', '.join(absent)}: read as empty (their defaults)", err=True)
     if framework:
-        rows = [r for r in rows if r.get("framework") == framework]
+        from meshplan.estimator.data_files import name_key
+
+        # in any case and punctuation, as logs spell it (TorchTitan, llm_foundry)
+        rows = [r for r in rows if name_key(r.get("framework") or "") == name_key(framework)]
         if not rows:
-            raise MeshplanError(f"no rows with framework '{framework}' in {csv_path}")
+            seen = sorted({(r.get("framework") or "").strip() for r in read_rows(csv_path)} - {""})
+            raise MeshplanError(f"no rows with framework '{framework}' in {csv_path} (it has: "
+                                f"{', '.join(seen) or 'none named'})")
     if stack:
         from meshplan.estimator.stack import load_stack
 
