@@ -202,18 +202,18 @@ def interval_coverage(records: list[dict]) -> dict:
         for key in sorted({(r["scheme"], r["fold"]) for r in records}):
             rest = [r for r in records if (r["scheme"], r["fold"]) != key]
             tables = interval_tables(rest)[metric]
+            fold = []
             for r in records:
                 if (r["scheme"], r["fold"]) == key and r[column] not in ("", None):
                     t = QuantileTable(**tables.get(r["framework"], tables["all"]))
-                    held = t.ratio(0.1) <= float(r[column]) <= t.ratio(0.9)
-                    hits.setdefault(r["framework"], []).append(held)
-                    if not per_fold or per_fold[-1][0] != key:
-                        per_fold.append((key, []))
-                    per_fold[-1][1].append(held)
+                    fold.append(t.ratio(0.1) <= float(r[column]) <= t.ratio(0.9))
+                    hits.setdefault(r["framework"], []).append(fold[-1])
+            if fold:
+                per_fold.append(sum(fold) / len(fold))
         out[metric] = {fw: (sum(h) / len(h), len(h)) for fw, h in hits.items()}
         every = [x for h in hits.values() for x in h]
         out[metric]["all"] = (sum(every) / len(every), len(every))
-        out[metric + "/folds"] = {"all": (sum(sum(h) / len(h) for _, h in per_fold) / len(per_fold), len(per_fold))}
+        out[metric + "/folds"] = {"all": (sum(per_fold) / len(per_fold), len(per_fold))}
     return out
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from meshplan.estimator.validate import pct, read_rows, summarize, validate_rows  # noqa: E402
+from meshplan.estimator.validate import read_rows, validate_rows  # noqa: E402
+from meshplan.estimator.validate_summary import pct, summarize  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "moe_published_runs.csv"
 BEGIN, END = "<!-- moe-published:begin -->", "<!-- moe-published:end -->"

@@ -23,7 +23,8 @@ from readme_section import replace_section  # noqa: E402
 
 from meshplan.estimator import load_hardware, load_model, load_stack  # noqa: E402
 from meshplan.estimator.batch import estimate_arrays  # noqa: E402
-from meshplan.estimator.validate import pct, read_rows, summarize, validate_rows  # noqa: E402
+from meshplan.estimator.validate import read_rows, validate_rows  # noqa: E402
+from meshplan.estimator.validate_summary import pct, summarize  # noqa: E402
 from meshplan.planner.search import plan_search  # noqa: E402
 from meshplan.planner.tree import decision_tree  # noqa: E402
 

@@ -122,13 +122,17 @@ def _aliases(folder: str) -> dict[str, str]:
 # words a part's name carries that do not tell parts apart: the vendor, the product line, the memory's type, the
 # SXM / OAM module (the profiles' default form; PCIe and NVL parts keep their word), the server it sits in
 _NOISE_WORDS = re.compile(r"^(nvidia|amd|instinct|tesla|gpu|hbm\w*|sxm\d?|oam|dgx|hgx)$")
+_SIZE_WORD = re.compile(r"(\d+)gb?")  # a memory size in a part's name: `141gb`, `96g`
+
+
+def _words(name: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", name.lower())
 
 
 def _words_key(name: str, keep_size: bool = True) -> str:
     """A name as the set of its words less `_NOISE_WORDS` (and, with `keep_size` false, its memory size such as
     `141GB`), sorted: `NVIDIA H200 141GB HBM3e` and `H200-SXM-141GB` -> `141gb h200`."""
-    words = re.findall(r"[a-z0-9]+", name.lower())
-    kept = {w for w in words if not _NOISE_WORDS.match(w) and (keep_size or not re.fullmatch(r"\d+gb?", w))}
+    kept = {w for w in _words(name) if not _NOISE_WORDS.match(w) and (keep_size or not _SIZE_WORD.fullmatch(w))}
     return " ".join(sorted(kept))
 
 
@@ -148,17 +152,18 @@ def resolve_hardware_name(name: str) -> str | None:
     """The built-in profile id a part's name stands for (its id, its profile name or one of its aliases, in any case
     and punctuation: `H100`, `NVIDIA H100 80GB HBM3` -> `h100-sxm`), else the one profile whose names hold the same
     words once vendor, memory type and module words are set aside (`H200-SXM-141GB`, `NVIDIA H200 141GB HBM3e` ->
-    `h200-sxm`), else the one whose names do without the memory size too; None when no profile (or more than one)
-    has that name."""
+    `h200-sxm`), else, for a name that gives a memory size, the one whose names do without it where that size is its
+    memory (`B200 192GB`); None when no profile (or more than one) has that name. A name without a size never takes
+    a part whose size sets it apart (`H100 500W` is not the 96 GB 500 W part)."""
     key = data_files.name_key(name)
     if not key:
         return None
     folder = str(data_files.data_dir("hardware_profiles"))
     found = _aliases(folder).get(key) or _word_aliases(folder, True).get(_words_key(name))
-    if found is None:
+    sizes = [float(m.group(1)) for w in _words(name) if (m := _SIZE_WORD.fullmatch(w))]
+    if found is None and sizes:  # a size the aliases do not spell (`B200 192GB`), if it is that part's memory
         found = _word_aliases(folder, False).get(_words_key(name, keep_size=False))
-        sizes = [float(w.rstrip("gb")) for w in re.findall(r"[a-z0-9]+", name.lower()) if re.fullmatch(r"\d+gb?", w)]
-        if found is not None and sizes and not _size_fits(found, sizes[0]):
+        if found is not None and not _size_fits(found, sizes[0]):
             return None  # `A100 40GB PCIe`: a size the one profile of that name does not have is another part
     return found
 

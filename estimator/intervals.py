@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import Counter
 from functools import cached_property
 from pathlib import Path
 
@@ -115,9 +116,7 @@ def quantile_table(ratios: list[float], groups: list[str] | None = None) -> dict
     else:
         if len(groups) != len(r):
             raise ValueError("quantile_table: one group per ratio")
-        size: dict[str, int] = {}
-        for g in groups:
-            size[g] = size.get(g, 0) + 1
+        size = Counter(groups)
         w = np.array([1.0 / size[g] for g in groups])
     return {"rows": len(r), "quantiles": {p: round(weighted_quantile(r, w, p), 4) for p in PROBABILITIES}}
 

@@ -94,7 +94,8 @@ def test_a_name_in_other_words_finds_its_part(name, hw_id):
     assert load_hardware(name).id == hw_id
 
 
-@pytest.mark.parametrize("name", ["A100 40GB PCIe", "H200 80GB", "MI300X 128GB", "H800", "A800", "H20", "V100"])
+@pytest.mark.parametrize("name", ["A100 40GB PCIe", "H200 80GB", "MI300X 128GB", "H800", "A800", "H20", "V100",
+                                  "H100 500W"])
 def test_another_part_is_not_taken_for_a_near_name(name):
     """A size the part of that name does not come in, or a part meshplan has no profile for, is an unknown name:
     a one-line error that lists the profiles, never the nearest part's memory."""

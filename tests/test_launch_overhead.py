@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model, load_stack
-from meshplan.estimator.validate import read_rows, summarize, validate_rows
+from meshplan.estimator.validate import read_rows, validate_rows
+from meshplan.estimator.validate_summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "data" / "measurements" / "h100-sxm-core-2026-11-26.csv"

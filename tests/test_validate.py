@@ -15,9 +15,9 @@ from meshplan.estimator.validate import (
     predict_row,
     read_rows,
     row_stack,
-    summarize,
     validate_rows,
 )
+from meshplan.estimator.validate_summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,7 +144,7 @@ def test_validate_cli_table(cli, ground_truth):
 
 
 def test_spearman_ranks_with_ties():
-    from meshplan.estimator.validate import spearman
+    from meshplan.estimator.validate_summary import spearman
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.validate import absent_columns, pct, read_rows, summarize, validate_rows
+from meshplan.estimator.validate import absent_columns, read_rows, validate_rows
+from meshplan.estimator.validate_summary import pct, summarize
 
 
 def default_csv() -> Path:
@@ -40,16 +41,17 @@ def validate_cmd(
         if not csv_path.exists():
             raise MeshplanError(f"give the runs CSV to validate ({csv_path} is missing from this installation)")
     rows = read_rows(csv_path)
-    absent = absent_columns(csv_path)
+    absent = absent_columns(rows)
     if absent:  # not an error: those cells take their defaults, but a misspelled column would too
         typer.echo(f"note: {csv_path} has no column(s) {', '.join(absent)}: read as empty (their defaults)", err=True)
     if framework:
         from meshplan.estimator.data_files import name_key
 
         # in any case and punctuation, as logs spell it (TorchTitan, llm_foundry)
-        rows = [r for r in rows if name_key(r.get("framework") or "") == name_key(framework)]
+        every = rows
+        rows = [r for r in every if name_key(r.get("framework") or "") == name_key(framework)]
         if not rows:
-            seen = sorted({(r.get("framework") or "").strip() for r in read_rows(csv_path)} - {""})
+            seen = sorted({(r.get("framework") or "").strip() for r in every} - {""})
             raise MeshplanError(f"no rows with framework '{framework}' in {csv_path} (it has: "
                                 f"{', '.join(seen) or 'none named'})")
     if stack:
