@@ -51,6 +51,8 @@ GRID: dict[str, tuple] = {
     "1b-s2k-none-eager-fsdp1": ("llama3.2-1b", 2048, 1, 1, "none", False, "none", "float32", {"fsdp_one_rank": True}),
     "1b-s8k-none-compile-fsdp1": ("llama3.2-1b", 8192, 1, 1, "none", True, "none", "float32",
                                   {"fsdp_one_rank": True}),
+    "8b-s4k-full-compile-bf16-fsdp1": ("llama3-8b", 4096, 1, 1, "full", True, "none", "bfloat16",
+                                       {"fsdp_one_rank": True}),
 }
 GEMM_SHAPES = [  # (M tokens, K, N): square reference, then the 1B / 8B projections at 8192 tokens
     (8192, 8192, 8192), (8192, 2048, 2048), (8192, 2048, 512), (8192, 2048, 8192), (8192, 8192, 2048),

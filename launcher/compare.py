@@ -199,6 +199,8 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
             + f"; predicted {s.predicted['throughput']['tokens_per_sec_per_gpu']:.1f} tok/s/GPU and "
             f"{s.predicted['memory']['peak_gib']:.2f} GiB for {plan.hardware.id}"
             + ("; training dtype bfloat16 (no fp32 master)" if plan.training.dtype == "bfloat16" else "")
+            + (f"; forward + backward {1e3 * s.measured_phases_s['fwd_bwd_s']:.1f} ms, optimizer phase (clip, AdamW, "
+               f"per-step) {1e3 * s.measured_phases_s['optimizer_s']:.1f} ms (medians)" if s.measured_phases_s else "")
             + (f"; mixture of experts: {m.moe.experts} experts (width {m.moe.expert_ffn_hidden}), top-{m.moe.top_k}, "
                f"ep {p.ep} (the schema has no MoE columns: `meshplan validate` reads a MoE preset's name, or "
                "add ep / experts / top_k columns)" if m.moe else "")

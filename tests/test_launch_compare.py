@@ -79,15 +79,16 @@ def test_launch_cuda_on_cpu_machine_fails_early(cli, plan_path, tmp_path):
     assert out.returncode == 2 and "no CUDA GPU is visible" in out.stderr
 
 
-def _fake_run(run_dir, plan_path, steps=6):
+def _fake_run(run_dir, plan_path, steps=6, phases=False):
     run_dir.mkdir()
     (run_dir / "plan.yaml").write_text(plan_path.read_text())
     with (run_dir / "metrics.jsonl").open("w") as fh:
         for s in range(1, steps + 1):
             tps = 100.0 if s <= 2 else 1000.0 + s
+            timed = {"data_s": 0.001, "fwd_bwd_s": 0.1 + s / 1000, "optimizer_s": 0.02} if phases else {}
             fh.write(json.dumps({"step": s, "loss": 5.0 - 0.1 * s, "tokens_per_sec_per_gpu": tps,
                                  "step_time_s": 16 * 8192 / tps, "peak_mem_gib": 40.0 + s, "mfu": 0.3,
-                                 "peak_active_gib": 36.0 + s, "device": "cuda"}) + "\n")
+                                 "peak_active_gib": 36.0 + s, "device": "cuda", **timed}) + "\n")
 
 
 def test_compare_reports_median_after_warmup_and_errors(cli, plan_path, tmp_path):
@@ -158,3 +159,14 @@ def test_compare_bad_run_dirs(cli, plan_path, tmp_path):
     out = cli("compare", str(tmp_path / "run4"), "--append-csv", str(other))
     assert out.returncode == 2 and "ground-truth schema" in out.stderr
     assert other.read_text() == "a,b\n1,2\n"
+
+
+def test_appended_row_notes_keep_the_measured_phases(cli, plan_path, tmp_path):
+    """The forward + backward and optimizer phases a run timed go into the row's notes, so a measured CSV keeps
+    what `compare` set beside the estimate's terms (the optimizer phase is how step_overhead_s was measured)."""
+    run = tmp_path / "run3"
+    _fake_run(run, plan_path, phases=True)
+    csv_path = tmp_path / "m.csv"
+    assert cli("compare", str(run), "--append-csv", str(csv_path)).returncode == 0
+    (row,) = csv.DictReader(csv_path.open())
+    assert "forward + backward 104.5 ms, optimizer phase (clip, AdamW, per-step) 20.0 ms (medians)" in row["notes"]
