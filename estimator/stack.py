@@ -121,7 +121,11 @@ class StackProfile(BaseModel):
         default=None, ge=0, lt=1,
         description="the largest share of a step `fsdp_overhead_s_per_layer` takes in the runs it was fitted to; "
                     "beyond it an estimate extrapolates (warned, its interval widened); none: not fitted")
-    step_overhead_s: float = Field(ge=0)
+    step_overhead_s: float = Field(ge=0, description="seconds a step spends beyond its kernels' work: the optimizer "
+                                   "phase's launches, the loss read back for logging")
+    dtensor_optimizer_s_per_layer: float = Field(
+        default=0.0, ge=0, description="CPU seconds a block adds to the optimizer phase where its parameters are "
+                                       "DTensors (FSDP2, TP): the gradient clip's and AdamW's dispatch per tensor")
     optimizer_implementation: Literal["fused", "foreach", "for-loop"] = Field(
         default="fused",
         description="torch AdamW's kernels (torchtitan's optimizer.implementation): foreach materialises one "

@@ -57,8 +57,9 @@ def test_done_when_figures_70b_on_16_gpus():
     assert offload["memory"]["host_ram_offloaded_gib_per_node"] == pytest.approx(moved, rel=1e-3)
     assert offload["memory"]["breakdown_gib"]["params_fp32"] == 0 and offload["memory"]["breakdown_gib"]["optimizer_states"] == 0
     assert full["memory"]["host_ram_offloaded_gib_per_node"] == 0
-    # the CPU's AdamW: 36 bytes a parameter over the node's DRAM (614 GB/s x 0.4, shared by 8 ranks)
-    step = 36 * L70.params / 16 / (614e9 * 0.4 / 8)
+    # the CPU's AdamW: 36 bytes a parameter over the node's DRAM (614 GB/s x 0.4, shared by 8 ranks), + its dispatch
+    # on DTensors (FSDP2's sharded parameters: 0.5 ms a block, measured on one H100)
+    step = 36 * L70.params / 16 / (614e9 * 0.4 / 8) + 80 * load_stack("torchtitan").dtensor_optimizer_s_per_layer
     assert offload["throughput"]["breakdown_s"]["optimizer_step"] == pytest.approx(step, rel=1e-3)
     assert offload["throughput"]["breakdown_s"]["offload_exposed"] > 0
 

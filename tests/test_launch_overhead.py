@@ -5,6 +5,7 @@ estimator must say the same, and predict those measured runs within the band the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from meshplan.estimator.validate_summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "data" / "measurements" / "h100-sxm-core-2026-11-26.csv"
+MEASURED_2 = ROOT / "data" / "measurements" / "h100-sxm-core-2026-11-27.csv"
 ONE_B = ROOT / "data" / "measurements" / "llama3.2-1b.yaml"
 HW = load_hardware("h100-sxm")
 STACK = load_stack("torchtitan")
@@ -44,10 +46,54 @@ def test_fsdp_runs_add_their_per_block_cost():
 
 
 def test_measured_h100_runs_within_their_band():
-    s = summarize(validate_rows(read_rows(MEASURED)))["all"]
+    """The first lease's runs as they ran (eager loss, foreach AdamW: torchtitan-2024's profile)."""
+    s = summarize(validate_rows(read_rows(MEASURED), "torchtitan-2024"))["all"]
     assert s["rows"] == 11 and s["failed"] == 0
-    assert s["tps"]["mape"] <= 0.12 and s["tps"]["max_ape"] <= 0.20  # was 32 % / 47 % with launches always counted
+    assert s["tps"]["mape"] <= 0.10  # was 32 % with launches always counted
     assert s["fit_agreement"]["share"] == 1.0
+
+
+def test_second_lease_runs_of_the_current_core_within_their_band():
+    """The current core (compiled loss, fused AdamW) on one H100, 2026-11-27: its forward + backward was fitted to
+    nothing. Compiled runs within 10 % each (they were 11-25 % under while a step carried an assumed 50 ms); memory
+    within 8 %. The eager runs stay over (their elementwise traffic is torchtitan's fitted figure), inside 30 %."""
+    results = validate_rows(read_rows(MEASURED_2))
+    s = summarize(results)["all"]
+    assert s["rows"] == 11 and s["failed"] == 0 and s["fit_agreement"]["share"] == 1.0
+    assert s["mem"]["mape"] <= 0.05 and s["mem"]["max_ape"] <= 0.08
+    compiled = [r for r in results if "compile" in r.id]
+    assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.10 for r in compiled)
+    assert all(abs(r.tps_err) <= 0.30 for r in results)
+
+
+def _optimizer_phase(row: dict) -> tuple[float, float]:
+    """(predicted, measured) seconds of a measured row's optimizer phase: clip + AdamW + the per-step overhead."""
+    from meshplan.estimator.validate import estimate_row
+
+    measured = float(re.search(r"optimizer phase \(clip, AdamW, per-step\) ([\d.]+) ms", row["notes"]).group(1)) / 1e3
+    return estimate_row(row)["throughput"]["breakdown_s"]["optimizer_step"] + STACK.step_overhead_s, measured
+
+
+def test_optimizer_phase_is_what_its_kernels_move():
+    """The optimizer phase each run of 2026-11-27 timed: the fp32 runs (1B, 3B) within 8 % of the bytes fused AdamW
+    and the gradient clip move at the profile's HBM bandwidth plus 2 ms a step; the 8B bf16 run within 20 % (74 ms
+    measured, 62 predicted). With the 50 ms a step assumed before, every one was 1.4-3.3x the measured."""
+    for row in read_rows(MEASURED_2):
+        predicted, measured = _optimizer_phase(row)
+        assert abs(predicted / measured - 1) <= (0.20 if row["precision"] == "bf16-pure" else 0.08), row["id"]
+        assert (predicted + 0.048) / measured > 1.35  # the assumed 50 ms would not do
+
+
+def test_dtensor_parameters_add_their_optimizer_dispatch():
+    """FSDP2 (or TP) parameters are DTensors: the optimizer phase adds the measured dispatch a block (FSDP2 on one
+    rank: 0.46-0.57 ms a block over the same run without it); plain parameters (one GPU, FSDP1) do not."""
+    m = load_model("llama3-8b")
+    cfg = dict(seq_len=8192, global_batch_size=8, ac="none")
+    fsdp = _breakdown(m, gpus=8, **cfg)["breakdown_s"]["optimizer_step"]
+    shard_bytes_s = _breakdown(m, gpus=1, **{**cfg, "global_batch_size": 1})["breakdown_s"]["optimizer_step"] / 8
+    assert STACK.dtensor_optimizer_s_per_layer == pytest.approx(0.0005)
+    assert fsdp == pytest.approx(shard_bytes_s + m.layers * STACK.dtensor_optimizer_s_per_layer, rel=0.02)
+    assert load_stack("llm-foundry").dtensor_optimizer_s_per_layer == 0.0
 
 
 def test_measured_h100_memory_with_the_loss_and_optimizer_those_runs_had():

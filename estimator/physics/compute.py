@@ -207,8 +207,22 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     )
 
 
-def optimizer_step_s(hw: HardwareProfile, sharded_params: np.ndarray) -> np.ndarray:
-    """AdamW (foreach) over the local shard of `sharded_params` trainable parameters, memory-bound: parameter,
-    gradient and both moments read and written (32 bytes per parameter), and the gradient-norm pass (4)."""
-    return finetune.ADAMW_STEP_BYTES * sharded_params / hbm_bytes_per_s(hw)
+# HBM bytes per fp32 trainable parameter of the optimizer phase, counted from the kernels and checked on one H100
+# (data/measurements/h100-sxm-core-2026-11-27.csv: the phase took 20.8 ms for 1.24 B parameters and 50.4 ms for
+# 3.21 B, 40.5 and 40.4 bytes a parameter at the profile's HBM bandwidth once STEP_OVERHEAD's 2 ms are off; the
+# foreach runs of 2026-11-26: 44 ms for 1.24 B, 91 bytes). Halved in training dtype bfloat16 (state_scale).
+ADAMW_KERNEL_BYTES = {
+    "fused": 28.0,  # one kernel: reads p, g, m, v and writes p, m, v
+    "foreach": 80.0,  # eight passes: lerp m, mul + addcmul v, sqrt, div, add eps, addcdiv p, weight decay
+    "for-loop": 80.0,  # the same passes a tensor at a time
+}
+GRAD_CLIP_BYTES = 12.0  # clip_grad_norm_: the norm reads every gradient (4), the clip reads and writes it (8)
+
+
+def optimizer_step_s(hw: HardwareProfile, stack: StackProfile, sharded_params: np.ndarray) -> np.ndarray:
+    """The gradient clip and AdamW over the local shard of `sharded_params` trainable fp32 parameters, seconds:
+    memory-bound at the HBM bandwidth of memory-bound kernels (ADAMW_KERNEL_BYTES of the stack's implementation +
+    GRAD_CLIP_BYTES a parameter)."""
+    per_param = ADAMW_KERNEL_BYTES[stack.optimizer_implementation] + GRAD_CLIP_BYTES
+    return per_param * sharded_params / hbm_bytes_per_s(hw)
 

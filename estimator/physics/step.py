@@ -98,7 +98,8 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden)),
         "dp_allreduce": dp_replicate_s(hw, stack, lay, st.trainable_sharded),
         "optimizer_step": xp.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),
-                                   optimizer_step_s(hw, st.trainable_sharded) * state_scale(lay)),
+                                   optimizer_step_s(hw, stack, st.trainable_sharded) * state_scale(lay))
+        + xp.where(lay.fsdp | lay.has_tp, layers * stack.dtensor_optimizer_s_per_layer, 0.0),
     }
     step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s + fsdp.copy_out_once_s
             + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s + offload_acc)
