@@ -33,6 +33,9 @@ class Efficiency(BaseModel):
     gemm_bf16: float = Field(gt=0, le=1, description="best-shape bf16 matmul throughput / bf16 peak (MAMF)")
     gemm_fp8: float | None = Field(default=None, gt=0, le=1, description="best-shape fp8 matmul / fp8 peak")
     attention: float = Field(gt=0, le=1, description="flash-attention fwd+bwd throughput / bf16 peak")
+    attention_cudnn: float | None = Field(
+        default=None, gt=0, le=1, description="cuDNN's fused SDPA fwd+bwd throughput / bf16 peak, where measured (a "
+                                              "stack whose sdpa_backend is cudnn runs it; else `attention`)")
     hbm: float = Field(default=0.8, gt=0, le=1, description="achieved / peak HBM bandwidth, memory-bound ops")
     clock: float = Field(default=1.0, gt=0, le=1, description="sustained clock under the power cap / boost")
 

@@ -121,6 +121,10 @@ class StackProfile(BaseModel):
         default=None, ge=0, lt=1,
         description="the largest share of a step `fsdp_overhead_s_per_layer` takes in the runs it was fitted to; "
                     "beyond it an estimate extrapolates (warned, its interval widened); none: not fitted")
+    sdpa_backend: Literal["flash", "cudnn"] = Field(
+        default="flash", description="the attention kernel SDPA runs: flash (FlashAttention-2, the hardware profile's "
+                                     "`attention`) or cudnn (cuDNN's fused attention, its `attention_cudnn` where the "
+                                     "profile has one)")
     step_overhead_s: float = Field(ge=0, description="seconds a step spends beyond its kernels' work: the optimizer "
                                    "phase's launches, the loss read back for logging")
     dtensor_optimizer_s_per_layer: float = Field(

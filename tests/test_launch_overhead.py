@@ -54,16 +54,17 @@ def test_measured_h100_runs_within_their_band():
 
 
 def test_second_lease_runs_of_the_current_core_within_their_band():
-    """The current core (compiled loss, fused AdamW) on one H100, 2026-11-27: its forward + backward was fitted to
-    nothing. Compiled runs within 10 % each (they were 11-25 % under while a step carried an assumed 50 ms); memory
-    within 8 %. The eager runs stay over (their elementwise traffic is torchtitan's fitted figure), inside 30 %."""
+    """The current core (compiled loss, fused AdamW, torch 2.11's cuDNN attention) on one H100, 2026-11-27: its
+    forward + backward was fitted to nothing. Compiled runs within 7 % each (they were 11-25 % under while a step
+    carried an assumed 50 ms and attention was timed as FlashAttention-2); memory within 8 %. The eager runs are
+    predicted 14-35 % fast: the core's eager elementwise kernels take 3x torchtitan's fitted traffic (profiled)."""
     results = validate_rows(read_rows(MEASURED_2))
     s = summarize(results)["all"]
     assert s["rows"] == 11 and s["failed"] == 0 and s["fit_agreement"]["share"] == 1.0
     assert s["mem"]["mape"] <= 0.05 and s["mem"]["max_ape"] <= 0.08
     compiled = [r for r in results if "compile" in r.id]
-    assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.10 for r in compiled)
-    assert all(abs(r.tps_err) <= 0.30 for r in results)
+    assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.07 for r in compiled)
+    assert all(0.10 <= r.tps_err <= 0.36 for r in results if r not in compiled)
 
 
 def _optimizer_phase(row: dict) -> tuple[float, float]:
@@ -106,3 +107,21 @@ def test_measured_h100_memory_with_the_loss_and_optimizer_those_runs_had():
     assert s["mem"]["mape"] <= 0.04 and s["mem"]["max_ape"] <= 0.07
     big = {r.id: r for r in results if not r.id.startswith("meshplan-1b")}
     assert len(big) == 2 and all(abs(r.mem_err) <= 0.03 for r in big.values())
+
+
+def test_attention_runs_the_kernel_the_release_prefers():
+    """torchtitan since 2025-10 (and torch's own SDPA from 2.11) run cuDNN's fused attention on Hopper: 0.41 of peak
+    measured on an H100 where FlashAttention-2 gives 0.33; its 2025-08 and 2024 releases, llm-foundry and nanotron
+    run FlashAttention-2; a part whose profile states no cuDNN figure (B200, MI300X) keeps its `attention`."""
+    from meshplan.estimator.physics.compute import attention_efficiency
+
+    h100, b200 = load_hardware("h100-sxm"), load_hardware("b200")
+    assert attention_efficiency(h100, STACK) == 0.41 == h100.efficiency.attention_cudnn
+    for old in ("torchtitan-2025-08", "torchtitan-2024", "llm-foundry", "nanotron"):
+        assert attention_efficiency(h100, load_stack(old)) == h100.efficiency.attention == 0.33
+    assert b200.efficiency.attention_cudnn is None and attention_efficiency(b200, STACK) == b200.efficiency.attention
+    m = load_model("llama3-8b")
+    cfg = dict(gpus=8, seq_len=8192, global_batch_size=8, ac="none")
+    new = estimate(m, HW, TrainConfig(**cfg), STACK)["throughput"]["breakdown_s"]["compute"]
+    old = estimate(m, HW, TrainConfig(**cfg), load_stack("torchtitan-2025-08"))["throughput"]["breakdown_s"]["compute"]
+    assert old > new  # the same GEMMs, attention at 0.33 / 0.41 of the time

@@ -62,6 +62,13 @@ def hbm_bytes_per_s(hw: HardwareProfile) -> float:
     return hw.hbm_bandwidth_tbs * 1e12 * hw.efficiency.hbm
 
 
+def attention_efficiency(hw: HardwareProfile, stack: StackProfile) -> float:
+    """Fwd+bwd attention throughput / bf16 peak of the kernel the stack's SDPA runs on this part: cuDNN's fused
+    attention where the stack prefers it and the profile states it, else FlashAttention-2's."""
+    cudnn = hw.efficiency.attention_cudnn
+    return cudnn if stack.sdpa_backend == "cudnn" and cudnn is not None else hw.efficiency.attention
+
+
 def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarray:
     """A Float8 recipe's stack value per configuration (`default` where the recipe is none or not profiled)."""
     if not xp.is_array(lay.float8):  # one configuration: its recipe's value
@@ -141,7 +148,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     attn_fwd_flops = 2.0 * lay.micro_batch * lay.seq_len * lay.seq_len * (q + float(model.v_dim)) / (t * lay.cp) * 0.5
     if model.attention_window:
         attn_fwd_flops = attn_fwd_flops * model.attention_share(lay.seq_len)
-    attn_eff = hw.efficiency.attention * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
+    attn_eff = attention_efficiency(hw, stack) * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
     per_chunk = xp.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
     # recompute: full AC re-runs each block's forward; op-SAC re-runs every second mm (wk, wo, w3)
