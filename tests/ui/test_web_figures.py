@@ -182,3 +182,16 @@ def test_assumptions_state_each_stacks_fsdp_cost():
     assert load_stack("torchtitan").fsdp_overhead_s_per_layer != load_stack("llm-foundry").fsdp_overhead_s_per_layer
     generic = assumptions(hw, load_stack("generic"), 0.9)  # FSDP2's measured hooks: not called fitted
     assert "FSDP adds 1.0 ms a block per microbatch" in generic and "measured" in generic and "fitted to" not in generic
+
+
+def test_assumptions_name_the_attention_kernel_the_stack_runs():
+    """torchtitan's current release runs cuDNN's fused attention on Hopper (its profile's 0.41); its 2024 release
+    and llm-foundry FlashAttention-2 (0.33); a part without a cuDNN figure states its FlashAttention-2 one."""
+    from meshplan.ui.web.text import assumptions
+
+    h100, b200 = load_hardware("h100-sxm"), load_hardware("b200")
+    assert "attention\n(cuDNN's fused attention) 0.41 of bf16 peak" in assumptions(h100, load_stack("torchtitan"), 0.9)
+    for old in ("torchtitan-2024", "llm-foundry"):
+        assert "attention\n(FlashAttention-2) 0.33 of bf16 peak" in assumptions(h100, load_stack(old), 0.9)
+    assert "(FlashAttention-2) 0.32 of bf16 peak" in assumptions(b200, load_stack("torchtitan"), 0.9)
+    assert "a step adds 2 ms beyond its kernels' work" in assumptions(h100, load_stack("torchtitan"), 0.9)
