@@ -43,6 +43,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("elementwise_passes", 10, 150),
     Knob("launch_overhead_s_per_layer", 0.0002, 0.008),
     Knob("fsdp_overhead_s_per_layer", 0.0, 0.02),
+    Knob("step_overhead_s", 0.0, 0.2),
     Knob("compile_elementwise_factor", 0.1, 0.9),
     Knob("compile_overhead_factor", 0.1, 0.9),
     Knob("cp_attention_penalty", 0.0, 0.3),
