@@ -216,8 +216,8 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
 
 # HBM bytes per fp32 trainable parameter of the optimizer phase, counted from the kernels and checked on one H100
 # (data/measurements/h100-sxm-core-2026-11-27.csv: the phase took 20.8 ms for 1.24 B parameters and 50.4 ms for
-# 3.21 B, 40.5 and 40.4 bytes a parameter at the profile's HBM bandwidth once STEP_OVERHEAD's 2 ms are off; the
-# foreach runs of 2026-11-26: 44 ms for 1.24 B, 91 bytes). Halved in training dtype bfloat16 (state_scale).
+# 3.21 B, 40.5 and 40.4 bytes a parameter at the profile's HBM bandwidth once the stack's step_overhead_s (2 ms) is
+# off; the foreach runs of 2026-11-26: 44 ms for 1.24 B, 91 bytes). Halved in training dtype bfloat16 (state_scale).
 ADAMW_KERNEL_BYTES = {
     "fused": 28.0,  # one kernel: reads p, g, m, v and writes p, m, v
     "foreach": 80.0,  # eight passes: lerp m, mul + addcmul v, sqrt, div, add eps, addcdiv p, weight decay

@@ -34,7 +34,8 @@ from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_bytes
 from meshplan.estimator.stack import StackProfile
 
 NF4_BYTES = 0.5 + 1 / 64 + 2 / (64 * 256)  # codes + int8 block scale + bf16 scale of 256 scales (torchao to_nf4)
-ADAMW_STEP_BYTES = 36.0  # the host AdamW of CPU offload: reads and writes p, m, v (fp32) and reads g: 32 bytes, + the grad norm: 4
+# the host AdamW of CPU offload, bytes a parameter: reads and writes p, m, v (fp32) and reads g (32), the grad norm (4)
+ADAMW_STEP_BYTES = 36.0
 
 
 def linear_shapes(model: ModelSpec) -> Mapping[str, tuple[float, float]]:
