@@ -6,8 +6,8 @@
 For each named configuration of `benchmarks/measure_gpu.py`'s grid: the plan is written by `meshplan estimate`, the
 core's Trainer runs --steps optimizer steps under `torchrun --standalone --nproc-per-node 1`, and the last step runs
 under torch.profiler. Its device kernels are summed by kind (GEMM, attention, optimizer, elementwise and the rest:
-`kind_of`), per phase (forward + backward, optimizer), beside the estimate's breakdown of the same step, into
-DIR/profile.json; the 25 longest kernels of each run are kept too. On CPU (a smoke run of the script itself) the
+`kind_of`), beside the step's phases as the core timed them (wall seconds: forward + backward, optimizer) and the
+estimate's breakdown of the same step, into DIR/profile.json; the 25 longest kernels of each run are kept too. On CPU (a smoke run of the script itself) the
 profiler's CPU operators stand in for the kernels. What it answers: which of the estimate's terms a measured step
 differs in (the eager elementwise traffic, say), without NCCL or more than one GPU.
 """
