@@ -144,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"profile_step: unknown grid names {unknown}; see --list", file=sys.stderr)
         return 2
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("profile_step: no CUDA GPU here; this benchmark profiles a GPU (--device cpu: a smoke run)",
+                  file=sys.stderr)
+            return 2
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.out / "work"
     results, logs = {}, (a.out / "logs.txt").open("a")

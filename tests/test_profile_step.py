@@ -63,3 +63,14 @@ def test_unknown_names_fail_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--out", str(tmp_path),
                         "--only", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == "profile_step: unknown grid names ['nope']; see --list"
+
+
+def test_without_a_gpu_cuda_mode_refuses_in_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--out", str(tmp_path / "o")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith("profile_step: no CUDA GPU here")
+    assert not (tmp_path / "o").exists()
