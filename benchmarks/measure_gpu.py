@@ -110,6 +110,22 @@ def oom_row(name: str, plan: Path) -> dict:
             "notes": f"torch.OutOfMemoryError; training dtype {p.training.dtype}"}
 
 
+def run_one_rank(target: list[str], timeout_s: float, logs, name: str) -> tuple[int, str]:
+    """(exit code, output) of `torchrun --standalone --nproc-per-node 1 TARGET...` run from the repository root with
+    it on PYTHONPATH (124: killed after `timeout_s`); the output goes to `logs` under a header naming the run."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", *target]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s, env=env)
+        rc, text = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        out = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x)
+        rc, text = 124, f"{out}\nTIMEOUT after {timeout_s} s"
+    logs.write(f"===== {name} rc {rc} =====\n{text}\n")
+    logs.flush()
+    return rc, text
+
+
 def gemm_bench(out: Path) -> None:
     import torch
 
@@ -193,15 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = GRID[name][8] if len(GRID[name]) > 8 else None
         target = csv_path if extra is None else a.out / "probes.csv"
         run_config = prepare_run(plan, run_dir, a.steps, a.device, extra)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
-               "meshplan.launcher.core.train", "--config", str(run_config)]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=a.run_timeout_s)
-            text, rc = r.stdout + r.stderr, r.returncode
-        except subprocess.TimeoutExpired as e:
-            text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {a.run_timeout_s} s", 124
-        logs.write(f"===== {name} rc {rc} =====\n{text if isinstance(text, str) else text.decode()}\n")
-        logs.flush()
+        rc, text = run_one_rank(["-m", "meshplan.launcher.core.train", "--config", str(run_config)],
+                                a.run_timeout_s, logs, name)
         entry = {"rc": rc, "wall_s": round(time.monotonic() - started, 1)}
         if rc == 0:
             c = meshplan("compare", str(run_dir), "--append-csv", str(target), "--id", f"meshplan-{name}", "--json")

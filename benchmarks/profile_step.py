@@ -7,8 +7,8 @@ For each named configuration of `benchmarks/measure_gpu.py`'s grid: the plan is 
 core's Trainer runs --steps optimizer steps under `torchrun --standalone --nproc-per-node 1`, and the last step runs
 under torch.profiler. Its device kernels are summed by kind (GEMM, attention, optimizer, elementwise and the rest:
 `kind_of`), beside the step's phases as the core timed them (wall seconds: forward + backward, optimizer) and the
-estimate's breakdown of the same step, into DIR/profile.json; the 25 longest kernels of each run are kept too. On CPU (a smoke run of the script itself) the
-profiler's CPU operators stand in for the kernels. What it answers: which of the estimate's terms a measured step
+estimate's breakdown of the same step, into DIR/profile.json; the 25 longest kernels of each run are kept too. On
+CPU (a smoke run of the script itself) the profiler's CPU operators stand in for the kernels. What it answers: which of the estimate's terms a measured step
 differs in (the eager elementwise traffic, say), without NCCL or more than one GPU.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -34,7 +33,7 @@ KINDS = ("gemm", "attention", "optimizer", "elementwise", "other")
 def kind_of(name: str) -> str:
     """The kind of a kernel (or, on CPU, an aten operator) by its name."""
     n = name.lower()
-    if any(k in n for k in ("flash", "fmha", "attention", "sdpa", "cudnn_attn")):
+    if any(k in n for k in ("flash", "fmha", "attention", "sdpa")):
         return "attention"
     if any(k in n for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "aten::mm", "aten::addmm",
                             "aten::bmm", "scaled_mm", "wgmma")):
@@ -162,24 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         extra = cfg[8] if len(cfg) > 8 else None
         run_config = M.prepare_run(plan, work / "runs" / name, a.steps, a.device, extra)
         out = work / "runs" / name / "profile.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-               str(Path(__file__).resolve()), "--worker", str(run_config), "--worker-out", str(out),
-               "--steps", str(a.steps)]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=a.run_timeout_s,
-                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                   [str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
-            rc, text = r.returncode, r.stdout + r.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, text = 124, f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT"
-        logs.write(f"===== {name} rc {rc} =====\n{text if isinstance(text, str) else text.decode()}\n")
-        logs.flush()
+        rc, text = M.run_one_rank([str(Path(__file__).resolve()), "--worker", str(run_config), "--worker-out",
+                                   str(out), "--steps", str(a.steps)], a.run_timeout_s, logs, name)
         entry = {"rc": rc, "wall_s": round(time.monotonic() - t0, 1)}
         if rc == 0 and out.exists():
             entry.update(json.loads(out.read_text()))
             entry["estimate_breakdown_s"] = _estimate_breakdown(plan)
         else:
-            entry["tail"] = text[-1500:] if isinstance(text, str) else ""
+            entry["tail"] = text[-1500:]
         results[name] = entry
         print(f"{name}: rc {rc} in {entry['wall_s']} s " + (json.dumps(entry.get("ms_by_kind")) if rc == 0 else ""),
               flush=True)

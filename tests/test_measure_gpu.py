@@ -100,3 +100,19 @@ def test_an_oom_run_is_a_row_validate_judges(tmp_path):
     assert row["status"] == "oom" and row["precision"] == "bf16-pure" and row["measured_tps_per_gpu"] == ""
     (res,) = validate_rows(read_rows(csv_path))
     assert res.error is None and res.status == "oom" and res.predicted_mem_gib > 80  # predicted not to fit either
+
+
+def test_a_run_past_its_timeout_is_killed_and_logged(tmp_path):
+    """measure_gpu / profile_step launch each run through run_one_rank: one that outlives its limit comes back as exit
+    124 with what it printed, under its header in the log (a lease returns what was measured, not a hang)."""
+    import io
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import measure_gpu
+
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    log = io.StringIO()
+    rc, text = measure_gpu.run_one_rank([str(script)], 10, log, "sleepy")
+    assert rc == 124 and "started" in text and text.rstrip().endswith("TIMEOUT after 10 s")
+    assert log.getvalue().startswith("===== sleepy rc 124 =====\n")

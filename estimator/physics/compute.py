@@ -62,11 +62,18 @@ def hbm_bytes_per_s(hw: HardwareProfile) -> float:
     return hw.hbm_bandwidth_tbs * 1e12 * hw.efficiency.hbm
 
 
-def attention_efficiency(hw: HardwareProfile, stack: StackProfile) -> float:
-    """Fwd+bwd attention throughput / bf16 peak of the kernel the stack's SDPA runs on this part: cuDNN's fused
-    attention where the stack prefers it and the profile states it, else FlashAttention-2's."""
+def attention_kernel(hw: HardwareProfile, stack: StackProfile) -> tuple[str, float]:
+    """(name, fwd+bwd throughput / bf16 peak) of the attention kernel the stack's SDPA runs on this part: cuDNN's
+    fused attention where the stack prefers it and the profile states it, else FlashAttention-2."""
     cudnn = hw.efficiency.attention_cudnn
-    return cudnn if stack.sdpa_backend == "cudnn" and cudnn is not None else hw.efficiency.attention
+    if stack.sdpa_backend == "cudnn" and cudnn is not None:
+        return "cuDNN's fused attention", cudnn
+    return "FlashAttention-2", hw.efficiency.attention
+
+
+def attention_efficiency(hw: HardwareProfile, stack: StackProfile) -> float:
+    """Fwd+bwd attention throughput / bf16 peak of the kernel the stack's SDPA runs on this part (attention_kernel)."""
+    return attention_kernel(hw, stack)[1]
 
 
 def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
-from meshplan.estimator.physics.compute import attention_efficiency
+from meshplan.estimator.physics.compute import attention_kernel
 from meshplan.estimator.report import FLOP_CONVENTION
 from meshplan.estimator.stack import StackProfile
 from meshplan.planner.labels import count_label
@@ -60,8 +60,7 @@ def assumptions(hw: HardwareProfile, stack: StackProfile, memory_margin: float) 
     fp8 = f", fp8 GEMM {e.gemm_fp8:.2f} of fp8 peak" if e.gemm_fp8 else ""
     price = (f"${hw.price.usd_per_gpu_hour:.2f} per GPU-hour, {hw.price.offering or 'list price'} read "
              f"{hw.price.date}" if hw.price else "no list price (cost is not shown)")
-    cudnn = stack.sdpa_backend == "cudnn" and e.attention_cudnn is not None
-    attention_kernel = "cuDNN's fused attention" if cudnn else "FlashAttention-2"
+    kernel, attention = attention_kernel(hw, stack)
     one = stack.fragmentation_one_stream
     frag = f"{stack.fragmentation:.0%} of allocated" + (
         f", {one:.0%} on one GPU or DDP, where every allocation is on the compute stream" if one is not None else "")
@@ -81,7 +80,7 @@ of usable HBM = {hw.usable_hbm_gib * memory_margin:.1f} GiB. Parameters, gradien
 flight, including the logits and loss buffers of the last stage.
 
 **Efficiency factors** ({hw.id}): best-shape bf16 GEMM {e.gemm_bf16:.2f} of peak{fp8}; attention
-({attention_kernel}) {attention_efficiency(hw, stack):.2f} of bf16 peak; achieved HBM bandwidth {e.hbm:.2f} of peak; sustained clock {e.clock:.2f};
+({kernel}) {attention:.2f} of bf16 peak; achieved HBM bandwidth {e.hbm:.2f} of peak; sustained clock {e.clock:.2f};
 collectives reach {hw.intra_node_efficiency:.2f} of the scale-up link and {hw.inter_node_efficiency:.2f} of
 the scale-out line rate. The {stack.name} stack: model-shape GEMMs reach {stack.gemm_efficiency:.2f} of
 best-shape; FSDP overlaps {stack.fsdp_overlap:.0%} of compute with its collectives; vanilla TP overlaps
