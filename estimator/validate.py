@@ -76,6 +76,7 @@ class RowResult:
     predicted_fits: bool | None = None  # the predicted peak is within the hardware's usable HBM
     predicted_tps_interval: list[float] | None = None  # the estimate's own (wider where it extrapolates)
     cell: str = ""  # framework | model | part | GPUs | seq: the runs a sweep varies the layout of (`_cell`)
+    mem_kind: str = "reserved"  # what the measured memory is: the allocator's peak reserved, or its peak allocated
 
     @property
     def tps_err(self) -> float | None:
@@ -115,6 +116,7 @@ class RowResult:
             "predicted_tps_per_gpu_interval": self.tps_interval(),
             "predicted_mem_gib_interval": self.mem_interval(),
             "measured_mem_gib": self.measured_mem_gib,
+            "mem_kind": self.mem_kind,
             "tps_error": None if self.tps_err is None else round(self.tps_err, 4),
             "mem_error": None if self.mem_err is None else round(self.mem_err, 4),
             "status": self.status,
@@ -282,6 +284,17 @@ def run_status(cell: str | None) -> str:
     if "oom" in squashed or "outofmemory" in squashed:
         return "oom"
     return raw
+
+
+_ALLOCATED = re.compile(r"max_memory_allocated|\ballocated\b", re.IGNORECASE)
+
+
+def memory_kind(notes: str | None) -> str:
+    """What a row's measured memory is: "allocated" where its notes say so (torch.cuda.max_memory_allocated, "peak
+    allocated": what many torch-native trainers log) and do not also say reserved, else "reserved" (torchtitan's
+    and the schema's peak reserved)."""
+    text = notes or ""
+    return "allocated" if _ALLOCATED.search(text) and "reserved" not in text.lower() else "reserved"
 
 
 def _squash(name: str) -> str:
@@ -524,6 +537,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
             hardware=row.get("hardware", ""), status=run_status(row.get("status")), cell=_cell(row),
+            mem_kind=memory_kind(row.get("notes")),
         )
         try:
             base.update(stack=stack or row_stack(row),
@@ -536,8 +550,10 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         try:
             cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS}
             est = estimate_row(cells, base["stack"])
-            tps, mem = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
-            fits = mem <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib
+            tps, peak = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
+            fits = peak <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib
+            # compared like with like: a row that measured the allocated peak against the predicted allocated peak
+            mem = est["memory"]["allocated_gib"] if base["mem_kind"] == "allocated" else peak
             results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, predicted_fits=fits,
                                      predicted_tps_interval=est["throughput"]["tokens_per_sec_per_gpu_interval"],
                                      **base))

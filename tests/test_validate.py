@@ -483,3 +483,32 @@ def test_validate_says_how_often_fit_and_oom_agree(ground_truth, tmp_path, cli):
 ])
 def test_a_framework_as_a_log_spells_it_finds_its_profile(framework, stack):
     assert row_stack({"framework": framework, "source": ""}) == stack
+
+
+@pytest.mark.parametrize(("notes", "kind"), [
+    ("mem = rank-0 torch.cuda.max_memory_allocated in GiB", "allocated"),
+    ("peak allocated memory, printed as GB", "allocated"),
+    ("memory: peak reserved (torchtitan log)", "reserved"),
+    ("allocated and reserved both logged; the reserved one recorded", "reserved"),
+    ("", "reserved"),
+    (None, "reserved"),
+])
+def test_what_a_rows_memory_measured_comes_from_its_notes(notes, kind):
+    from meshplan.estimator.validate import memory_kind
+
+    assert memory_kind(notes) == kind
+
+
+def test_a_row_that_measured_the_allocated_peak_is_compared_with_the_predicted_allocated_peak(ground_truth):
+    row = next(r for r in read_rows(ground_truth) if r["measured_mem_gib"] and r["framework"] == "torchtitan")
+    allocated = dict(row, notes="memory is torch.cuda.max_memory_allocated")
+    reserved, alloc = validate_rows([row, allocated])
+    assert (reserved.mem_kind, alloc.mem_kind) == ("reserved", "allocated")
+    assert alloc.predicted_tps_per_gpu == reserved.predicted_tps_per_gpu
+    # the allocated peak lies below the reserved one by the allocator's reserve; the fit still judges the reserved
+    assert alloc.predicted_mem_gib < reserved.predicted_mem_gib
+    assert alloc.predicted_fits == reserved.predicted_fits
+    est = predict_row(row)
+    assert reserved.predicted_mem_gib == est[1]
+    assert alloc.as_dict()["mem_kind"] == "allocated"
+    assert alloc.mem_err == pytest.approx(alloc.predicted_mem_gib / alloc.measured_mem_gib - 1)
