@@ -123,6 +123,7 @@ def fmt(v: float | None) -> str:
 
 HELD_OUT_CSV = ROOT / "benchmarks" / "data" / "held_out_predictions.csv"
 PUBLISHED_CSV = ROOT / "benchmarks" / "data" / "dense_published_runs.csv"
+MOE_CSV = ROOT / "benchmarks" / "data" / "moe_published_runs.csv"
 METRIC_COLUMNS = (("tokens_per_sec_per_gpu", "tps_ratio"), ("peak_memory", "mem_ratio"))
 
 
@@ -146,21 +147,23 @@ def published_document(source: str) -> str:
 
 
 def published_records() -> list[dict]:
-    """One record per run of benchmarks/data/dense_published_runs.csv that could be predicted (no constant was
-    fitted to them; the committed constants predict them): scheme "published", fold its document, framework the
-    one its stack profile belongs to (the table `estimator.intervals` picks for that profile: `generic` for the
-    trainers without a profile of their own)."""
-    from meshplan.estimator.intervals import framework_of
+    """One record per run of the published held-out sets that could be predicted (no constant was fitted to them;
+    the committed constants predict them): scheme "published", fold its document, framework the one its stack
+    profile belongs to (the table `estimator.intervals` picks for that profile: `generic` for the trainers without
+    a profile of their own); benchmarks/data/moe_published_runs.csv's runs: scheme "published-moe", framework
+    "moe" (a MoE estimate's own table)."""
+    from meshplan.estimator.intervals import MOE, framework_of
 
-    rows = V.read_rows(PUBLISHED_CSV)
     out = []
-    for row, r in zip(rows, V.validate_rows(rows), strict=True):
-        if r.error or (r.tps_err is None and r.mem_err is None):
-            continue
-        out.append({"scheme": "published", "fold": published_document(row.get("source", "")), "id": r.id,
-                    "framework": framework_of(r.stack or r.framework),
-                    "tps_ratio": "" if r.tps_err is None else round(1 / (1 + r.tps_err), 5),
-                    "mem_ratio": "" if r.mem_err is None else round(1 / (1 + r.mem_err), 5)})
+    for path, moe in ((PUBLISHED_CSV, False), (MOE_CSV, True)):
+        rows = V.read_rows(path)
+        for row, r in zip(rows, V.validate_rows(rows), strict=True):
+            if r.error or (r.tps_err is None and r.mem_err is None):
+                continue
+            out.append({"scheme": "published-moe" if moe else "published", "fold": published_document(row.get("source", "")), "id": r.id,
+                        "framework": MOE if moe else framework_of(r.stack or r.framework),
+                        "tps_ratio": "" if r.tps_err is None else round(1 / (1 + r.tps_err), 5),
+                        "mem_ratio": "" if r.mem_err is None else round(1 / (1 + r.mem_err), 5)})
     return out
 
 
@@ -188,14 +191,20 @@ def _table(records: list[dict], column: str, framework: str | None = None) -> di
 
 
 def interval_tables(records: list[dict]) -> dict:
-    """metric -> {"all" | framework: quantile table} from held-out predictions (a framework's own table when it has
-    >= MIN_ROWS predictions from >= MIN_FOLDS folds)."""
+    """metric -> {"all" | framework | "moe": quantile table} from held-out predictions (a framework's own table when
+    it has >= MIN_ROWS predictions from >= MIN_FOLDS folds; the MoE runs' own from >= MIN_MOE_ROWS; the others
+    from the dense runs only)."""
+    from meshplan.estimator.intervals import MOE
+
     out = {}
+    dense = [r for r in records if r["framework"] != MOE]  # a MoE estimate's error says nothing of a dense one's
     for metric, column in METRIC_COLUMNS:
-        fws = sorted({r["framework"] for r in records})
-        own = {fw: _table(records, column, fw) for fw in fws
-               if len(_ratios(records, column, fw)) >= MIN_ROWS and _folds(records, column, fw) >= MIN_FOLDS}
-        out[metric] = {"all": _table(records, column), **own}
+        fws = sorted({r["framework"] for r in dense})
+        own = {fw: _table(dense, column, fw) for fw in fws
+               if len(_ratios(dense, column, fw)) >= MIN_ROWS and _folds(dense, column, fw) >= MIN_FOLDS}
+        if len(_ratios(records, column, MOE)) >= MIN_MOE_ROWS:
+            own[MOE] = _table(records, column, MOE)
+        out[metric] = {"all": _table(dense, column), **own}
     return out
 
 
@@ -209,8 +218,9 @@ def write_intervals(records: list[dict], rows: int, rounds: int) -> None:
         f"# `python benchmarks/cross_validate.py --write-intervals` ({rows} runs of data/ground_truth/runs.csv, {rounds}",
         "# rounds). Each run was predicted twice by constants refitted without it: without its source document and",
         "# without its hardware part (both folds pooled; benchmarks/data/held_out_predictions.csv), and the published",
-        "# runs of benchmarks/data/dense_published_runs.csv, which no constant was fitted to (each document a fold;",
-        "# `generic`: the trainers without a profile of their own). `rows`:",
+        "# runs of benchmarks/data/dense_published_runs.csv and moe_published_runs.csv, which no constant was fitted",
+        "# to (each document a fold; `generic`: the trainers without a profile of their own; `moe`: a mixture-of-",
+        "# experts model's estimates, from the MoE runs alone, which the other tables leave out). `rows`:",
         "# predictions behind a table; `quantiles`: the ratio at each probability (linear between predictions), each",
         "# held-out fold weighing the same however many runs it holds (the next run is from a setup no fold holds). A",
         f"# framework's own table is kept when it has >= {MIN_ROWS} predictions from >= {MIN_FOLDS} folds, else `all`",
@@ -261,7 +271,8 @@ def intervals_markdown(records: list[dict]) -> str:
     tables, cov = interval_tables(records), interval_coverage(records)
     out = ["Generated by `python benchmarks/cross_validate.py --write-intervals --write-readme` from "
            f"{len(records)} held-out predictions (each calibration run twice: without its document, without its hardware "
-           "part; each published run of benchmarks/data/dense_published_runs.csv once, with the committed constants), "
+           "part; each published run of benchmarks/data/dense_published_runs.csv and moe_published_runs.csv once, with "
+           "the committed constants), "
            "each fold weighing the same in the quantiles however many runs it holds. Coverage: for each fold, the "
            "interval built from the other folds' predictions, tested on its own; as a share of the runs, and as the "
            "folds' mean share (each fold once: how the interval does on the next document or part).", "",
@@ -287,6 +298,8 @@ def intervals_markdown(records: list[dict]) -> str:
 
 MIN_ROWS = 20
 MIN_FOLDS = 5  # a framework's own table needs predictions from this many held-out folds (documents, parts)
+MIN_MOE_ROWS = 10  # a MoE estimate's own table from this many published MoE runs, whatever their folds (else the
+                   # dense tables apply, which hold a fifth of them: README, "Mixture of experts")
 
 
 def report(rows: list[dict], rounds: int, intervals: bool = False, keep: bool = True) -> str:

@@ -145,23 +145,32 @@ def framework_of(stack_id: str) -> str:
     return stem
 
 
-def table(metric: str, stack_id: str) -> QuantileTable:
-    """The error distribution of `metric` for a stack: its framework's when the runs allowed one, else all."""
+MOE = "moe"  # the table of a mixture-of-experts model's estimates, where the published MoE runs give one
+
+
+def table(metric: str, stack_id: str, moe: bool = False) -> QuantileTable:
+    """The error distribution of `metric` for a stack: a mixture-of-experts model's own where there is one (its
+    estimates are far further off than a dense model's), else its framework's when the runs allowed one, else
+    all."""
     tables = _load().metrics[metric]
+    if moe and MOE in tables:
+        return tables[MOE]
     return tables.get(framework_of(stack_id), tables["all"])
 
 
-def interval(value: float, metric: str, stack_id: str, level: float = LEVEL) -> list[float]:
-    """[low, high]: where the measured value lies with probability `level`, given the estimate `value`."""
-    t = table(metric, stack_id)
+def interval(value: float, metric: str, stack_id: str, level: float = LEVEL, moe: bool = False) -> list[float]:
+    """[low, high]: where the measured value lies with probability `level`, given the estimate `value` (`moe`: of a
+    mixture-of-experts model)."""
+    t = table(metric, stack_id, moe)
     tail = (1 - level) / 2
     return [value * t.ratio(tail), value * t.ratio(1 - tail)]
 
 
-def fit_probability(peak, limit, stack_id: str):
-    """P(measured peak <= limit) for predicted peaks `peak` (same unit as `limit`; numbers or arrays)."""
+def fit_probability(peak, limit, stack_id: str, moe: bool = False):
+    """P(measured peak <= limit) for predicted peaks `peak` (same unit as `limit`; numbers or arrays; `moe`: of a
+    mixture-of-experts model)."""
     if isinstance(peak, np.ndarray) or isinstance(limit, np.ndarray):
         ratio = np.asarray(limit, dtype=float) / np.maximum(np.asarray(peak, dtype=float), 1e-30)
     else:
         ratio = float(limit) / max(float(peak), 1e-30)
-    return table("peak_memory", stack_id).cdf(ratio)
+    return table("peak_memory", stack_id, moe).cdf(ratio)

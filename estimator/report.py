@@ -93,7 +93,8 @@ def estimate(
             "load sharded (DCP) or from a seed checkpoint"
         )
     fsdp_share = r["fsdp_overhead_s"] / max(r["step_time_s"], 1e-12)
-    tps_interval, extrapolated = fsdp_overhead_interval(r, stack, fsdp_share)
+    moe = model.moe is not None
+    tps_interval, extrapolated = fsdp_overhead_interval(r, stack, fsdp_share, moe)
     if extrapolated:
         warnings.append(extrapolated)
     if cfg.tp > cfg.gpus_per_node:
@@ -116,8 +117,8 @@ def estimate(
             "allocated_gib": _r(r["allocated_bytes"] / GIB),
             "usable_gib": _r(usable),
             "fits": bool(peak <= usable * memory_margin),
-            "peak_gib_interval": [_r(x) for x in intervals.interval(peak, "peak_memory", stack.id)],
-            "fit_probability": _r(float(intervals.fit_probability(peak, usable * memory_margin, stack.id)), 2),
+            "peak_gib_interval": [_r(x) for x in intervals.interval(peak, "peak_memory", stack.id, moe=moe)],
+            "fit_probability": _r(float(intervals.fit_probability(peak, usable * memory_margin, stack.id, moe)), 2),
             "breakdown_gib": {k: _r(r[k] / GIB) for k in MEMORY_CATEGORIES},
             "peak_phase": PEAK_PHASES[int(r["peak_phase"])],
             "saved_activations_gib": _r(r["saved_activations"] / GIB),
@@ -143,7 +144,8 @@ def estimate(
     }
 
 
-def fsdp_overhead_interval(r: dict, stack: StackProfile, share: float) -> tuple[list[float], str | None]:
+def fsdp_overhead_interval(r: dict, stack: StackProfile, share: float,
+                           moe: bool = False) -> tuple[list[float], str | None]:
     """The 80 % interval of tokens/s/GPU, and a warning where the estimate leans on the stack's per-block FSDP
     cost beyond the runs it was fitted to (`r`: one configuration's `estimate_arrays`, as floats; `share`: the
     cost's share of its step).
@@ -156,13 +158,13 @@ def fsdp_overhead_interval(r: dict, stack: StackProfile, share: float) -> tuple[
     the step than in any calibration run (`fsdp_overhead_calibrated_share`), the interval's upper end reaches
     the estimate with the cost at that largest share."""
     tps, step, ovh = r["tokens_per_sec_per_gpu"], r["step_time_s"], r["fsdp_overhead_s"]
-    low, high = intervals.interval(tps, "tokens_per_sec_per_gpu", stack.id)
+    low, high = intervals.interval(tps, "tokens_per_sec_per_gpu", stack.id, moe=moe)
     cap = stack.fsdp_overhead_calibrated_share
     if cap is None or share <= cap + SHARE_TOLERANCE or tps <= 0:
         return [low, high], None
     alt_step = (step - ovh) / (1 - cap)
     alt_tps = tps * step / alt_step
-    high = max(high, intervals.interval(alt_tps, "tokens_per_sec_per_gpu", stack.id)[1])
+    high = max(high, intervals.interval(alt_tps, "tokens_per_sec_per_gpu", stack.id, moe=moe)[1])
     return [low, high], (
         f"{share:.0%} of this step is {stack.id}'s per-block FSDP cost "
         f"({stack.fsdp_overhead_s_per_layer * 1e3:.1f} ms a block per microbatch, fitted, not identified), more than "

@@ -77,6 +77,7 @@ class RowResult:
     predicted_tps_interval: list[float] | None = None  # the estimate's own (wider where it extrapolates)
     cell: str = ""  # framework | model | part | GPUs | seq: the runs a sweep varies the layout of (`_cell`)
     mem_kind: str = "reserved"  # what the measured memory is: the allocator's peak reserved, or its peak allocated
+    moe: bool = False  # a mixture-of-experts model (its estimates take the MoE error table where there is one)
 
     @property
     def tps_err(self) -> float | None:
@@ -100,7 +101,8 @@ class RowResult:
     def mem_interval(self) -> list[float] | None:
         if self.predicted_mem_gib is None:
             return None
-        lo, hi = intervals.interval(self.predicted_mem_gib, "peak_memory", self.stack or self.framework)
+        lo, hi = intervals.interval(self.predicted_mem_gib, "peak_memory", self.stack or self.framework,
+                                    moe=self.moe)
         return [round(lo, 3), round(hi, 3)]
 
     def as_dict(self) -> dict:
@@ -556,6 +558,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
             mem = est["memory"]["allocated_gib"] if base["mem_kind"] == "allocated" else peak
             results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, predicted_fits=fits,
                                      predicted_tps_interval=est["throughput"]["tokens_per_sec_per_gpu_interval"],
+                                     moe=bool(est["model"].get("moe")),
                                      **base))
         except MeshplanError as exc:
             msg = str(exc)  # the configuration's own checks say what is wrong, not which row: prefix it

@@ -193,7 +193,7 @@ def plan_search(
     found = _evaluate(model, hw, stack, configs, reason, progress)
     configs, reason, found = _with_even_splits(model, hw, stack, space, configs, reason, found, limit)
     peak, tps, step, mfu, host = (found[k] for k in ("peak", "tps", "step", "mfu", "host"))
-    fit_prob = intervals.fit_probability(peak, limit, stack.id)
+    fit_prob = intervals.fit_probability(peak, limit, stack.id, model.moe is not None)
     too_big = (fit_prob < fit_confidence) if fit_confidence is not None else (peak > limit)
     reason[(reason == 0) & too_big] = rules.MEMORY
     reason[(reason == 0) & (host > hw.host_ram_gib_per_node)] = rules.HOST_MEMORY

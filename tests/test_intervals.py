@@ -70,7 +70,11 @@ def test_intervals_hold_most_runs_of_folds_they_were_not_built_from():
             line.startswith("| peak")]
     assert len(rows) >= 2
     folds_checked = 0
+    moe = [cells for cells in rows if cells[2].strip() == "moe"]
+    assert len(moe) == 1  # reported, but not held to 70 %: 12 MoE runs, and one left out leaves too few for a table
     for cells in rows:
+        if cells in moe:
+            continue
         share = int(cells[5].strip().split("%")[0])  # share of the held-out runs
         assert share >= 70, cells
         if "folds" in cells[6]:  # each fold once: how the interval does on the next document or hardware part
@@ -216,3 +220,19 @@ def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "(60% of the step) is the stack's per-block FSDP cost" in text and "warning: 60% of this step" in text
+
+
+def test_a_mixture_of_experts_estimate_takes_the_moe_runs_interval(cli):
+    """MoE estimates are far further off than dense ones on the published MoE runs: their tokens/s interval is
+    those runs' own (data/accuracy/intervals.yaml `moe`), wider than the dense one; memory keeps the dense table."""
+    moe_t = intervals.table("tokens_per_sec_per_gpu", "torchtitan", moe=True)
+    dense_t = intervals.table("tokens_per_sec_per_gpu", "torchtitan")
+    assert moe_t.rows >= 10 and moe_t is not dense_t
+    assert moe_t.ratio(0.9) - moe_t.ratio(0.1) > 2 * (dense_t.ratio(0.9) - dense_t.ratio(0.1))
+    assert intervals.table("peak_memory", "torchtitan", moe=True) is intervals.table("peak_memory", "torchtitan")
+    out = cli("estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--ac", "full", "--json")
+    assert out.returncode == 0, out.stderr
+    t = json.loads(out.stdout)["throughput"]
+    lo, hi = t["tokens_per_sec_per_gpu_interval"]
+    assert lo == pytest.approx(t["tokens_per_sec_per_gpu"] * moe_t.ratio(0.1), rel=1e-3)
+    assert hi >= t["tokens_per_sec_per_gpu"] * moe_t.ratio(0.9) * (1 - 1e-3)
