@@ -69,19 +69,22 @@ def state_bytes(stack, lay: Layout) -> StateBytes:
     """FSDP: fp32 parameters, gradients and AdamW state (4 + 4 + 8 bytes), sharded by the caller. Without FSDP the
     stack's replicated state (torchtitan's DDP: fp32 weights, fp32 gradients and a second copy in DDP's buckets;
     nanotron: bf16 weights, an fp32 gradient accumulator and an fp32 master copy), the master weights and moments
-    divided over the replicas under ZeRO-1. Training dtype bfloat16 halves all of them (no master copy)."""
+    divided over the replicas under ZeRO-1. Training dtype bfloat16 keeps every one in bf16, with no master copy:
+    FSDP's halved, and without FSDP bf16 weights, gradients (and DDP's buckets, where the stack has them) and
+    moments, whatever the stack keeps in mixed precision (its weights may be bf16 already: nanotron, generic)."""
     scale = state_scale(lay)
     if stack is None:
         return StateBytes(PARAM_BYTES * scale, GRAD_BYTES * scale, ADAMW_BYTES * scale)
     rs = stack.replicated_state
     zero = 1.0 / lay.dp_replicate if rs.zero1 else 1.0
     replicas = xp.where(lay.dp_replicate > 1, rs.grad_buckets, 0.0)
-    master = xp.where(lay.bf16_state, 0.0, rs.master)
+    bf16 = lay.bf16_state
     fsdp = lay.fsdp
     return StateBytes(
-        params=xp.where(fsdp, PARAM_BYTES, rs.weights + master * zero) * scale,
-        grads=xp.where(fsdp, GRAD_BYTES, rs.grads + replicas) * scale,
-        optimizer=xp.where(fsdp, ADAMW_BYTES, rs.optimizer * zero) * scale,
+        params=xp.where(fsdp, PARAM_BYTES * scale, xp.where(bf16, BF16, rs.weights + rs.master * zero)),
+        grads=xp.where(fsdp, GRAD_BYTES * scale,
+                       xp.where(bf16, BF16 + xp.where(replicas > 0, BF16, 0.0), rs.grads + replicas)),
+        optimizer=xp.where(fsdp, ADAMW_BYTES * scale, xp.where(bf16, ADAMW_BYTES / 2, rs.optimizer) * zero),
     )
 
 
