@@ -87,6 +87,11 @@ class StackProfile(BaseModel):
                     "row's dp_shard as replicas)")
     default_compile: bool
     reshard_after_forward: bool
+    pp_reshard_after_forward: bool = Field(
+        default=False,
+        description="with PP, FSDP2 frees a block's gathered parameters after its forward (all-gathers again in its "
+                    "backward and for every microbatch) instead of keeping the stage's for the step",
+    )
     grad_sync_every_microbatch: bool
     replicate_sync_every_microbatch: bool | None = Field(
         default=None,
@@ -179,6 +184,10 @@ class StackProfile(BaseModel):
     float8: dict[str, Float8Recipe]
     moe: MoEBehaviour | None = Field(default=None, description="mixture-of-experts behaviour; none: dense only")
     finetune: FineTuneBehaviour | None = Field(default=None, description="LoRA / QLoRA / CPU offload behaviour")
+    error_table: str | None = Field(
+        default=None,
+        description="the table of data/accuracy/intervals.yaml whose error its estimates' 80 % intervals take (none: "
+                    "the framework's its id names, else all)")
     sources: dict[str, str] = Field(default_factory=dict)
 
     @property

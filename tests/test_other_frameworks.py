@@ -287,3 +287,59 @@ def test_megatron_distributed_optimizer_shards_master_weights_and_moments_over_r
     assert zero["params_fp32"] == pytest.approx(full["params_fp32"] * (2 + 4 / 8) / 6, rel=1e-3)
     assert zero["optimizer_states"] == pytest.approx(full["optimizer_states"] / 8, rel=1e-3)
     assert zero["grads_fp32"] == pytest.approx(full["grads_fp32"])
+
+
+def _kf(stack: str, **kw) -> dict:
+    base = dict(gpus=32, gpus_per_node=4, seq_len=4096, global_batch_size=128, micro_batch_size=1, ac="full")
+    base.update(kw)
+    return estimate(M8, load_hardware("h200-sxm"), TrainConfig(**base), load_stack(stack))
+
+
+def test_fsdp_without_a_reduce_scatter_before_the_last_microbatch_keeps_every_unsharded_gradient():
+    """KempnerForge accumulates with FSDP2's set_requires_gradient_sync(False): each parameter's unsharded gradient
+    stays, in the fp32 reduce dtype, until the last microbatch (FSDPParam.to_accumulated_grad_if_needed), and the
+    reduce-scatter runs once a step. torchtitan reduce-scatters every microbatch and holds a block's at most."""
+    gib = 2**30
+    kf, tt = _kf("kempnerforge"), _kf("generic")
+    held = kf["memory"]["breakdown_gib"]["unsharded_grads"] - tt["memory"]["breakdown_gib"]["unsharded_grads"]
+    assert held == pytest.approx(4 * M8.params / gib, rel=0.05)  # every parameter's fp32 gradient
+    one = _kf("kempnerforge", global_batch_size=32)  # one microbatch: nothing accumulates
+    assert one["memory"]["breakdown_gib"]["unsharded_grads"] < 0.1 * held
+    # the reduce-scatter once a step: less FSDP traffic exposed than reducing all 4 microbatches
+    assert kf["throughput"]["breakdown_s"]["fsdp_exposed"] < tt["throughput"]["breakdown_s"]["fsdp_exposed"]
+
+
+def test_a_stack_that_reshards_under_pp_gathers_every_microbatch_and_keeps_one_block():
+    """KempnerForge's pipeline path wraps FSDP2 with its default reshard_after_forward=True
+    (`pp_reshard_after_forward`): each microbatch gathers every block forward and backward; torchtitan keeps the
+    stage's parameters gathered for the step."""
+    kw = dict(dp_shard=4, tp=4, pp=2, global_batch_size=32, micro_batch_size=1)
+    kf = _kf("kempnerforge", **kw)
+    keep = load_stack("kempnerforge").model_copy(update={"pp_reshard_after_forward": False})
+    kept = estimate(M8, load_hardware("h200-sxm"), TrainConfig(gpus=32, gpus_per_node=4, seq_len=4096, ac="full",
+                                                                **kw), keep)
+    assert kf["memory"]["breakdown_gib"]["unsharded_params"] < 0.5 * kept["memory"]["breakdown_gib"][
+        "unsharded_params"]
+    assert kf["throughput"]["step_time_s"] > kept["throughput"]["step_time_s"]
+
+
+def test_bf16_training_without_fsdp_keeps_two_byte_weights_whatever_the_stack_keeps_in_mixed_precision():
+    """training.dtype bfloat16 (precision bf16-pure): weights, gradients and moments in bf16, no master copy. A
+    stack whose mixed-precision weights are bf16 already (generic, nanotron) keeps them at 2 bytes, not 1."""
+    gib = 2**30
+    for stack in ("generic", "nanotron", "torchtitan"):
+        est = estimate(M8, load_hardware("h200-sxm"), TrainConfig(gpus=1, seq_len=2048, global_batch_size=1,
+                                                                   ac="full", dtype="bfloat16"),
+                       load_stack(stack))
+        b = est["memory"]["breakdown_gib"]
+        assert b["params_fp32"] == pytest.approx(2 * M8.params / gib, rel=0.01), stack
+        assert b["optimizer_states"] == pytest.approx(4 * M8.params / gib, rel=0.01), stack
+
+
+def test_a_kempnerforge_row_is_predicted_with_its_own_profile():
+    row = _row(framework="KempnerForge", model="KempnerForge 7B", layers="32", hidden="4096", heads="32",
+               kv_heads="8", ffn_hidden="14336", tied_embeddings="false", hardware="h200-sxm", gpus="32",
+               gpus_per_node="4", dp_replicate="1", dp_shard="32", tp="1", pp="1", pp_schedule="",
+               global_batch_size="512", micro_batch_size="4", precision="bf16-pure", ac="full")
+    (got,) = validate_rows([row])
+    assert got.error is None and got.stack == "kempnerforge"

@@ -16,7 +16,7 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe, hbm_bytes_per_s
 from meshplan.estimator.physics.finetune import Weights
-from meshplan.estimator.physics.layout import Layout, as_float
+from meshplan.estimator.physics.layout import Layout, as_float, resharded
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_scale
@@ -130,21 +130,23 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
         ag = ag + ring_s(rp.routed * BF16, ne, bw_e, 0) + rp.moe_layers * hop_e
         rs = rs + ring_s(rp.routed * stack.reduce_bytes, ne, bw_e, 0) + rp.moe_layers * hop_e
     single = lay.single_stage
-    reshard = single & bool(stack.reshard_after_forward)
+    reshard = resharded(stack, lay)
     per_mb_sync = single & bool(stack.grad_sync_every_microbatch)
-    # per microbatch: AG forward (+ AG backward when resharded) + RS (every microbatch or only the last)
-    per_mb = xp.where(single, ag * xp.where(reshard, 2.0, 1.0), 0.0) + xp.where(per_mb_sync, rs, 0.0)
+    # per microbatch: AG forward (+ AG backward when resharded; with PP only when resharded) + RS (every microbatch
+    # or only the last)
+    gathers_mb = single | reshard
+    per_mb = xp.where(gathers_mb, ag * xp.where(reshard, 2.0, 1.0), 0.0) + xp.where(per_mb_sync, rs, 0.0)
     hidden = 1 - stack.fsdp_overlap
     # FSDP2 splits each all-gather's output into the unsharded parameters on the compute stream (copy-out: read and
     # write, the stack's bytes per parameter), before the block can run
     copy = xp.where(lay.fsdp, stack.fsdp_copy_bytes_per_param * dense / hbm_bytes_per_s(hw), 0.0)
     return FSDPTimes(
-        copy_out_s=xp.where(single, copy * xp.where(reshard, 2.0, 1.0), 0.0),
-        copy_out_once_s=xp.where(single, 0.0, copy),
+        copy_out_s=xp.where(gathers_mb, copy * xp.where(reshard, 2.0, 1.0), 0.0),
+        copy_out_once_s=xp.where(gathers_mb, 0.0, copy),
         per_microbatch_s=per_mb,
         # once per microbatch when gradients are reduced every microbatch, else once per step
         step_edges_s=(ag + rs) / units * xp.where(per_mb_sync, lay.microbatches, 1.0),
-        step_once_s=xp.where(single, xp.where(per_mb_sync, 0.0, rs * hidden), (ag + rs) * hidden),
+        step_once_s=xp.where(gathers_mb, xp.where(per_mb_sync, 0.0, rs * hidden), (ag + rs) * hidden),
     )
 
 

@@ -82,3 +82,10 @@ def layout_of(c: ConfigArrays) -> Layout:
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=ds * cp > 1,
     )
+
+
+def resharded(stack, lay: Layout) -> np.ndarray:
+    """Whether FSDP2 frees a block's gathered parameters after its forward (and gathers them again in its backward,
+    every microbatch): without PP the stack's `reshard_after_forward`, with PP its `pp_reshard_after_forward`
+    (torchtitan keeps a stage's parameters for the step; `stack`: a StackProfile)."""
+    return xp.where(lay.single_stage, bool(stack.reshard_after_forward), bool(stack.pp_reshard_after_forward))

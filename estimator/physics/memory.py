@@ -29,7 +29,7 @@ from meshplan.estimator.hardware import GIB, HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune
 from meshplan.estimator.physics.activations import Activations
-from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.layout import Layout, resharded
 from meshplan.estimator.physics.pipeline import (
     head_microbatches,
     layers_in_flight,
@@ -111,13 +111,14 @@ class Unsharded:
 def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weights, prank, root,
               last) -> Unsharded:
     """Unsharded parameters of a stage holding `prank` parameters and `root` root parameters. Without PP FSDP2
-    reshards after forward (the stack's policy) and gathers one block at a time; with PP it keeps the stage.
+    reshards after forward (the stack's policy) and gathers one block at a time; with PP it keeps the stage
+    (unless the stack reshards there too: `pp_reshard_after_forward`).
     A block gathers in bf16 (QLoRA: its linears in NF4) with its LoRA adapters; only trainable weights have a
     reduce-scatter input (the adapters under LoRA).
     Without FSDP nothing is gathered: under autocast (DDP, one device) each matmul's bf16 weight copy is cached for
     the forward and the loss and saved for its backward (with AC a block's copies are made again in its recompute);
     in fp32 or bf16 training the weights are used as they are."""
-    resharded = lay.single_stage & bool(stack.reshard_after_forward)
+    per_block = resharded(stack, lay)
     pp_nosync = xp.logical_not(lay.single_stage)
     whole = BF16 * prank
     block = w.block_gather_bytes_per_param * rp.block + BF16 * w.adapters_block
@@ -128,13 +129,13 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
     matmuls = cast * xp.where(lay.lora, w.adapters, prank - root + xp.where(last, rp.output, 0.0))
     cast_backward = xp.where(lay.full_ac | lay.selective_ac, cast * rp.block, matmuls)
     return Unsharded(
-        current=xp.where(fsdp, xp.where(resharded, block + BF16 * root, whole), matmuls),
-        backward=xp.where(fsdp, xp.where(resharded, stack.prefetch_blocks * block + BF16 * root, whole), cast_backward),
-        loss=xp.where(fsdp, xp.where(resharded, BF16 * xp.where(last, rp.output, 0.0), whole), matmuls),
-        end=xp.where(fsdp, xp.where(resharded, BF16 * root, whole), 0.0),
+        current=xp.where(fsdp, xp.where(per_block, block + BF16 * root, whole), matmuls),
+        backward=xp.where(fsdp, xp.where(per_block, stack.prefetch_blocks * block + BF16 * root, whole), cast_backward),
+        loss=xp.where(fsdp, xp.where(per_block, BF16 * xp.where(last, rp.output, 0.0), whole), matmuls),
+        end=xp.where(fsdp, xp.where(per_block, BF16 * root, whole), 0.0),
         # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
         # backward: the block's own reduce-scatter input, held until the next one, is the rest
-        reduce_scatter_input=xp.where(fsdp & (resharded | xp.logical_not(pp_nosync)),
+        reduce_scatter_input=xp.where(fsdp & (per_block | xp.logical_not(pp_nosync)),
                                       stack.reduce_bytes * block_trainable, 0.0),
     )
 
@@ -149,8 +150,12 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     state = finetune.stage_state(w, lay, rp, prank, stack)
     gf = state.grads_bytes
     single, pp_nosync = lay.single_stage, xp.logical_not(lay.single_stage)
-    # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches
-    acc = xp.where(pp_nosync & (m > 1) & lay.fsdp, stack.reduce_bytes * w.trainable(lay, prank), 0.0)
+    # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches; the
+    # same gradients without PP where the stack skips the reduce-scatter before the last microbatch (FSDP2's
+    # set_requires_gradient_sync(False): each parameter's unsharded gradient is kept, in the reduce dtype,
+    # FSDPParam.to_accumulated_grad_if_needed, until the last microbatch reduces it)
+    no_sync = pp_nosync | (single & xp.logical_not(bool(stack.grad_sync_every_microbatch)))
+    acc = xp.where(no_sync & (m > 1) & lay.fsdp, stack.reduce_bytes * w.trainable(lay, prank), 0.0)
     root = rp.root(first, last)
     up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first)

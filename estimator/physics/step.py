@@ -17,7 +17,7 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, pipeline
 from meshplan.estimator.physics.comms import cp_exposed_s, dp_replicate_s, fsdp_times, tp_times
 from meshplan.estimator.physics.compute import compute_times, optimizer_step_s
-from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.layout import Layout, resharded
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import state_scale
 from meshplan.estimator.stack import StackProfile
@@ -68,7 +68,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     # CPU offload: each all-gather's shard comes host-to-device first and each reduce-scatter's output goes back,
     # on the copy streams of FSDP's prefetch (hidden like its collectives); with gradient accumulation the later
     # microbatches' device-to-host copies block and add on the CPU
-    gathers = xp.where(lay.single_stage & bool(stack.reshard_after_forward), 2.0, 1.0)
+    gathers = xp.where(resharded(stack, lay), 2.0, 1.0)
     h2d = finetune.offload_transfer_s(hw, lay, st, gathers)
     offload_mb = xp.maximum(0.0, fsdp.per_microbatch_s + h2d - stack.fsdp_overlap * busy) - fsdp_exposed
     offload_acc = (m - 1) * finetune.offload_accumulate_s(hw, stack, lay, st)
