@@ -137,7 +137,17 @@ def _read_in(folder: Path) -> IntervalFile:
 
 
 def framework_of(stack_id: str) -> str:
-    """The framework a stack profile belongs to ('torchtitan-2024' -> 'torchtitan'; a path: its file stem's)."""
+    """The table a stack profile's estimates take their error from: the profile's `error_table` where it names one
+    (`uncalibrated`: generic and the profiles extending it, which no published run calibrated), else the framework
+    its id names ('torchtitan-2024' -> 'torchtitan'; a path: its file stem's)."""
+    from meshplan.estimator.stack import load_stack
+
+    try:
+        named = load_stack(stack_id).error_table
+    except MeshplanError:  # a framework's name, not a profile
+        named = None
+    if named:
+        return named
     stem = Path(stack_id).stem if stack_id.endswith((".yaml", ".yml")) else stack_id
     for fw in ("llm-foundry", "torchtitan"):
         if stem.startswith(fw):

@@ -236,3 +236,19 @@ def test_a_mixture_of_experts_estimate_takes_the_moe_runs_interval(cli):
     lo, hi = t["tokens_per_sec_per_gpu_interval"]
     assert lo == pytest.approx(t["tokens_per_sec_per_gpu"] * moe_t.ratio(0.1), rel=1e-3)
     assert hi >= t["tokens_per_sec_per_gpu"] * moe_t.ratio(0.9) * (1 - 1e-3)
+
+
+def test_profiles_no_published_run_calibrated_take_the_uncalibrated_table(tmp_path):
+    """generic and the profiles extending it (nanotron, KempnerForge) take the error of the published runs of
+    frameworks no run calibrated (`error_table: uncalibrated`); torchtitan's releases their own; a team's YAML
+    extending torchtitan takes `all` unless its file names torchtitan; a framework's bare name resolves too."""
+    for stack in ("generic", "generic-zero1", "nanotron", "nanotron-zero1", "kempnerforge"):
+        assert intervals.framework_of(stack) == "uncalibrated", stack
+    assert intervals.framework_of("torchtitan-2024") == "torchtitan"
+    assert intervals.framework_of("llm-foundry") == "llm-foundry"
+    mine = tmp_path / "mycluster.yaml"
+    mine.write_text("extends: torchtitan\nid: mycluster\nname: mine\n")
+    assert intervals.framework_of(str(mine)) == "mycluster"
+    assert intervals.table("tokens_per_sec_per_gpu", str(mine)) is intervals.table("tokens_per_sec_per_gpu", "x")
+    unc = intervals.table("tokens_per_sec_per_gpu", "kempnerforge")
+    assert unc is not intervals.table("tokens_per_sec_per_gpu", "torchtitan") and unc.rows >= 20

@@ -65,7 +65,7 @@ def test_the_intervals_take_the_published_runs_each_document_a_fold():
     rows = read_rows(DATA / "dense_published_runs.csv")
     assert 0.9 * len(rows) <= len(records) <= len(rows)
     assert {r["scheme"] for r in records} == {"published"}
-    assert {r["framework"] for r in records} <= {"torchtitan", "generic", "nanotron", "llm-foundry"}
+    assert {r["framework"] for r in records} <= {"torchtitan", "uncalibrated", "llm-foundry"}
     assert len({r["fold"] for r in records}) >= 10  # documents, not rows
     text = (ROOT / "data" / "accuracy" / "intervals.yaml").read_text()
     assert "dense_published_runs.csv" in text
