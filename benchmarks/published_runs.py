@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from meshplan.estimator.validate import read_rows, validate_rows  # noqa: E402
-from meshplan.estimator.validate_summary import pct, summarize  # noqa: E402
+from meshplan.estimator.validate_summary import hardware_label, pct, summarize  # noqa: E402
 
 LAYOUT_KEYS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 
@@ -67,7 +67,7 @@ def table(csv: Path, what: str, script: str, by_hardware: bool = False) -> tuple
         mem = (f"{r.predicted_mem_gib:.1f} / {r.measured_mem_gib:.1f} ({pct(r.mem_err)})"
                + _inside(r.measured_mem_gib, r.mem_interval())
                if r.measured_mem_gib and r.predicted_mem_gib else "-")
-        lines.append(f"| {row['id']} | {row['framework']} | {row['model']} | {row['gpus']} x {row['hardware']} | "
+        lines.append(f"| {row['id']} | {row['framework']} | {row['model']} | {row['gpus']} x {hardware_label(row['hardware'])} | "
                      f"{layout or '-'} | {tps} | {mem} |")
     summary = summarize(results)
     lines.append("")

@@ -504,9 +504,19 @@ def read_rows(path: Path) -> list[dict]:
         if missing:
             raise MeshplanError(f"{path} lacks the ground-truth column(s): {', '.join(missing)} "
                                 f"(the schema: data/ground_truth/README.md)")
-        return list(reader)
+        return [_hardware_beside(row, Path(path).parent) for row in reader]
     except csv.Error as exc:
         raise MeshplanError(f"{path} is not a valid CSV: {exc}") from None
+
+
+def _hardware_beside(row: dict, folder: Path) -> dict:
+    """A row whose hardware cell is a relative path to a hardware profile YAML (a cluster of its own: another
+    network, another power cap) is read against the CSV's folder, where the file sits beside it."""
+    cell = (row.get("hardware") or "").strip()
+    if cell.endswith((".yaml", ".yml")) and not Path(cell).is_absolute() and not Path(cell).exists() \
+            and (folder / cell).is_file():
+        row["hardware"] = str(folder / cell)
+    return row
 
 
 @lru_cache(maxsize=64)

@@ -6,12 +6,27 @@ correlation). Pure: the rows come from :func:`meshplan.estimator.validate.valida
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from meshplan.estimator.hardware import resolve_hardware_name
+from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import load_hardware, resolve_hardware_name
 
 if TYPE_CHECKING:
     from meshplan.estimator.validate import RowResult
+
+
+@lru_cache(maxsize=64)
+def hardware_label(cell: str) -> str:
+    """What a hardware cell is called in summaries: the built-in profile id its name stands for, a profile YAML's
+    own id, else the cell as written."""
+    cell = (cell or "").strip()
+    if cell.endswith((".yaml", ".yml")):
+        try:
+            return load_hardware(cell).id
+        except MeshplanError:
+            return cell
+    return resolve_hardware_name(cell) or cell
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -100,7 +115,7 @@ def summarize(results: list[RowResult]) -> dict:
     # by hardware part: the profile a row's hardware cell names (`NVIDIA H200` and `h200-sxm` together)
     parts: dict[str, list[RowResult]] = {}
     for r in results:
-        parts.setdefault(resolve_hardware_name(r.hardware) or r.hardware, []).append(r)
+        parts.setdefault(hardware_label(r.hardware), []).append(r)
     out["by_hardware"] = {hw: _summary(rs) for hw, rs in sorted(parts.items())}
     return out
 

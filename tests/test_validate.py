@@ -512,3 +512,25 @@ def test_a_row_that_measured_the_allocated_peak_is_compared_with_the_predicted_a
     assert reserved.predicted_mem_gib == est[1]
     assert alloc.as_dict()["mem_kind"] == "allocated"
     assert alloc.mem_err == pytest.approx(alloc.predicted_mem_gib / alloc.measured_mem_gib - 1)
+
+
+def test_a_hardware_cell_naming_a_profile_yaml_beside_the_csv_is_read_there(ground_truth, tmp_path, monkeypatch):
+    """A run on a cluster of its own (another network, say) names a hardware profile YAML; a relative path is read
+    against the CSV's folder, wherever validate runs from, and the summary calls the part by the profile's id."""
+    row = next(r for r in read_rows(ground_truth) if r["hardware"] == "h100-sxm")
+    text = (ROOT / "data" / "hardware_profiles" / "h100-sxm.yaml").read_text()
+    (tmp_path / "hw").mkdir()
+    slow = text.replace("id: h100-sxm", "id: h100-slow-net").replace("inter_node_gbps: 400", "inter_node_gbps: 25")
+    (tmp_path / "hw" / "slow.yaml").write_text(slow)
+    multi = dict(row, id="multi", gpus="64", dp_shard="64", global_batch_size="64")
+    rows = [multi, dict(multi, id="slow", hardware="hw/slow.yaml")]
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerows(rows)
+    monkeypatch.chdir(ROOT)  # not the CSV's folder
+    fast, slow_r = validate_rows(read_rows(path))
+    assert fast.error is None and slow_r.error is None
+    assert slow_r.predicted_tps_per_gpu < fast.predicted_tps_per_gpu  # an eighth of the network: FSDP is exposed
+    assert set(summarize([fast, slow_r])["by_hardware"]) == {"h100-sxm", "h100-slow-net"}
