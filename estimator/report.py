@@ -97,6 +97,13 @@ def estimate(
     tps_interval, extrapolated = fsdp_overhead_interval(r, stack, fsdp_share, moe)
     if extrapolated:
         warnings.append(extrapolated)
+    t = intervals.table("tokens_per_sec_per_gpu", stack.id, moe=moe)
+    if moe and t is not intervals.table("tokens_per_sec_per_gpu", stack.id):  # the MoE runs' own table
+        warnings.append(
+            f"mixture of experts: tokens/s/GPU is far less certain than a dense model's; its 80 % interval "
+            f"({t.ratio(0.1):.2f}-{t.ratio(0.9):.2f} x the estimate) comes from {t.rows} published MoE runs the "
+            "estimator was never fitted to (README, Mixture of experts): meshplan models torchtitan's standard "
+            "all-to-all dispatch, not DeepEP or other frameworks' fused kernels")
     if cfg.tp > cfg.gpus_per_node:
         warnings.append(f"tp {cfg.tp} spans nodes ({cfg.gpus_per_node} GPUs per node): TP traffic crosses the network")
     extra = embedding_partial_bytes(model, cfg.tp, cfg.pp, cfg.microbatches, stack.reduce_bytes) / GIB

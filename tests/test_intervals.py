@@ -252,3 +252,13 @@ def test_profiles_no_published_run_calibrated_take_the_uncalibrated_table(tmp_pa
     assert intervals.table("tokens_per_sec_per_gpu", str(mine)) is intervals.table("tokens_per_sec_per_gpu", "x")
     unc = intervals.table("tokens_per_sec_per_gpu", "kempnerforge")
     assert unc is not intervals.table("tokens_per_sec_per_gpu", "torchtitan") and unc.rows >= 20
+
+
+def test_a_mixture_of_experts_estimate_says_where_its_wide_band_comes_from(cli):
+    out = cli("estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--ac", "full", "--json")
+    assert out.returncode == 0, out.stderr
+    said = [w for w in json.loads(out.stdout)["warnings"] if w.startswith("mixture of experts")]
+    t = intervals.table("tokens_per_sec_per_gpu", "torchtitan", moe=True)
+    assert len(said) == 1 and f"{t.rows} published MoE runs" in said[0] and f"{t.ratio(0.9):.2f}" in said[0]
+    dense = cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--json")
+    assert not any(w.startswith("mixture of experts") for w in json.loads(dense.stdout)["warnings"])
