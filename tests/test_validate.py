@@ -331,6 +331,7 @@ def test_cells_logs_leave_empty_or_write_their_own_way(ground_truth):
         ("https://arxiv.org/abs/2410.06511", "2024-10", "torchtitan-2024"),
         ("PyTorch blog, March 2025", "2025-03", "torchtitan-2024"),  # the loss is compiled from 2025-04-02
         ("PyTorch blog, April 2025", "2025-04", "torchtitan-2025-08"),
+        ("pytorch/torchtitan PR #1690, 2025-09", "2025-09", "torchtitan-2025-09"),  # cuDNN attention from 2025-10
         ("pytorch/torchtitan PR #2107, 2025-11", "2025-11", "torchtitan"),
         ("pytorch/ao docs/source/workflows/training.md @36027d8", None, "torchtitan"),
         ("", None, "torchtitan"),
