@@ -136,16 +136,31 @@ def _read_in(folder: Path) -> IntervalFile:
                             "regenerate it with python benchmarks/cross_validate.py --write-intervals") from None
 
 
+def _read_error_table(stack_id: str) -> str | None:
+    """The `error_table` a stack profile (id or YAML path) names; None for a name no profile has."""
+    from meshplan.estimator.stack import load_stack
+
+    try:
+        return load_stack(stack_id).error_table
+    except MeshplanError:  # a framework's name, not a profile
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_error_table(folder: str, stack_id: str) -> str | None:
+    """`_read_error_table` of a built-in id, once per data folder (its files do not change while it runs)."""
+    return _read_error_table(stack_id)
+
+
+def _error_table(stack_id: str) -> str | None:
+    return _cached_error_table(str(data_files.data_dir("stacks")), stack_id)
+
+
 def framework_of(stack_id: str) -> str:
     """The table a stack profile's estimates take their error from: the profile's `error_table` where it names one
     (`uncalibrated`: generic and the profiles extending it, which no published run calibrated), else the framework
     its id names ('torchtitan-2024' -> 'torchtitan'; a path: its file stem's)."""
-    from meshplan.estimator.stack import load_stack
-
-    try:
-        named = load_stack(stack_id).error_table
-    except MeshplanError:  # a framework's name, not a profile
-        named = None
+    named = _error_table(stack_id) if not stack_id.endswith((".yaml", ".yml")) else _read_error_table(stack_id)
     if named:
         return named
     stem = Path(stack_id).stem if stack_id.endswith((".yaml", ".yml")) else stack_id
