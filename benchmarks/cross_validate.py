@@ -16,7 +16,8 @@ data/accuracy/intervals.yaml (the estimator's 80 % intervals and fit probabiliti
 table reports how often an interval built without a fold holds that fold's runs. `--intervals-only` rebuilds
 both from the CSV without refitting. The intervals also take the errors of the published runs no constant was
 fitted to (benchmarks/data/dense_published_runs.csv, predicted with the committed constants; each document one
-fold): runs from other documents and trainers are further off than the calibration documents are from each other.
+fold): runs from other documents and trainers are further off than the calibration documents are from each other;
+benchmarks/data/moe_published_runs.csv's runs make a mixture-of-experts estimate's own table.
 """
 
 from __future__ import annotations
@@ -148,10 +149,10 @@ def published_document(source: str) -> str:
 
 def published_records() -> list[dict]:
     """One record per run of the published held-out sets that could be predicted (no constant was fitted to them;
-    the committed constants predict them): scheme "published", fold its document, framework the one its stack
-    profile belongs to (the table `estimator.intervals` picks for that profile: `generic` for the trainers without
-    a profile of their own); benchmarks/data/moe_published_runs.csv's runs: scheme "published-moe", framework
-    "moe" (a MoE estimate's own table)."""
+    the committed constants predict them): scheme "published", fold its document, framework the table
+    `estimator.intervals` picks for the row's stack profile (`uncalibrated` for generic and the profiles extending
+    it, which no published run calibrated); benchmarks/data/moe_published_runs.csv's runs: scheme "published-moe",
+    framework "moe" (a MoE estimate's own table)."""
     from meshplan.estimator.intervals import MOE, framework_of
 
     out = []
@@ -160,7 +161,8 @@ def published_records() -> list[dict]:
         for row, r in zip(rows, V.validate_rows(rows), strict=True):
             if r.error or (r.tps_err is None and r.mem_err is None):
                 continue
-            out.append({"scheme": "published-moe" if moe else "published", "fold": published_document(row.get("source", "")), "id": r.id,
+            out.append({"scheme": "published-moe" if moe else "published",
+                        "fold": published_document(row.get("source", "")), "id": r.id,
                         "framework": MOE if moe else framework_of(r.stack or r.framework),
                         "tps_ratio": "" if r.tps_err is None else round(1 / (1 + r.tps_err), 5),
                         "mem_ratio": "" if r.mem_err is None else round(1 / (1 + r.mem_err), 5)})
@@ -219,8 +221,9 @@ def write_intervals(records: list[dict], rows: int, rounds: int) -> None:
         "# rounds). Each run was predicted twice by constants refitted without it: without its source document and",
         "# without its hardware part (both folds pooled; benchmarks/data/held_out_predictions.csv), and the published",
         "# runs of benchmarks/data/dense_published_runs.csv and moe_published_runs.csv, which no constant was fitted",
-        "# to (each document a fold; `generic`: the trainers without a profile of their own; `moe`: a mixture-of-",
-        "# experts model's estimates, from the MoE runs alone, which the other tables leave out). `rows`:",
+        "# to (each document a fold; `uncalibrated`: generic and the stack profiles extending it, which no published",
+        "# run calibrated; `moe`: a mixture-of-experts model's estimates, from the MoE runs alone, which the other",
+        "# tables leave out). `rows`:",
         "# predictions behind a table; `quantiles`: the ratio at each probability (linear between predictions), each",
         "# held-out fold weighing the same however many runs it holds (the next run is from a setup no fold holds). A",
         f"# framework's own table is kept when it has >= {MIN_ROWS} predictions from >= {MIN_FOLDS} folds, else `all`",
