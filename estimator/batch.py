@@ -56,7 +56,7 @@ def estimate_arrays(
     step is timed on the rank holding the most (`shapes.rank_params`).
     """
     lay = layout_of(c)
-    rp = rank_params(model, lay)
+    rp = rank_params(model, lay, stack.tp_shards_embedding)
     act = activations(model, stack, lay, rp)
     mem, worst_stage = worst_stage_memory(model, stack, lay, rp, act, stage)
     reserved = reserved_bytes(hw, stack, mem.allocated_bytes, lay)

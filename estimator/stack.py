@@ -87,6 +87,11 @@ class StackProfile(BaseModel):
                     "row's dp_shard as replicas)")
     default_compile: bool
     reshard_after_forward: bool
+    tp_shards_embedding: bool = Field(
+        default=True,
+        description="TP shards the token embedding over its ranks (torchtitan's RowwiseParallel); false: every TP "
+                    "rank holds the whole embedding",
+    )
     pp_reshard_after_forward: bool = Field(
         default=False,
         description="with PP, FSDP2 frees a block's gathered parameters after its forward (all-gathers again in its "

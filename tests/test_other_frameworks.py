@@ -343,3 +343,18 @@ def test_a_kempnerforge_row_is_predicted_with_its_own_profile():
                global_batch_size="512", micro_batch_size="4", precision="bf16-pure", ac="full")
     (got,) = validate_rows([row])
     assert got.error is None and got.stack == "kempnerforge"
+
+
+def test_a_stack_that_keeps_the_embedding_whole_under_tp_holds_all_of_it_on_every_rank():
+    """KempnerForge leaves the token embedding replicated under TP (`tp_shards_embedding` false): each TP rank holds
+    the whole embedding with its gradient and moments; torchtitan shards it over the TP ranks."""
+    gib = 2**30
+    cfg = TrainConfig(gpus=4, gpus_per_node=4, tp=4, seq_len=4096, global_batch_size=8, micro_batch_size=4,
+                      ac="full", dtype="bfloat16")
+    kf = load_stack("kempnerforge")
+    whole = estimate(M8, load_hardware("h200-sxm"), cfg, kf)["memory"]["breakdown_gib"]
+    sharded = estimate(M8, load_hardware("h200-sxm"), cfg, kf.model_copy(update={"tp_shards_embedding": True}))[
+        "memory"]["breakdown_gib"]
+    extra = M8.embedding_params * (1 - 1 / 4) / gib
+    assert whole["params_fp32"] - sharded["params_fp32"] == pytest.approx(2 * extra, rel=0.02)  # bf16 weights
+    assert whole["optimizer_states"] - sharded["optimizer_states"] == pytest.approx(4 * extra, rel=0.02)
