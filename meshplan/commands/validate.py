@@ -11,7 +11,7 @@ from rich.table import Table
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.validate import absent_columns, read_rows, validate_rows
-from meshplan.estimator.validate_summary import pct, summarize
+from meshplan.estimator.validate_summary import hardware_label, pct, summarize
 
 
 def default_csv() -> Path:
@@ -69,10 +69,10 @@ def validate_cmd(
         table.add_column(col, justify="right" if col not in ("id", "framework", "model", "hardware") else "left")
     for r in results:
         if r.error:
-            table.add_row(r.id, r.framework, r.model, r.hardware, f"[red]{r.error}[/]", "", "", "", "", "")
+            table.add_row(r.id, r.framework, r.model, hardware_label(r.hardware), f"[red]{r.error}[/]", "", "", "", "", "")
             continue
         table.add_row(
-            r.id, r.framework, r.model[:24], r.hardware,
+            r.id, r.framework, r.model[:24], hardware_label(r.hardware),
             f"{r.predicted_tps_per_gpu:,.0f}", f"{r.measured_tps_per_gpu:,.0f}" if r.measured_tps_per_gpu else "-",
             pct(r.tps_err), f"{r.predicted_mem_gib:.1f}",
             f"{r.measured_mem_gib:.1f}" if r.measured_mem_gib else "-", pct(r.mem_err),
