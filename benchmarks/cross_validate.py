@@ -153,7 +153,7 @@ def published_records() -> list[dict]:
     `estimator.intervals` picks for the row's stack profile (`uncalibrated` for generic and the profiles extending
     it, which no published run calibrated); benchmarks/data/moe_published_runs.csv's runs: scheme "published-moe",
     framework "moe" (a MoE estimate's own table)."""
-    from meshplan.estimator.intervals import MOE, framework_of
+    from meshplan.estimator.intervals import MOE, table_name
 
     out = []
     for path, moe in ((PUBLISHED_CSV, False), (MOE_CSV, True)):
@@ -163,7 +163,7 @@ def published_records() -> list[dict]:
                 continue
             out.append({"scheme": "published-moe" if moe else "published",
                         "fold": published_document(row.get("source", "")), "id": r.id,
-                        "framework": MOE if moe else framework_of(r.stack or r.framework),
+                        "framework": MOE if moe else table_name(r.stack or r.framework),
                         "tps_ratio": "" if r.tps_err is None else round(1 / (1 + r.tps_err), 5),
                         "mem_ratio": "" if r.mem_err is None else round(1 / (1 + r.mem_err), 5)})
     return out

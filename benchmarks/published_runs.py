@@ -14,8 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from meshplan.estimator.hardware import hardware_label  # noqa: E402
 from meshplan.estimator.validate import read_rows, validate_rows  # noqa: E402
-from meshplan.estimator.validate_summary import hardware_label, pct, summarize  # noqa: E402
+from meshplan.estimator.validate_summary import pct, summarize  # noqa: E402
 
 LAYOUT_KEYS = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 

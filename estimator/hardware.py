@@ -13,6 +13,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.estimator import data_files
+from meshplan.estimator.errors import MeshplanError
 
 GIB = 2**30
 
@@ -185,3 +186,16 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     if not data_files.names_a_file(text) and text not in hardware_names():
         text = resolve_hardware_name(text) or text  # an unknown name: load_named's one-line error lists the ids
     return data_files.load_named("hardware_profiles", text, HardwareProfile, "hardware profile")
+
+
+@functools.lru_cache(maxsize=64)
+def hardware_label(cell: str) -> str:
+    """What a run's hardware cell is called in summaries: the built-in profile id its name stands for, a profile
+    YAML's own id, else the cell as written (a name no profile has)."""
+    cell = (cell or "").strip()
+    if data_files.names_a_file(cell):
+        try:
+            return load_hardware(cell).id
+        except MeshplanError:
+            return cell
+    return resolve_hardware_name(cell) or cell

@@ -136,7 +136,7 @@ def _read_in(folder: Path) -> IntervalFile:
                             "regenerate it with python benchmarks/cross_validate.py --write-intervals") from None
 
 
-def _read_error_table(stack_id: str) -> str | None:
+def _named_table(stack_id: str) -> str | None:
     """The `error_table` a stack profile (id or YAML path) names; None for a name no profile has."""
     from meshplan.estimator.stack import load_stack
 
@@ -147,23 +147,20 @@ def _read_error_table(stack_id: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_error_table(folder: str, stack_id: str) -> str | None:
-    """`_read_error_table` of a built-in id, once per data folder (its files do not change while it runs)."""
-    return _read_error_table(stack_id)
+def _builtin_named_table(folder: str, stack_id: str) -> str | None:
+    """`_named_table` of a built-in id, read once per data folder (its files do not change while it runs)."""
+    return _named_table(stack_id)
 
 
-def _error_table(stack_id: str) -> str | None:
-    return _cached_error_table(str(data_files.data_dir("stacks")), stack_id)
-
-
-def framework_of(stack_id: str) -> str:
-    """The table a stack profile's estimates take their error from: the profile's `error_table` where it names one
-    (`uncalibrated`: generic and the profiles extending it, which no published run calibrated), else the framework
-    its id names ('torchtitan-2024' -> 'torchtitan'; a path: its file stem's)."""
-    named = _error_table(stack_id) if not stack_id.endswith((".yaml", ".yml")) else _read_error_table(stack_id)
+def table_name(stack_id: str) -> str:
+    """The table of the error file a stack profile's estimates take their error from: the profile's `error_table`
+    where it names one (`uncalibrated`: generic and the profiles extending it, which no published run calibrated),
+    else the framework its id names ('torchtitan-2024' -> 'torchtitan'; a path: its file stem's)."""
+    path = stack_id.endswith((".yaml", ".yml"))
+    named = _named_table(stack_id) if path else _builtin_named_table(str(data_files.data_dir("stacks")), stack_id)
     if named:
         return named
-    stem = Path(stack_id).stem if stack_id.endswith((".yaml", ".yml")) else stack_id
+    stem = Path(stack_id).stem if path else stack_id
     for fw in ("llm-foundry", "torchtitan"):
         if stem.startswith(fw):
             return fw
@@ -173,14 +170,20 @@ def framework_of(stack_id: str) -> str:
 MOE = "moe"  # the table of a mixture-of-experts model's estimates, where the published MoE runs give one
 
 
+def moe_table(metric: str) -> QuantileTable | None:
+    """The published mixture-of-experts runs' own error distribution of `metric`, where they gave one."""
+    return _load().metrics[metric].get(MOE)
+
+
 def table(metric: str, stack_id: str, moe: bool = False) -> QuantileTable:
     """The error distribution of `metric` for a stack: a mixture-of-experts model's own where there is one (its
     estimates are far further off than a dense model's), else its framework's when the runs allowed one, else
     all."""
+    own = moe_table(metric) if moe else None
+    if own is not None:
+        return own
     tables = _load().metrics[metric]
-    if moe and MOE in tables:
-        return tables[MOE]
-    return tables.get(framework_of(stack_id), tables["all"])
+    return tables.get(table_name(stack_id), tables["all"])
 
 
 def interval(value: float, metric: str, stack_id: str, level: float = LEVEL, moe: bool = False) -> list[float]:

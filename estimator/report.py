@@ -97,8 +97,8 @@ def estimate(
     tps_interval, extrapolated = fsdp_overhead_interval(r, stack, fsdp_share, moe)
     if extrapolated:
         warnings.append(extrapolated)
-    t = intervals.table("tokens_per_sec_per_gpu", stack.id, moe=moe)
-    if moe and t is not intervals.table("tokens_per_sec_per_gpu", stack.id):  # the MoE runs' own table
+    t = intervals.moe_table("tokens_per_sec_per_gpu") if moe else None
+    if t is not None:
         warnings.append(
             f"mixture of experts: tokens/s/GPU is far less certain than a dense model's; its 80 % interval "
             f"({t.ratio(0.1):.2f}-{t.ratio(0.9):.2f} x the estimate) comes from {t.rows} published MoE runs the "

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from meshplan.estimator import data_files, intervals
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.hardware import load_hardware, resolve_hardware_name
+from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
 from meshplan.estimator.run_dates import documented_month, notes_month
@@ -590,4 +590,4 @@ def _cell(row: dict) -> str:
     hw = (row.get("hardware") or "").strip()
     model = _squash(row.get("model") or "") or f"{num('layers')} layers x {num('hidden')}"
     return " | ".join([(row.get("framework") or "").strip().lower(), model,
-                       resolve_hardware_name(hw) or hw, f"{num('gpus')} GPUs", f"seq {num('seq_len')}"])
+                       hardware_label(hw), f"{num('gpus')} GPUs", f"seq {num('seq_len')}"])

@@ -6,27 +6,12 @@ correlation). Pure: the rows come from :func:`meshplan.estimator.validate.valida
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.hardware import load_hardware, resolve_hardware_name
+from meshplan.estimator.hardware import hardware_label
 
 if TYPE_CHECKING:
     from meshplan.estimator.validate import RowResult
-
-
-@lru_cache(maxsize=64)
-def hardware_label(cell: str) -> str:
-    """What a hardware cell is called in summaries: the built-in profile id its name stands for, a profile YAML's
-    own id, else the cell as written."""
-    cell = (cell or "").strip()
-    if cell.endswith((".yaml", ".yml")):
-        try:
-            return load_hardware(cell).id
-        except MeshplanError:
-            return cell
-    return resolve_hardware_name(cell) or cell
 
 
 def _ranks(values: list[float]) -> list[float]:

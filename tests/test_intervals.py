@@ -243,12 +243,12 @@ def test_profiles_no_published_run_calibrated_take_the_uncalibrated_table(tmp_pa
     frameworks no run calibrated (`error_table: uncalibrated`); torchtitan's releases their own; a team's YAML
     extending torchtitan takes `all` unless its file names torchtitan; a framework's bare name resolves too."""
     for stack in ("generic", "generic-zero1", "nanotron", "nanotron-zero1", "kempnerforge"):
-        assert intervals.framework_of(stack) == "uncalibrated", stack
-    assert intervals.framework_of("torchtitan-2024") == "torchtitan"
-    assert intervals.framework_of("llm-foundry") == "llm-foundry"
+        assert intervals.table_name(stack) == "uncalibrated", stack
+    assert intervals.table_name("torchtitan-2024") == "torchtitan"
+    assert intervals.table_name("llm-foundry") == "llm-foundry"
     mine = tmp_path / "mycluster.yaml"
     mine.write_text("extends: torchtitan\nid: mycluster\nname: mine\n")
-    assert intervals.framework_of(str(mine)) == "mycluster"
+    assert intervals.table_name(str(mine)) == "mycluster"
     assert intervals.table("tokens_per_sec_per_gpu", str(mine)) is intervals.table("tokens_per_sec_per_gpu", "x")
     unc = intervals.table("tokens_per_sec_per_gpu", "kempnerforge")
     assert unc is not intervals.table("tokens_per_sec_per_gpu", "torchtitan") and unc.rows >= 20

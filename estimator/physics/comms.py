@@ -16,7 +16,7 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe, hbm_bytes_per_s
 from meshplan.estimator.physics.finetune import Weights
-from meshplan.estimator.physics.layout import Layout, as_float, resharded
+from meshplan.estimator.physics.layout import Layout, as_float, reduces_every_microbatch, resharded
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_scale
@@ -131,7 +131,7 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
         rs = rs + ring_s(rp.routed * stack.reduce_bytes, ne, bw_e, 0) + rp.moe_layers * hop_e
     single = lay.single_stage
     reshard = resharded(stack, lay)
-    per_mb_sync = single & bool(stack.grad_sync_every_microbatch)
+    per_mb_sync = reduces_every_microbatch(stack, lay)
     # per microbatch: AG forward (+ AG backward when resharded; with PP only when resharded) + RS (every microbatch
     # or only the last)
     gathers_mb = single | reshard

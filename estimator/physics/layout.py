@@ -89,3 +89,10 @@ def resharded(stack, lay: Layout) -> np.ndarray:
     every microbatch): without PP the stack's `reshard_after_forward`, with PP its `pp_reshard_after_forward`
     (torchtitan keeps a stage's parameters for the step; `stack`: a StackProfile)."""
     return xp.where(lay.single_stage, bool(stack.reshard_after_forward), bool(stack.pp_reshard_after_forward))
+
+
+def reduces_every_microbatch(stack, lay: Layout) -> np.ndarray:
+    """Whether FSDP reduce-scatters the gradients after every microbatch's backward: without PP where the stack does
+    (`grad_sync_every_microbatch`); else only after the last one, each unsharded gradient held until then (PP, or
+    FSDP2's set_requires_gradient_sync(False) before the last microbatch; `stack`: a StackProfile)."""
+    return lay.single_stage & bool(stack.grad_sync_every_microbatch)

@@ -29,7 +29,7 @@ from meshplan.estimator.hardware import GIB, HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune
 from meshplan.estimator.physics.activations import Activations
-from meshplan.estimator.physics.layout import Layout, resharded
+from meshplan.estimator.physics.layout import Layout, reduces_every_microbatch, resharded
 from meshplan.estimator.physics.pipeline import (
     head_microbatches,
     layers_in_flight,
@@ -119,7 +119,6 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
     the forward and the loss and saved for its backward (with AC a block's copies are made again in its recompute);
     in fp32 or bf16 training the weights are used as they are."""
     per_block = resharded(stack, lay)
-    pp_nosync = xp.logical_not(lay.single_stage)
     whole = BF16 * prank
     block = w.block_gather_bytes_per_param * rp.block + BF16 * w.adapters_block
     block_trainable = xp.where(lay.lora, w.adapters_block, rp.block - xp.where(lay.ep > 1, rp.routed_block, 0.0))
@@ -135,7 +134,7 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
         end=xp.where(fsdp, xp.where(per_block, BF16 * root, whole), 0.0),
         # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
         # backward: the block's own reduce-scatter input, held until the next one, is the rest
-        reduce_scatter_input=xp.where(fsdp & (per_block | xp.logical_not(pp_nosync)),
+        reduce_scatter_input=xp.where(fsdp & (per_block | lay.single_stage),
                                       stack.reduce_bytes * block_trainable, 0.0),
     )
 
@@ -149,13 +148,13 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     w = finetune.weights(model, lay, rp)
     state = finetune.stage_state(w, lay, rp, prank, stack)
     gf = state.grads_bytes
-    single, pp_nosync = lay.single_stage, xp.logical_not(lay.single_stage)
+    single = lay.single_stage
     # FSDP2 + PP: unsharded bf16 params kept for the step, fp32 grads accumulated unsharded across microbatches; the
     # same gradients without PP where the stack skips the reduce-scatter before the last microbatch (FSDP2's
     # set_requires_gradient_sync(False): each parameter's unsharded gradient is kept, in the reduce dtype,
     # FSDPParam.to_accumulated_grad_if_needed, until the last microbatch reduces it)
-    no_sync = pp_nosync | (single & xp.logical_not(bool(stack.grad_sync_every_microbatch)))
-    acc = xp.where(no_sync & (m > 1) & lay.fsdp, stack.reduce_bytes * w.trainable(lay, prank), 0.0)
+    held = xp.logical_not(reduces_every_microbatch(stack, lay))
+    acc = xp.where(held & (m > 1) & lay.fsdp, stack.reduce_bytes * w.trainable(lay, prank), 0.0)
     root = rp.root(first, last)
     up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first)

@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.hardware import hardware_label
 from meshplan.estimator.validate import absent_columns, read_rows, validate_rows
-from meshplan.estimator.validate_summary import hardware_label, pct, summarize
+from meshplan.estimator.validate_summary import pct, summarize
 
 
 def default_csv() -> Path:
