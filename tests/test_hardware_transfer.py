@@ -57,3 +57,28 @@ def test_b200_lies_between_torchtitans_runs_and_the_measured_h200_comparison():
               for mb, ac in ((1, "none"), (2, "selective"), (4, "full"))]
     assert all(1.25 < r < 778 / 461 for r in ratios), ratios
     assert ratios == sorted(ratios), ratios
+
+
+def test_h100_constants_carry_to_the_measured_h200_runs():
+    """The core's grid measured on one H100 and on one H200 (data/measurements/, 2026-11-27): the compiled runs on
+    the H200 are predicted within 10 % each from the same stack constants (nothing fitted to the H200 rows), memory
+    within 8 %, and the H200-over-H100 speed-up the profiles predict for each bf16 compiled run is within 5 % of the
+    measured one (1.02-1.07)."""
+    from pathlib import Path
+
+    from meshplan.estimator.validate import read_rows, validate_rows
+
+    here = Path(__file__).resolve().parents[1] / "data" / "measurements"
+    h200 = {r.id: r for r in validate_rows(read_rows(here / "h200-sxm-core-2026-11-27.csv"))}
+    h100 = {r.id: r for r in validate_rows(read_rows(here / "h100-sxm-core-2026-11-27.csv"))}
+    assert len(h200) == 11 and set(h200) == set(h100)
+    compiled = [i for i in h200 if "compile" in i]
+    assert len(compiled) == 7 and all(abs(h200[i].tps_err) <= 0.10 for i in compiled)
+    assert all(abs(r.mem_err) <= 0.08 for r in h200.values())
+    for i in compiled:
+        if "fp8" in i:
+            continue
+        a, b = h100[i], h200[i]
+        predicted = b.predicted_tps_per_gpu / a.predicted_tps_per_gpu
+        measured = b.measured_tps_per_gpu / a.measured_tps_per_gpu
+        assert 1.0 < measured and predicted == pytest.approx(measured, rel=0.05), i
