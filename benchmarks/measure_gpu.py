@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / "data" / "measurements"  # the Llama 3.2 model YAMLs the grid names
+MODELS = ROOT / "data" / "measurements"  # the Llama 3.2 and Qwen3 4B model YAMLs the grid names
 
 # name: (model, seq_len, micro_batch_size, global_batch_size, ac, compile, float8, dtype), most informative first.
 GRID: dict[str, tuple] = {
@@ -43,6 +43,9 @@ GRID: dict[str, tuple] = {
     "1b-s2k-none-eager": ("llama3.2-1b", 2048, 1, 1, "none", False, "none", "float32"),
     "1b-s2k-mbs4-sel-compile": ("llama3.2-1b", 2048, 4, 8, "selective", True, "none", "float32"),
     "3b-s4k-full-compile": ("llama3.2-3b", 4096, 1, 1, "full", True, "none", "float32"),
+    # attention wider than the residual stream (32 heads x 128 over 2560) with QK-norm: the head_dim path
+    "qwen3-4b-s4k-sel-compile-bf16": ("qwen3-4b", 4096, 1, 1, "selective", True, "none", "bfloat16"),
+    "qwen3-4b-s4k-none-compile-bf16": ("qwen3-4b", 4096, 1, 1, "none", True, "none", "bfloat16"),
     # probes (an eighth field: run-config fields the plan does not have): FSDP2 wrapped on one rank, beside the same
     # runs without it, to measure FSDP2's own per-block cost (the estimator's fsdp_overhead_s_per_layer, fitted to
     # multi-GPU runs). Their rows go to probes.csv, not measured.csv: `meshplan validate` would predict them without

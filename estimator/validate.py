@@ -57,6 +57,9 @@ CONFIG_COLUMNS = (
 # name and dimensions when a preset has both, else predicted as the dense model its columns describe)
 RELEASE_COLUMNS = ("source",)
 MOE_COLUMNS = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden", "first_dense_layers")
+# read when present: an attention head's width where it is not hidden / heads (Qwen3 32B: 64 heads of 128 over a
+# 5120-wide stream). A row without it that names a preset of its dimensions takes the preset's (and its QK-norm).
+ATTENTION_COLUMNS = ("head_dim",)
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -349,20 +352,32 @@ def preset_of(cell: str) -> ModelSpec | None:
     return found
 
 
+def _same_dimensions(a: ModelSpec, b: ModelSpec) -> bool:
+    return all(getattr(a, c) == getattr(b, c) for c in DIMENSION_COLUMNS)
+
+
 def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
     """The row's model with its experts: from MoE columns when the row has them, else the preset whose name and
-    dimensions the row's are, else the dense model."""
+    dimensions the row's are, else the dense model. The preset also gives what the schema's columns cannot say: an
+    attention head's width and QK-norm (a `head_dim` cell, when the row has one, wins)."""
     experts = _int(row, "experts", 1) if (row.get("experts") or "").strip() else 1
+    preset = preset_of(dense.name)
     if experts > 1:
         moe = {"experts": experts, "top_k": _int(row, "top_k", 1),
                "expert_ffn_hidden": _int(row, "expert_ffn_hidden", dense.ffn_hidden),
                "shared_ffn_hidden": _int(row, "shared_ffn_hidden", 0),
                "first_dense_layers": _int(row, "first_dense_layers", 0)}
-        return ModelSpec.model_validate({**dense.model_dump(), "moe": moe})
-    preset = preset_of(dense.name)
-    if preset is not None and (preset.moe is not None or preset.mla is not None) \
-            and (preset.layers, preset.hidden) == (dense.layers, dense.hidden):
+        like = preset if preset is not None and _same_dimensions(preset, dense) else None
+        attention = {} if like is None or dense.head_dim is not None else \
+            {"head_dim": like.head_dim, "qk_norm": like.qk_norm}
+        return ModelSpec.model_validate({**dense.model_dump(), **attention, "moe": moe})
+    if preset is None:
+        return dense
+    if (preset.moe is not None or preset.mla is not None) and (preset.layers, preset.hidden) == (dense.layers,
+                                                                                                 dense.hidden):
         return preset.model_copy(update={"name": dense.name})
+    if dense.head_dim is None and _same_dimensions(preset, dense) and preset.moe is None:
+        return dense.model_copy(update={"head_dim": preset.head_dim, "qk_norm": preset.qk_norm})
     return dense
 
 
@@ -425,6 +440,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             kv_heads=_int(row, "kv_heads", _int(row, "heads")), ffn_hidden=_int(row, "ffn_hidden"),
             vocab=_int(row, "vocab"), tied_embeddings=bool(_bool(row, "tied_embeddings")),
             mlp=mlp, norm="layernorm" if mlp == "gelu" else "rmsnorm",
+            head_dim=_int(row, "head_dim") if (row.get("head_dim") or "").strip() else None,
         )
         model = _row_moe(row, model)
     except ValidationError as exc:
@@ -560,7 +576,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
                                      measured_mem_gib=None, error=f"row {base['id'] or '?'}: {exc}", **base))
             continue
         try:
-            cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS}
+            cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS + ATTENTION_COLUMNS}
             est = estimate_row(cells, base["stack"])
             tps, peak = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
             fits = peak <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib

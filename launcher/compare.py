@@ -19,7 +19,7 @@ from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
-from meshplan.estimator.validate import CONFIG_COLUMNS, MEASURED_COLUMNS
+from meshplan.estimator.validate import ATTENTION_COLUMNS, CONFIG_COLUMNS, MEASURED_COLUMNS
 from meshplan.planner.plan_file import Plan, load_plan
 
 WARMUP_STEPS = 2  # the first steps include compilation and allocator warm-up; medians skip them
@@ -31,6 +31,8 @@ GROUND_TRUTH_COLUMNS = (
     "compile", "ac", "async_tp", "measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status", "notes",
 )
 assert set(CONFIG_COLUMNS) | set(MEASURED_COLUMNS) <= set(GROUND_TRUTH_COLUMNS)
+# after the schema's columns, where a run needs them: an attention head's width that is not hidden / heads (Qwen3)
+OPTIONAL_COLUMNS = ATTENTION_COLUMNS
 
 
 @dataclass
@@ -179,6 +181,7 @@ def config_row(plan: Plan, hardware: str) -> dict:
         "cp": p.cp, "global_batch_size": plan.training.global_batch_size, "micro_batch_size": p.micro_batch_size,
         "precision": _precision(p.float8, plan.training.dtype), "float8_recipe": "" if p.float8 == "none" else p.float8,
         "compile": str(p.compile).lower(), "ac": p.ac, "async_tp": str(p.async_tp).lower(),
+        **({"head_dim": m.head_dim} if m.head_dim is not None and m.head_dim * m.heads != m.hidden else {}),
     }
 
 
@@ -216,19 +219,40 @@ def _precision(float8: str, dtype: str) -> str:
     return "bf16-pure" if dtype == "bfloat16" else "bf16"
 
 
+def _needed_optional(row: dict) -> tuple[str, ...]:
+    return tuple(c for c in OPTIONAL_COLUMNS if str(row.get(c, "")).strip())
+
+
 def append_measurement(csv_path: str | Path, row: dict) -> Path:
-    """Append one row, writing the header when the file is new; refuses a file with another schema."""
+    """Append one row, writing the header when the file is new; refuses a file with another schema. The header is
+    the ground-truth schema and, after it, the optional columns (`OPTIONAL_COLUMNS`) its rows need: a row that needs
+    one the file lacks rewrites the file with that column added (empty for the rows before), whole or not at all."""
     csv_path = Path(csv_path)
     exists = csv_path.exists() and csv_path.stat().st_size > 0
+    header: tuple[str, ...] = GROUND_TRUTH_COLUMNS + _needed_optional(row)
     if exists:
         with csv_path.open(newline="") as fh:
-            header = next(csv.reader(fh), [])
-        if tuple(header) != GROUND_TRUTH_COLUMNS:
-            raise MeshplanError(f"{csv_path} is not in the ground-truth schema (its header differs)")
+            reader = csv.reader(fh)
+            found = tuple(next(reader, []))
+            extra = found[len(GROUND_TRUTH_COLUMNS):]
+            if found[:len(GROUND_TRUTH_COLUMNS)] != GROUND_TRUTH_COLUMNS or not set(extra) <= set(OPTIONAL_COLUMNS):
+                raise MeshplanError(f"{csv_path} is not in the ground-truth schema (its header differs)")
+            missing = tuple(c for c in _needed_optional(row) if c not in extra)
+            if not missing:
+                header = found
+            else:  # the file gains the column: rewritten beside, then renamed over it
+                header = found + missing
+                old_rows = list(reader)
+                tmp = csv_path.with_name(csv_path.name + ".tmp")
+                with tmp.open("w", newline="") as out:
+                    w = csv.writer(out)
+                    w.writerow(header)
+                    w.writerows(r + [""] * len(missing) for r in old_rows)
+                tmp.replace(csv_path)
     elif not csv_path.parent.exists():
         raise MeshplanError(f"output folder does not exist: {csv_path.parent}")
     with csv_path.open("a", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=GROUND_TRUTH_COLUMNS)
+        w = csv.DictWriter(fh, fieldnames=header, restval="", extrasaction="ignore")
         if not exists:
             w.writeheader()
         w.writerow(row)

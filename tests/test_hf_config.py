@@ -103,8 +103,13 @@ def test_llama4_explicit_moe_layers_and_the_vision_tower():
     assert any("chunks of 8192 tokens" in n for n in scout.notes)
 
 
+QWEN3_32B = {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
+             "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False}  # Qwen/Qwen3-32B
+
+
 def test_presets_match_their_configs():
-    for preset, cfg in (("mixtral-8x7b", MIXTRAL_8X7B), ("qwen3-30b-a3b", QWEN3_30B_A3B),
+    for preset, cfg in (("qwen3-32b", QWEN3_32B), ("mixtral-8x7b", MIXTRAL_8X7B), ("qwen3-30b-a3b", QWEN3_30B_A3B),
                         ("qwen3-235b-a22b", QWEN3_235B_A22B), ("deepseek-v3", DEEPSEEK_V3),
                         ("llama4-scout", LLAMA4_SCOUT), ("llama4-maverick", LLAMA4_MAVERICK)):
         p, m = load_model(preset), from_hf_config(cfg, preset)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from meshplan.estimator import TrainConfig, estimate, load_hardware, load_model
+from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.validate import read_rows, validate_rows
 from meshplan.launcher.compare import GROUND_TRUTH_COLUMNS
 from meshplan.planner.plan_file import make_plan, save_plan
@@ -170,3 +171,33 @@ def test_appended_row_notes_keep_the_measured_phases(cli, plan_path, tmp_path):
     assert cli("compare", str(run), "--append-csv", str(csv_path)).returncode == 0
     (row,) = csv.DictReader(csv_path.open())
     assert "forward + backward 104.5 ms, optimizer phase (clip, AdamW, per-step) 20.0 ms (medians)" in row["notes"]
+
+
+def test_a_run_whose_heads_are_not_hidden_over_heads_appends_its_head_dim(tmp_path):
+    """The schema's columns cannot say Qwen3's 128-wide heads over a narrower stream: the row carries `head_dim`
+    after the schema's columns. A file without that column gains it (empty for the rows before it), a file with it
+    takes rows that do not need it, and a file with another header is still refused."""
+    from meshplan.launcher.compare import append_measurement, config_row
+
+    def row(model: str, rid: str) -> dict:
+        m, hw = load_model(model), load_hardware("h100-sxm")
+        cfg = TrainConfig(gpus=8, seq_len=4096, global_batch_size=8)
+        plan = make_plan(m, model, hw, cfg, estimate(m, hw, cfg))
+        return {"id": rid, "source": "test", **config_row(plan, "h100-sxm"), "measured_tps_per_gpu": 1000,
+                "measured_mem_gib": 40, "status": "ok"}
+
+    llama, qwen = row("llama3-8b", "l1"), row("qwen3-30b-a3b", "q1")
+    assert "head_dim" not in llama and qwen["head_dim"] == 128
+    path = append_measurement(tmp_path / "m.csv", llama)
+    append_measurement(path, qwen)  # the file gains the column
+    append_measurement(path, {**llama, "id": "l2"})
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert tuple(rows[0]) == GROUND_TRUTH_COLUMNS + ("head_dim",)
+    assert [(r["id"], r["head_dim"]) for r in rows] == [("l1", ""), ("q1", "128"), ("l2", "")]
+    assert [r.error for r in validate_rows(read_rows(path))] == [None] * 3
+    other = tmp_path / "other.csv"
+    other.write_text("id,model,head_dim\n")
+    with pytest.raises(MeshplanError, match="not in the ground-truth schema"):
+        append_measurement(other, qwen)
+    assert other.read_text() == "id,model,head_dim\n"  # refused whole: nothing written

@@ -535,3 +535,49 @@ def test_a_hardware_cell_naming_a_profile_yaml_beside_the_csv_is_read_there(grou
     assert fast.error is None and slow_r.error is None
     assert slow_r.predicted_tps_per_gpu < fast.predicted_tps_per_gpu  # an eighth of the network: FSDP is exposed
     assert set(summarize([fast, slow_r])["by_hardware"]) == {"h100-sxm", "h100-slow-net"}
+
+
+_QWEN3_32B = {"id": "q", "framework": "torchtitan", "model": "Qwen3 32B", "layers": "64", "hidden": "5120",
+              "heads": "64", "kv_heads": "8", "ffn_hidden": "25600", "vocab": "151936", "tied_embeddings": "false",
+              "mlp": "swiglu", "seq_len": "4096", "hardware": "h100-sxm", "gpus": "8", "gpus_per_node": "8",
+              "dp_shard": "8", "tp": "1", "pp": "1", "cp": "1", "global_batch_size": "8", "micro_batch_size": "1",
+              "precision": "bf16", "compile": "true", "ac": "full", "measured_tps_per_gpu": "1000"}
+
+
+def test_an_attention_wider_than_the_stream_comes_from_a_head_dim_cell_or_the_preset_of_that_name():
+    """Qwen3 32B runs 64 heads of 128 over a 5120-wide stream (q-proj 5120 -> 8192), which the schema's columns
+    cannot say: read as hidden / heads (80) it has 30.2 B parameters, not 32.8 B. A `head_dim` cell says it; a row
+    without one takes the preset of its name when the dimensions are the preset's (with its QK-norm); a row whose
+    dimensions differ from the preset's is read as its columns say."""
+    from meshplan.estimator.validate import estimate_row, row_inputs
+
+    def model(**cells):
+        return row_inputs({**_QWEN3_32B, **cells})[0]
+
+    assert (model().head_dim, model().qk_norm) == (128, True) and model().params == pytest.approx(32.76e9, rel=1e-3)
+    assert model(head_dim="80").head_dim == 80  # the cell wins over the preset
+    other = model(model="Qwen3 32B", layers="32")  # not the preset's dimensions: read as given
+    assert other.head_dim is None and other.d_head == 80
+    plain = model(model="my-model")
+    assert plain.head_dim is None and plain.params == pytest.approx(30.2e9, rel=0.01)
+    assert model(model="my-model", head_dim="128").params == pytest.approx(model().params, rel=1e-4)
+    # the estimate follows: the wider attention is more work a token
+    slow = estimate_row({**_QWEN3_32B, "model": "my-model", "head_dim": "128"})["throughput"]
+    fast = estimate_row({**_QWEN3_32B, "model": "my-model"})["throughput"]
+    assert slow["tokens_per_sec_per_gpu"] < 0.95 * fast["tokens_per_sec_per_gpu"]
+    # and validate_rows passes the cell through to the estimate
+    a, b = validate_rows([{**_QWEN3_32B, "model": "my-model", "head_dim": "128"}, {**_QWEN3_32B, "model": "my-model"}])
+    assert a.predicted_tps_per_gpu == pytest.approx(slow["tokens_per_sec_per_gpu"])
+    assert b.predicted_tps_per_gpu == pytest.approx(fast["tokens_per_sec_per_gpu"])
+
+
+def test_measured_qwen3_runs_need_their_head_dim():
+    """Qwen3 4B (32 heads of 128 over 2560) measured on one H100 (data/measurements/h100-sxm-qwen3-2026-11-27.csv,
+    the core compiled, training dtype bfloat16): with the file's head_dim column the runs are predicted within 1 %
+    (tokens/s/GPU) and 5 % (memory); read as hidden / heads, 13-14 % fast and 10-13 % short."""
+    rows = read_rows(ROOT / "data" / "measurements" / "h100-sxm-qwen3-2026-11-27.csv")
+    assert len(rows) == 2 and all(r["head_dim"] == "128" for r in rows)
+    right = validate_rows(rows)
+    assert all(abs(r.tps_err) <= 0.01 and abs(r.mem_err) <= 0.05 for r in right)
+    wrong = validate_rows([{k: v for k, v in r.items() if k != "head_dim"} for r in rows])
+    assert all(r.tps_err >= 0.12 and r.mem_err <= -0.09 for r in wrong)
