@@ -92,6 +92,13 @@ class StackProfile(BaseModel):
         description="TP shards the token embedding over its ranks (torchtitan's RowwiseParallel); false: every TP "
                     "rank holds the whole embedding",
     )
+    compile_whole_model: bool = Field(
+        default=False,
+        description="compile wraps the whole model in one graph (torch.compile(model)), not each block: where no FSDP "
+                    "hook breaks it, the compiled backward returns every gradient at once, so under gradient "
+                    "accumulation a second copy of the rank's gradients is live at the end of each backward after the "
+                    "first (AccumulateGrad adds them then)",
+    )
     pp_reshard_after_forward: bool = Field(
         default=False,
         description="with PP, FSDP2 frees a block's gathered parameters after its forward (all-gathers again in its "

@@ -116,3 +116,21 @@ def test_a_run_past_its_timeout_is_killed_and_logged(tmp_path):
     rc, text = measure_gpu.run_one_rank([str(script)], 10, log, "sleepy")
     assert rc == 124 and "started" in text and text.rstrip().endswith("TIMEOUT after 10 s")
     assert log.getvalue().startswith("===== sleepy rc 124 =====\n")
+
+
+def test_grad_accumulation_benchmark_runs_its_three_modes_and_refuses_cuda_without_a_gpu(tmp_path):
+    """benchmarks/grad_accumulation_memory.py (what `compile_whole_model` was measured with) keeps running between
+    leases: on CPU it runs eager, whole-model and per-block compiled accumulation and writes its JSON; asked for cuda
+    on a machine without one it says so in a line."""
+    script = ROOT / "benchmarks" / "grad_accumulation_memory.py"
+    out = tmp_path / "g.json"
+    r = subprocess.run([sys.executable, str(script), "--device", "cpu", "--out", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [line.split(":")[0].strip() for line in r.stdout.splitlines()] == ["eager", "whole", "block"]
+    assert [x["mode"] for x in json.loads(out.read_text())["results"]] == ["eager", "whole", "block"]
+    import torch
+
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "no CUDA GPU here" in r.stdout and r.stdout.count("\n") == 1
