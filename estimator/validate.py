@@ -356,7 +356,7 @@ def _same_dimensions(a: ModelSpec, b: ModelSpec) -> bool:
     return all(getattr(a, c) == getattr(b, c) for c in DIMENSION_COLUMNS)
 
 
-def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
+def _row_model(row: dict, dense: ModelSpec) -> ModelSpec:
     """The row's model with its experts: from MoE columns when the row has them, else the preset whose name and
     dimensions the row's are, else the dense model. The preset also gives what the schema's columns cannot say: an
     attention head's width and QK-norm (a `head_dim` cell, when the row has one, wins)."""
@@ -375,8 +375,9 @@ def _row_moe(row: dict, dense: ModelSpec) -> ModelSpec:
         return dense
     if (preset.moe is not None or preset.mla is not None) and (preset.layers, preset.hidden) == (dense.layers,
                                                                                                  dense.hidden):
-        return preset.model_copy(update={"name": dense.name})
-    if dense.head_dim is None and _same_dimensions(preset, dense) and preset.moe is None:
+        given = {} if dense.head_dim is None else {"head_dim": dense.head_dim}
+        return preset.model_copy(update={"name": dense.name, **given})
+    if dense.head_dim is None and _same_dimensions(preset, dense):
         return dense.model_copy(update={"head_dim": preset.head_dim, "qk_norm": preset.qk_norm})
     return dense
 
@@ -442,7 +443,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             mlp=mlp, norm="layernorm" if mlp == "gelu" else "rmsnorm",
             head_dim=_int(row, "head_dim") if (row.get("head_dim") or "").strip() else None,
         )
-        model = _row_moe(row, model)
+        model = _row_model(row, model)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
