@@ -73,6 +73,8 @@ def cases(float8_tensorwise: bool) -> dict[str, Plan]:
                                     ep=8, float8=f8, compile=True),
         "qwen3-30b-ep8-full-ac": plan("qwen3-30b-a3b", 16, decay="linear", global_batch_size=32, seq_len=4096,
                                       ep=8, ac="full"),
+        # a dense model whose attention is wider than its stream (64 heads of 128 over 5120, QK-norm)
+        "qwen3-32b-fsdp-tp4": plan("qwen3-32b", 32, tp=4, global_batch_size=32, seq_len=4096, ac="full"),
         # training dtype bfloat16 (bf16 parameters, gradients and AdamW state), TP without FSDP as the planner ranks it
         "8b-tp8-bf16": plan("llama3-8b", 8, tp=8, global_batch_size=16, seq_len=4096, ac="full", dtype="bfloat16"),
     }

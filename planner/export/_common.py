@@ -36,6 +36,7 @@ TITAN_MODELS = {
     "llama3-405b": TitanModel("llama3", "405B", "llama3_405b", "./assets/hf/Llama-3.1-405B"),
     "deepseek-v3-16b": TitanModel("deepseek_v3", "16B", "deepseek_v3_16b", "./assets/hf/deepseek-moe-16b-base"),
     "deepseek-v3": TitanModel("deepseek_v3", "671B", "deepseek_v3_671b", "./assets/hf/DeepSeek-V3.1-Base"),
+    "qwen3-32b": TitanModel("qwen3", "32B", "qwen3_32b", "./assets/hf/Qwen3-32B", False),
     "qwen3-30b-a3b": TitanModel("qwen3", "30B-A3B", "qwen3_30b_a3b", "./assets/hf/Qwen3-30B-A3B", False),
     # 0.3.0 has no config function for 235B-A22B: the job starts from 30B-A3B's and swaps in the flavor
     "qwen3-235b-a22b": TitanModel("qwen3", "235B-A22B", "qwen3_30b_a3b", "./assets/hf/Qwen3-235B-A22B", False),
