@@ -36,7 +36,12 @@ def validate_cmd(
 ) -> None:
     """Predict every row of a runs CSV from its configuration columns only; print predicted vs measured
     tokens/s/GPU and peak memory, and the mean absolute percentage error by framework and by hardware part
-    (with its bias)."""
+    (with its bias).
+
+    Columns read beyond the schema when present: ep, experts, top_k,
+    expert_ffn_hidden, shared_ffn_hidden, first_dense_layers (a mixture of
+    experts); head_dim (a head's width where it is not hidden / heads). A row
+    without them that names a preset of its dimensions takes the preset's."""
     if csv_path is None:
         csv_path = default_csv()
         if not csv_path.exists():
