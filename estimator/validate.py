@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,6 +42,8 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
+from meshplan.estimator.row_cells import FALSE, TRUE, cell_bool, cell_float, cell_int, squash
+from meshplan.estimator.row_model import DIMENSION_COLUMNS, row_model
 from meshplan.estimator.run_dates import documented_month, notes_month
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
 
@@ -131,47 +132,6 @@ class RowResult:
         }
 
 
-_K_COLUMNS = {"seq_len"}  # columns logs write in thousands of tokens (`8k` = 8,192, `128K` = 131,072)
-_MISSING = {"", "nan", "-", "n/a", "na", "none", "null"}  # how sweeps and pandas write an empty cell
-_NOT_MEASURED = _MISSING | {"oom"}  # a measured column also says it had nothing to measure
-
-
-def _int(row: dict, key: str, default: int | None = None) -> int:
-    cell = (row.get(key) or "").strip()
-    if cell.lower() in _MISSING:
-        cell = ""
-    if not cell:
-        if default is None:
-            raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is empty")
-        return default
-    scale = 1
-    if cell[-1:] in ("k", "K") and key in _K_COLUMNS:  # `8k` tokens, as logs write sequence lengths
-        cell, scale = cell[:-1].strip(), 1024
-    try:
-        value = float(cell) * scale
-    except ValueError:
-        raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is not a number: {cell!r}") from None
-    if not value.is_integer():
-        raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' must be a whole number, got {cell}")
-    return int(value)
-
-
-_TRUE = {"true", "1", "yes", "y", "t", "on", "enabled", "enable"}
-_FALSE = {"false", "0", "no", "n", "f", "off", "disabled", "disable", "none"}
-
-
-def _bool(row: dict, key: str) -> bool | None:
-    """A yes / no column (true / false, 1 / 0, yes / no, on / off, enabled / disabled); empty: None."""
-    cell = (row.get(key) or "").strip().lower()
-    if not cell:
-        return None
-    if cell in _TRUE:
-        return True
-    if cell in _FALSE:
-        return False
-    raise MeshplanError(f"row {row.get('id', '?')}: column '{key}' is not true or false: {cell!r}")
-
-
 # precision as frameworks write it: Float8 (torchao, TE fp8 current / delayed scaling) or bf16 mixed precision
 _FP8 = re.compile(r"^(fp8|float8|te[-_ ]?fp8)([-_ ].*)?$")
 
@@ -181,18 +141,6 @@ def _precision(row: dict) -> str:
     lowercase (bf16, bf16-pure, amp_bf16: bf16 mixed precision)."""
     cell = (row.get("precision") or "bf16").strip().lower()
     return "fp8" if _FP8.match(cell) else cell
-
-
-def _float(cell: str | None, column: str = "value") -> float | None:
-    """A measured number; None where the cell is empty or says it is missing (`nan`, `-`, `N/A`, `OOM`)."""
-    text = (cell or "").strip()
-    if text.lower() in _NOT_MEASURED:
-        return None
-    try:
-        value = float(text.replace(",", ""))
-    except ValueError:
-        raise MeshplanError(f"column '{column}' is not a number: {text!r}") from None
-    return value if math.isfinite(value) else None
 
 
 DEFAULT_STACK = "torchtitan"  # an empty framework cell
@@ -213,7 +161,7 @@ def row_stack(row: dict) -> str:
     framework = (row.get("framework") or DEFAULT_STACK).strip()
     framework = FRAMEWORK_STACKS.get(framework, framework)
     if framework not in stack_names():  # the framework as a log spells it: TorchTitan, Nanotron, llm_foundry
-        framework = {_squash(n): n for n in stack_names()}.get(_squash(framework), FALLBACK_STACK)
+        framework = {squash(n): n for n in stack_names()}.get(squash(framework), FALLBACK_STACK)
     if _ZERO1.search(row.get("notes") or "") and f"{framework}-zero1" in stack_names():
         return f"{framework}-zero1"
     source = row.get("source") or ""
@@ -236,14 +184,14 @@ def pp_schedule_name(cell: str | None) -> str:
     """The pipeline schedule a row names, as meshplan calls it (empty: 1F1B); a name it does not know is returned
     as written, for the configuration's one-line error to name."""
     raw = (cell or "").strip()
-    key = _squash(raw).removeprefix("schedule")
+    key = squash(raw).removeprefix("schedule")
     return _SCHEDULE_NAMES.get(key, raw) if raw else "1F1B"
 
 
 # activation checkpointing as frameworks write it -> meshplan's mode: nanotron's recompute_layer (a bool), Megatron-LM's
 # recompute granularity (full / selective), torchtitan's modes (none / selective / full, op / layer selective)
 _AC_NAMES = {
-    **dict.fromkeys(_FALSE | {""}, "none"), **dict.fromkeys(_TRUE, "full"),  # a yes / no cell: recompute_layer
+    **dict.fromkeys(FALSE | {""}, "none"), **dict.fromkeys(TRUE, "full"),  # a yes / no cell: recompute_layer
     "full": "full", "recomputelayer": "full", "layer": "full", "fullrecompute": "full", "block": "full",
     "uniform": "full",
     "selective": "selective", "op": "selective", "sac": "selective", "selectiveop": "selective",
@@ -255,14 +203,14 @@ def ac_name(cell: str | None) -> str:
     """The activation checkpointing mode a row names, as meshplan calls it; a word it does not know is returned as
     written, for the configuration's one-line error to name."""
     raw = (cell or "").strip()
-    return _AC_NAMES.get(_squash(raw), raw)
+    return _AC_NAMES.get(squash(raw), raw)
 
 
 def _dp_ranks(row: dict) -> int | None:
     """Data-parallel ranks of a row, gpus / (tp x pp x cp); None where the columns give no whole number (the
     configuration's own check then says what is wrong)."""
-    model_ranks = _int(row, "tp", 1) * _int(row, "pp", 1) * _int(row, "cp", 1)
-    gpus = _int(row, "gpus")
+    model_ranks = cell_int(row, "tp", 1) * cell_int(row, "pp", 1) * cell_int(row, "cp", 1)
+    gpus = cell_int(row, "gpus")
     return gpus // model_ranks if model_ranks > 0 and gpus % model_ranks == 0 else None
 
 
@@ -283,7 +231,7 @@ def run_status(cell: str | None) -> str:
     """A run's status as `ok` or `oom` where a sweep words it otherwise ("success", "OOM", "CUDA out of memory",
     "OutOfMemoryError"); any other status as written, lowercase (not judged by the fit agreement)."""
     raw = (cell or "").strip().lower()
-    squashed = _squash(raw)
+    squashed = squash(raw)
     if raw in _OK_STATUS:
         return "ok"
     if "oom" in squashed or "outofmemory" in squashed:
@@ -300,86 +248,6 @@ def memory_kind(notes: str | None) -> str:
     and the schema's peak reserved)."""
     text = notes or ""
     return "allocated" if _ALLOCATED.search(text) and "reserved" not in text.lower() else "reserved"
-
-
-def _squash(name: str) -> str:
-    """A model name reduced to lowercase letters and digits, an organisation prefix dropped
-    (`Qwen/Qwen3-30B-A3B` -> `qwen330ba3b`)."""
-    return data_files.name_key(name.rsplit("/", 1)[-1])
-
-
-@lru_cache(maxsize=1)
-def _presets() -> dict[str, ModelSpec]:
-    """Every model preset by its squashed name and description (with and without its parenthesis); a Llama 3.1
-    preset also by its Llama 3 name (the same dimensions: `Llama 3 8B`, `Meta-Llama-3-70B`)."""
-    from meshplan.estimator.model_spec import load_model, preset_names
-
-    out = {}
-    for name in preset_names():
-        spec = load_model(name)
-        label = spec.description.split(" (")[0]
-        for key in (name, spec.description, label, label.replace("Llama 3.1 ", "Llama 3 ")):
-            if key:
-                out.setdefault(_squash(key), spec)
-    return out
-
-
-# words after a model's name that name a checkpoint of the same architecture: Hugging Face's -Base / -Instruct /
-# -hf, a version or a release date (Mixtral-8x7B-v0.1, Qwen3-30B-A3B-Instruct-2507, DeepSeek-V3-0324)
-_CHECKPOINT_WORD = re.compile(r"^(base|instruct|chat|hf|it|pretrain(ed)?|v\d+(\.\d+)*|\d{4}|\d{6})$", re.IGNORECASE)
-# names of the same architecture a preset does not carry: torchtitan's 16B deepseek_v3 flavor is DeepSeek-V2-Lite's shape
-_SAME_SHAPE = {"deepseekv2lite": "deepseekv316b"}
-
-
-def preset_of(cell: str) -> ModelSpec | None:
-    """The model preset a row's `model` cell names, as logs and Hugging Face write it (`Llama 3.1 8B`, `llama3-8b`,
-    `meta-llama/Meta-Llama-3.1-8B`, `Qwen/Qwen3-30B-A3B`), also with a checkpoint's words after it
-    (`Qwen3-30B-A3B-Instruct-2507`, `Mixtral-8x7B-v0.1`, `Llama 3.1 8B (torchtitan)`); None if none."""
-    presets = _presets()
-
-    def lookup(text: str) -> ModelSpec | None:
-        key = _squash(text)
-        key = _SAME_SHAPE.get(key, key)
-        return presets.get(key) or (presets.get(key[len("meta"):]) if key.startswith("meta") else None)
-
-    found = lookup(cell or "")
-    if found is None and cell:
-        words = re.split(r"[\s_\-]+", re.sub(r"\([^)]*\)", " ", cell.rsplit("/", 1)[-1]).strip())
-        found = lookup(" ".join(words)) if words else None
-        while found is None and len(words) > 1 and _CHECKPOINT_WORD.match(words[-1]):
-            words.pop()  # one word at a time: DeepSeek-V3-Base is DeepSeek-V3 before its `V3` is taken for a version
-            found = lookup(" ".join(words))
-    return found
-
-
-def _same_dimensions(a: ModelSpec, b: ModelSpec) -> bool:
-    return all(getattr(a, c) == getattr(b, c) for c in DIMENSION_COLUMNS)
-
-
-def _row_model(row: dict, dense: ModelSpec) -> ModelSpec:
-    """The row's model with its experts: from MoE columns when the row has them, else the preset whose name and
-    dimensions the row's are, else the dense model. The preset also gives what the schema's columns cannot say: an
-    attention head's width and QK-norm (a `head_dim` cell, when the row has one, wins)."""
-    experts = _int(row, "experts", 1) if (row.get("experts") or "").strip() else 1
-    preset = preset_of(dense.name)
-    if experts > 1:
-        moe = {"experts": experts, "top_k": _int(row, "top_k", 1),
-               "expert_ffn_hidden": _int(row, "expert_ffn_hidden", dense.ffn_hidden),
-               "shared_ffn_hidden": _int(row, "shared_ffn_hidden", 0),
-               "first_dense_layers": _int(row, "first_dense_layers", 0)}
-        like = preset if preset is not None and _same_dimensions(preset, dense) else None
-        attention = {} if like is None or dense.head_dim is not None else \
-            {"head_dim": like.head_dim, "qk_norm": like.qk_norm}
-        return ModelSpec.model_validate({**dense.model_dump(), **attention, "moe": moe})
-    if preset is None:
-        return dense
-    if (preset.moe is not None or preset.mla is not None) and (preset.layers, preset.hidden) == (dense.layers,
-                                                                                                 dense.hidden):
-        given = {} if dense.head_dim is None else {"head_dim": dense.head_dim}
-        return preset.model_copy(update={"name": dense.name, **given})
-    if dense.head_dim is None and _same_dimensions(preset, dense):
-        return dense.model_copy(update={"head_dim": preset.head_dim, "qk_norm": preset.qk_norm})
-    return dense
 
 
 PURE_BF16 = {"bf16-pure", "bf16_pure", "pure-bf16", "pure_bf16", "pure bf16", "bf16 pure"}
@@ -402,7 +270,7 @@ def data_parallel(row: dict, stack) -> tuple[int, int]:
     """(dp_replicate, dp_shard) of a row. A framework without FSDP (`fsdp: none` in its stack profile: nanotron's
     data parallelism is DDP, ZeRO-1 at most) runs every data-parallel rank as a replica, however the row's writer
     split its dp between the two columns: dp_shard (given or inferred from the world size) joins dp_replicate."""
-    dp_replicate, dp_shard = _int(row, "dp_replicate", 1), _int(row, "dp_shard", -1)
+    dp_replicate, dp_shard = cell_int(row, "dp_replicate", 1), cell_int(row, "dp_shard", -1)
     if stack.fsdp != "none" or dp_shard == 1:
         return dp_replicate, dp_shard
     if dp_shard == -1:
@@ -413,64 +281,33 @@ def data_parallel(row: dict, stack) -> tuple[int, int]:
     return dp_replicate * dp_shard, 1
 
 
-DIMENSION_COLUMNS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
-
-
-def _preset_without_dimensions(row: dict) -> ModelSpec | None:
-    """The preset a row names when it gives none of the model's dimensions (a team's own log: the model by name);
-    None when it gives any (they are read as they are). A name that is no preset is a one-line error."""
-    if any((row.get(c) or "").strip() for c in DIMENSION_COLUMNS):
-        return None
-    preset = preset_of(row.get("model") or "")
-    if preset is None:
-        raise MeshplanError(
-            f"row {row.get('id', '?')}: no model dimensions and model {(row.get('model') or '').strip()!r} is no "
-            f"preset: fill {', '.join(DIMENSION_COLUMNS)} (or name a preset: meshplan models)")
-    return preset
-
-
 def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, str, TrainConfig]:
     """Model, hardware id, stack id (`row_stack` unless given) and config of one row, from its configuration
     columns only."""
-    mlp = (row.get("mlp") or "swiglu").strip().lower()
-    mlp = {"silu": "swiglu", "swish": "swiglu"}.get(mlp, mlp)  # Llama's gated SiLU as configs name its activation
-    try:
-        model = _preset_without_dimensions(row) or ModelSpec(
-            name=(row.get("model") or row.get("id") or "model").strip(),
-            layers=_int(row, "layers"), hidden=_int(row, "hidden"), heads=_int(row, "heads"),
-            kv_heads=_int(row, "kv_heads", _int(row, "heads")), ffn_hidden=_int(row, "ffn_hidden"),
-            vocab=_int(row, "vocab"), tied_embeddings=bool(_bool(row, "tied_embeddings")),
-            mlp=mlp, norm="layernorm" if mlp == "gelu" else "rmsnorm",
-            head_dim=_int(row, "head_dim") if (row.get("head_dim") or "").strip() else None,
-        )
-        model = _row_model(row, model)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise MeshplanError(f"row {row.get('id', '?')}: {where + ': ' if where else ''}{err['msg']}") from None
+    model = row_model(row)
     stack_id = stack_id or row_stack(row)
     stack = _stack(stack_id)
-    pp = _int(row, "pp", 1)
+    pp = cell_int(row, "pp", 1)
     schedule = pp_schedule_name(row.get("pp_schedule"))
-    vpp = _int(row, "vpp", -1)  # -1: empty (the schedule's default)
+    vpp = cell_int(row, "vpp", -1)  # -1: empty (the schedule's default)
     precision = _precision(row)
     recipe = (row.get("float8_recipe") or "").strip() or ("tensorwise" if precision == "fp8" else "none")
-    compile_ = _bool(row, "compile")
+    compile_ = cell_bool(row, "compile")
     dp_replicate, dp_shard = data_parallel(row, stack)
     try:
         cfg = TrainConfig(
-            gpus=_int(row, "gpus"), gpus_per_node=_int(row, "gpus_per_node", 8),
+            gpus=cell_int(row, "gpus"), gpus_per_node=cell_int(row, "gpus_per_node", 8),
             dp_replicate=dp_replicate, dp_shard=dp_shard,
-            tp=_int(row, "tp", 1), pp=pp, cp=_int(row, "cp", 1), ep=_int(row, "ep", 1),
+            tp=cell_int(row, "tp", 1), pp=pp, cp=cell_int(row, "cp", 1), ep=cell_int(row, "ep", 1),
             pp_schedule=schedule, vpp=None if vpp == -1 else vpp,
-            seq_len=_int(row, "seq_len"),
-            global_batch_size=batch_that_divides(row, _global_batch(row), _int(row, "micro_batch_size", 1)),
-            micro_batch_size=_int(row, "micro_batch_size", 1),
+            seq_len=cell_int(row, "seq_len"),
+            global_batch_size=batch_that_divides(row, _global_batch(row), cell_int(row, "micro_batch_size", 1)),
+            micro_batch_size=cell_int(row, "micro_batch_size", 1),
             ac=ac_name(row.get("ac")),
             compile=stack.default_compile if compile_ is None else compile_,
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
-            async_tp=bool(_bool(row, "async_tp")) and _int(row, "tp", 1) > 1, dtype=training_dtype(row),
+            async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),
         )
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -488,11 +325,11 @@ def _global_batch(row: dict) -> int:
     accumulation, what a log that states only its local batch ran), where the columns give whole data-parallel
     ranks."""
     if (row.get("global_batch_size") or "").strip():
-        return _int(row, "global_batch_size")
+        return cell_int(row, "global_batch_size")
     dp = _dp_ranks(row)
     if not dp:
-        return _int(row, "global_batch_size")  # the empty-column error
-    return dp * _int(row, "micro_batch_size", 1)
+        return cell_int(row, "global_batch_size")  # the empty-column error
+    return dp * cell_int(row, "micro_batch_size", 1)
 
 
 # the columns without which no row can be predicted; the others of CONFIG_COLUMNS, when a CSV leaves them out, are
@@ -570,8 +407,8 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         )
         try:
             base.update(stack=stack or row_stack(row),
-                        measured_tps_per_gpu=_float(row.get("measured_tps_per_gpu"), "measured_tps_per_gpu"),
-                        measured_mem_gib=_float(row.get("measured_mem_gib"), "measured_mem_gib"))
+                        measured_tps_per_gpu=cell_float(row.get("measured_tps_per_gpu"), "measured_tps_per_gpu"),
+                        measured_mem_gib=cell_float(row.get("measured_mem_gib"), "measured_mem_gib"))
         except MeshplanError as exc:
             results.append(RowResult(predicted_tps_per_gpu=None, predicted_mem_gib=None, measured_tps_per_gpu=None,
                                      measured_mem_gib=None, error=f"row {base['id'] or '?'}: {exc}", **base))
@@ -599,12 +436,12 @@ def _cell(row: dict) -> str:
     (what a sweep holds fixed while it varies the layout); rows of one cell are ranked against each other."""
     def num(key: str) -> str:
         try:
-            value = _float(row.get(key), key)
+            value = cell_float(row.get(key), key)
         except MeshplanError:
             value = None
         return f"{value:g}" if value is not None else (row.get(key) or "").strip()
 
     hw = (row.get("hardware") or "").strip()
-    model = _squash(row.get("model") or "") or f"{num('layers')} layers x {num('hidden')}"
+    model = squash(row.get("model") or "") or f"{num('layers')} layers x {num('hidden')}"
     return " | ".join([(row.get("framework") or "").strip().lower(), model,
                        hardware_label(hw), f"{num('gpus')} GPUs", f"seq {num('seq_len')}"])

@@ -219,17 +219,14 @@ def _precision(float8: str, dtype: str) -> str:
     return "bf16-pure" if dtype == "bfloat16" else "bf16"
 
 
-def _needed_optional(row: dict) -> tuple[str, ...]:
-    return tuple(c for c in OPTIONAL_COLUMNS if str(row.get(c, "")).strip())
-
-
 def append_measurement(csv_path: str | Path, row: dict) -> Path:
     """Append one row, writing the header when the file is new; refuses a file with another schema. The header is
     the ground-truth schema and, after it, the optional columns (`OPTIONAL_COLUMNS`) its rows need: a row that needs
     one the file lacks rewrites the file with that column added (empty for the rows before), whole or not at all."""
     csv_path = Path(csv_path)
     exists = csv_path.exists() and csv_path.stat().st_size > 0
-    header: tuple[str, ...] = GROUND_TRUTH_COLUMNS + _needed_optional(row)
+    needed = tuple(c for c in OPTIONAL_COLUMNS if str(row.get(c, "")).strip())
+    header: tuple[str, ...] = GROUND_TRUTH_COLUMNS + needed
     if exists:
         with csv_path.open(newline="") as fh:
             reader = csv.reader(fh)
@@ -237,7 +234,7 @@ def append_measurement(csv_path: str | Path, row: dict) -> Path:
             extra = found[len(GROUND_TRUTH_COLUMNS):]
             if found[:len(GROUND_TRUTH_COLUMNS)] != GROUND_TRUTH_COLUMNS or not set(extra) <= set(OPTIONAL_COLUMNS):
                 raise MeshplanError(f"{csv_path} is not in the ground-truth schema (its header differs)")
-            missing = tuple(c for c in _needed_optional(row) if c not in extra)
+            missing = tuple(c for c in needed if c not in extra)
             if not missing:
                 header = found
             else:  # the file gains the column: rewritten beside, then renamed over it

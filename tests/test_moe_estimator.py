@@ -179,7 +179,7 @@ def test_a_checkpoints_name_finds_its_architectures_preset(cell, preset):
     """Hugging Face checkpoints of one architecture (-Base, -Instruct, a version or release date) are its preset,
     so a MoE run's row named after its checkpoint is predicted with its experts, not as the dense model its
     columns describe."""
-    from meshplan.estimator.validate import preset_of
+    from meshplan.estimator.row_model import preset_of
 
     assert preset_of(cell).name == preset
 
@@ -194,7 +194,7 @@ def test_a_moe_row_named_after_its_checkpoint_keeps_its_experts(ground_truth):
 
 
 def preset_is_none(cell: str) -> bool:
-    from meshplan.estimator.validate import preset_of
+    from meshplan.estimator.row_model import preset_of
 
     return preset_of(cell) is None
 
