@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     a = ap.parse_args(argv)
+    if a.out is not None and not a.out.parent.is_dir():
+        print(f"grad_accumulation_memory: the folder for --out does not exist: {a.out.parent}")
+        return 2
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -129,6 +129,9 @@ def test_grad_accumulation_benchmark_runs_its_three_modes_and_refuses_cuda_witho
     assert r.returncode == 0, r.stderr
     assert [line.split(":")[0].strip() for line in r.stdout.splitlines()] == ["eager", "whole", "block"]
     assert [x["mode"] for x in json.loads(out.read_text())["results"]] == ["eager", "whole", "block"]
+    bad = subprocess.run([sys.executable, str(script), "--device", "cpu", "--out", str(tmp_path / "no" / "g.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout.count("\n") == 1 and "does not exist" in bad.stdout and not bad.stderr
     import torch
 
     if not torch.cuda.is_available():
