@@ -158,6 +158,10 @@ class StackProfile(BaseModel):
                                        "compute stream (FSDP2: read + write of bf16 = 4; FSDP1's flat views: 0)")
     comm_compute_slowdown: float = Field(ge=0)
     tp_overlap: float = Field(ge=0, le=1)
+    sp_copy_bytes_per_element: float = Field(
+        default=0.0, ge=0,
+        description="HBM bytes per activation element each sequence-parallel collective copies on the compute "
+                    "stream (DTensor Shard(1): funcol's chunk + cat, a bf16 read + write = 4; 0: none)")
     async_tp_overlap: float = Field(ge=0, le=1)
     async_tp_gemm_factor: float = Field(gt=0, le=1)
     pp_overhead_s_per_microbatch: float = Field(ge=0, description="schedule + P2P wait per stage per microbatch")

@@ -44,16 +44,18 @@ class TPTimes:
 
     total_s: np.ndarray  # every TP collective
     overlap: np.ndarray  # share hidden behind compute (async TP micro-pipelining or the stack's plain overlap)
+    copy_s: np.ndarray | float = 0.0  # the collectives' layout copies on the compute stream (never hidden)
 
     @property
     def exposed_s(self) -> np.ndarray:
-        return self.total_s * (1 - self.overlap)
+        return self.total_s * (1 - self.overlap) + self.copy_s
 
 
 def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers) -> TPTimes:
     """Per block: 2 all-gathers + 2 reduce-scatters of tokens x hidden forward, the same backward, and the
     all-gathers again when the forward is recomputed (full AC) or the inputs re-gathered (op-SAC). Tensorwise
-    Float8 all-gathers the activations in fp8 (1 byte). TP stays inside a node in the plans meshplan ranks; a
+    Float8 all-gathers the activations in fp8 (1 byte). Eager DTensor copies each collective's tensor once more on
+    the compute stream (`copy_s`, HBM-bound). TP stays inside a node in the plans meshplan ranks; a
     configuration whose TP group spans nodes (Megatron-LM and nanotron run them) rings over the nodes' NICs."""
     h, t, gpn = float(model.hidden), lay.tp, lay.gpus_per_node
     spans = t > gpn  # a flat ring: every step waits for the slowest (inter-node) link
@@ -64,7 +66,17 @@ def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: La
     n_ag = 4 + xp.where(lay.full_ac, 2, xp.where(lay.selective_ac, 2, 0))
     n_rs = 4 + xp.where(lay.full_ac, 2, 0)
     total = layers * (n_ag * ring_s(ag_bytes, t, bw, lat) + n_rs * ring_s(rs_bytes, t, bw, lat))
-    return TPTimes(total_s=total, overlap=xp.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap))
+    # DTensor's sequence-parallel collectives run along the sequence dimension (Shard(1) of [batch, seq, hidden])
+    # while NCCL works along dim 0: funcol's reduce_scatter_tensor first copies its whole input into rank-major
+    # order (chunk + cat), and all_gather_tensor copies its output back (chunk + cat) unless one sequence a
+    # microbatch lets it take a view: a full-size copy on the compute stream each. Counted in eager mode only: the
+    # compiled TP runs of runs.csv show none (r0010 beside its async-TP twin r0011 would be 9 points slower with
+    # them); what inductor makes of the chunk + cat was not traced. Async TP's fused matmul-collectives write in place
+    eager_sp = (t > 1) & ~lay.async_tp & ~lay.compiled
+    copies = xp.where(eager_sp, n_rs + xp.where(lay.micro_batch > 1, n_ag, 0), 0)
+    copy = layers * copies * lay.tokens_mb * h * stack.sp_copy_bytes_per_element / hbm_bytes_per_s(hw)
+    return TPTimes(total_s=total, overlap=xp.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap),
+                   copy_s=copy)
 
 
 def cp_exposed_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers,
