@@ -151,21 +151,24 @@ def test_tp_collectives_ring_over_the_network_when_the_group_spans_nodes(tp, ms)
     assert float(np.asarray(t.total_s).ravel()[0]) * 1e3 == pytest.approx(ms, rel=1e-6)
 
 
-@pytest.mark.parametrize(("micro_batch", "compile_", "async_tp", "copies"), [
+@pytest.mark.parametrize(("micro_batch", "compile_", "async_tp", "float8", "copies"), [
     # one sequence a microbatch: the 4 reduce-scatters (no AC) copy their input; the all-gathers take a view
-    (1, False, False, 4),
+    (1, False, False, "none", 4),
     # two sequences: the 4 all-gathers copy their output too
-    (2, False, False, 8),
+    (2, False, False, "none", 8),
+    # tensorwise Float8 all-gathers fp8 activations: their copies move half the bytes (4 + 4 x 1/2)
+    (2, False, False, "tensorwise", 6),
     # compiled, or async TP's fused matmul-collectives: none
-    (2, True, False, 0),
-    (2, True, True, 0),
+    (2, True, False, "none", 0),
+    (2, True, True, "none", 0),
 ])
-def test_eager_sequence_parallel_copies_each_collective_on_the_compute_stream(micro_batch, compile_, async_tp, copies):
+def test_eager_sequence_parallel_copies_each_collective_on_the_compute_stream(micro_batch, compile_, async_tp, float8,
+                                                                              copies):
     """DTensor's Shard(1) collectives: funcol's chunk + cat copies a block's tokens x hidden bf16 tensor (read +
     write, 4 B an element) per collective. 8B (hidden 4,096), 4,096-token sequences, TP 8 on an H100 SXM (3.35 TB/s
     x 0.8 achieved): one copy of one sequence is 4,096 x 4,096 x 4 B / 2.68e12 B/s = 25.04 us."""
     la = lay(gpus=8, tp=8, dp_shard=1, seq_len=4096, micro_batch_size=micro_batch, global_batch_size=micro_batch,
-             ac="none", compile=compile_, async_tp=async_tp)
+             ac="none", compile=compile_, async_tp=async_tp, float8=float8)
     t = comms.tp_times(M8, H100, TT, la, 1)
     one = micro_batch * 4096 * 4096 * 4 / (3.35e12 * 0.8)
     assert float(np.asarray(t.copy_s).ravel()[0]) == pytest.approx(copies * one, rel=1e-6)

@@ -73,8 +73,9 @@ def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: La
     # compiled TP runs of runs.csv show none (r0010 beside its async-TP twin r0011 would be 9 points slower with
     # them); what inductor makes of the chunk + cat was not traced. Async TP's fused matmul-collectives write in place
     eager_sp = (t > 1) & ~lay.async_tp & ~lay.compiled
-    copies = xp.where(eager_sp, n_rs + xp.where(lay.micro_batch > 1, n_ag, 0), 0)
-    copy = layers * copies * lay.tokens_mb * h * stack.sp_copy_bytes_per_element / hbm_bytes_per_s(hw)
+    # (bytes a bf16 element copied: sp_copy_bytes_per_element; an fp8 all-gather's output copies half as many)
+    copied = xp.where(eager_sp, n_rs * rs_bytes + xp.where(lay.micro_batch > 1, n_ag * ag_bytes, 0.0), 0.0) / BF16
+    copy = layers * copied * stack.sp_copy_bytes_per_element / hbm_bytes_per_s(hw)
     return TPTimes(total_s=total, overlap=xp.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap),
                    copy_s=copy)
 
