@@ -61,9 +61,9 @@ def _set(obj, path: str, value: float) -> None:
 
 
 def _releases(stack_id: str) -> list:
-    """The cached profile `stack_id` and every release profile that extends it (`family`), so a fitted
-    value reaches the rows each release predicts. The releases differ only in fields not in PARAMS
-    (torchtitan-2024: the uncompiled loss), so they share every fitted value."""
+    """The cached profile `stack_id` and every profile that extends it (`family`: its releases, and generic and
+    the profiles extending generic), so a fitted value reaches the rows each predicts; `set_values` leaves a
+    profile's own value of a constant alone (generic's measured FSDP2 hooks)."""
     from meshplan.estimator.stack import stack_names
 
     return [V._stack(stack_id)] + [
@@ -100,10 +100,13 @@ def current_values() -> dict[tuple[str, str], float]:
 
 
 def set_values(values: dict[tuple[str, str], float]) -> None:
-    """Put `values` into every release of each stack profile (the cached objects validate uses)."""
+    """Put `values` into each stack profile and every profile that inherits the constant from it (the cached objects
+    validate uses)."""
     for (sid, path), value in values.items():
+        inherited = _get(V._stack(sid), path)  # what a profile holds that took the constant from `sid`
         for stack in _releases(sid):
-            _set(stack, path, value)
+            if stack.id == sid or _get(stack, path) == inherited:
+                _set(stack, path, value)
 
 
 def neutral_start() -> dict[tuple[str, str], float]:

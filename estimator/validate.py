@@ -43,6 +43,7 @@ from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
 from meshplan.estimator.row_cells import FALSE, TRUE, cell_bool, cell_float, cell_int, squash
+from meshplan.estimator.row_corrections import apply_corrections
 from meshplan.estimator.row_model import DIMENSION_COLUMNS, row_model
 from meshplan.estimator.run_dates import documented_month, notes_month
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
@@ -82,6 +83,7 @@ class RowResult:
     cell: str = ""  # framework | model | part | GPUs | seq: the runs a sweep varies the layout of (`_cell`)
     mem_kind: str = "reserved"  # what the measured memory is: the allocator's peak reserved, or its peak allocated
     moe: bool = False  # a mixture-of-experts model (its estimates take the MoE error table where there is one)
+    corrected: list[str] | None = None  # cells a corrections file beside the CSV changed (`row_corrections`)
 
     @property
     def tps_err(self) -> float | None:
@@ -129,6 +131,7 @@ class RowResult:
             "predicted_fits": self.predicted_fits,
             "cell": self.cell,
             "error": self.error,
+            **({"corrected": self.corrected} if self.corrected else {}),
         }
 
 
@@ -345,7 +348,8 @@ def absent_columns(rows: list[dict]) -> list[str]:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of a runs CSV; a configuration column it leaves out is empty in every row (its default), but
+    """The rows of a runs CSV, with the documented corrections of a `<stem>.corrections.yaml` beside it applied
+    (`row_corrections`); a configuration column it leaves out is empty in every row (its default), but
     without hardware, gpus, seq_len and the model (its name, or its dimensions) no row can be predicted: a
     one-line error names what to add."""
     text = data_files.read_text(path)  # one-line error for a missing, unreadable or non-UTF-8 file
@@ -358,7 +362,8 @@ def read_rows(path: Path) -> list[dict]:
         if missing:
             raise MeshplanError(f"{path} lacks the ground-truth column(s): {', '.join(missing)} "
                                 f"(the schema: data/ground_truth/README.md)")
-        return [_hardware_beside(row, Path(path).parent) for row in reader]
+        rows = apply_corrections(list(reader), Path(path))
+        return [_hardware_beside(row, Path(path).parent) for row in rows]
     except csv.Error as exc:
         raise MeshplanError(f"{path} is not a valid CSV: {exc}") from None
 
@@ -403,7 +408,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
             hardware=row.get("hardware", ""), status=run_status(row.get("status")), cell=_cell(row),
-            mem_kind=memory_kind(row.get("notes")),
+            mem_kind=memory_kind(row.get("notes")), corrected=row.get("corrected"),
         )
         try:
             base.update(stack=stack or row_stack(row),

@@ -57,14 +57,15 @@ def test_second_lease_runs_of_the_current_core_within_their_band():
     """The current core (compiled loss, fused AdamW, torch 2.11's cuDNN attention) on one H100, 2026-11-27: its
     forward + backward was fitted to nothing. Compiled runs within 7 % each (they were 11-25 % under while a step
     carried an assumed 50 ms and attention was timed as FlashAttention-2); memory within 8 %. The eager runs are
-    predicted 14-35 % fast: the core's eager elementwise kernels take 3x torchtitan's fitted traffic (profiled)."""
+    predicted 14-39 % fast: the core's eager elementwise kernels take 3x torchtitan's fitted traffic (profiled; 14-35 %
+    until the refit of 2026-11-27 put that traffic at its lower bound, 10 passes)."""
     results = validate_rows(read_rows(MEASURED_2))
     s = summarize(results)["all"]
     assert s["rows"] == 11 and s["failed"] == 0 and s["fit_agreement"]["share"] == 1.0
     assert s["mem"]["mape"] <= 0.05 and s["mem"]["max_ape"] <= 0.08
     compiled = [r for r in results if "compile" in r.id]
     assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.07 for r in compiled)
-    assert all(0.10 <= r.tps_err <= 0.36 for r in results if r not in compiled)
+    assert all(0.10 <= r.tps_err <= 0.40 for r in results if r not in compiled)
 
 
 def _optimizer_phase(row: dict) -> tuple[float, float]:

@@ -377,8 +377,9 @@ def test_an_undated_document_is_dated_per_table_from_its_stated_software(ground_
     row = next(r for r in read_rows(ground_truth) if r["id"] == row_id)
     assert row_stack(row) == stack
     assert row_stack({**row, "hardware": "h200-sxm"}) == stack_for_run(row["framework"], source_month(row["source"]))
-    assert documented_month("pytorch/ao docs/source/workflows/training.md @36027d8", "h100-sxm") == "2025-03"
-    assert documented_month("another/doc training.md", "h100-sxm") is None
+    # its H100 rows as runs.corrections.yaml reads them: the 500 W part
+    assert documented_month("pytorch/ao docs/source/workflows/training.md @36027d8", "h100-96g-500w") == "2025-03"
+    assert documented_month("another/doc training.md", "h100-96g-500w") is None
 
 
 def test_release_changes_only_what_it_describes(ground_truth):
@@ -581,3 +582,47 @@ def test_measured_qwen3_runs_need_their_head_dim():
     assert all(abs(r.tps_err) <= 0.01 and abs(r.mem_err) <= 0.05 for r in right)
     wrong = validate_rows([{k: v for k, v in r.items() if k != "head_dim"} for r in rows])
     assert all(r.tps_err >= 0.12 and r.mem_err <= -0.09 for r in wrong)
+
+
+def test_the_torchao_h100_rows_are_read_as_the_part_their_memory_names(results, cli, ground_truth):
+    """runs.corrections.yaml: the torchao table's H100 rows ran on the 96 GB / 500 W part (47.65 GiB was 50.16 % of
+    its memory in the same team's torchtitan log); the CSV stays verbatim, every reader sees the correction."""
+    rows = {r["id"]: r for r in read_rows(ground_truth)}
+    assert [rows[i]["hardware"] for i in ("r0459", "r0460", "r0461")] == ["h100-96g-500w"] * 3
+    assert rows["r0459"]["corrected"] == ["hardware: h100-sxm -> h100-96g-500w"]
+    assert "corrected" not in rows["r0462"]  # the MI300X rows of the same table are as published
+    by_id = {r.id: r for r in results}
+    assert by_id["r0459"].hardware == "h100-96g-500w" and by_id["r0459"].stack == "torchtitan-2024"  # March 2025
+    out = cli("validate", str(ground_truth))
+    assert "corrected: 3 row(s)" in " ".join(out.stdout.split())
+    data = json.loads(cli("validate", "--json", str(ground_truth)).stdout)
+    marked = {r["id"]: r.get("corrected") for r in data["rows"] if r.get("corrected")}
+    assert sorted(marked) == ["r0459", "r0460", "r0461"]
+
+
+@pytest.mark.parametrize(("corrections", "message"), [
+    ("corrections:\n  - rows: [a1]\n    column: hardware\n    was: h200-sxm\n    now: h100-sxm\n    evidence: x\n",
+     "row a1 hardware is 'h100-sxm', not 'h200-sxm' as the correction expects"),
+    ("corrections:\n  - rows: [zz]\n    column: hardware\n    was: h100-sxm\n    now: h200-sxm\n    evidence: x\n",
+     "row 'zz' is not in runs.csv"),
+    ("corrections:\n  - rows: [a1]\n    column: hardware\n", "corrections runs.corrections.yaml"),
+    ("corrections: [\n", "runs.corrections.yaml"),
+])
+def test_a_correction_that_does_not_match_its_csv_is_a_one_line_error(cli, tmp_path, corrections, message):
+    header = ("id,source,framework,model,hardware,gpus,gpus_per_node,dp_shard,seq_len,global_batch_size,"
+              "micro_batch_size,measured_tps_per_gpu\n")
+    (tmp_path / "runs.csv").write_text(header + "a1,doc,torchtitan,llama3-8b,h100-sxm,8,8,8,8192,8,1,6000\n")
+    (tmp_path / "runs.corrections.yaml").write_text(corrections)
+    out = cli("validate", str(tmp_path / "runs.csv"))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_correction_applies_to_any_runs_csv_beside_it(tmp_path):
+    header = "id,framework,model,hardware,gpus,gpus_per_node,dp_shard,seq_len,global_batch_size,micro_batch_size\n"
+    (tmp_path / "mine.csv").write_text(header + "a1,torchtitan,llama3-8b,h100-sxm,8,8,8,8192,8,1\n")
+    (tmp_path / "mine.corrections.yaml").write_text(
+        "corrections:\n  - rows: [a1]\n    column: hardware\n    was: h100-sxm\n    now: h200-sxm\n"
+        "    evidence: the job log names the part\n")
+    (row,) = read_rows(tmp_path / "mine.csv")
+    assert row["hardware"] == "h200-sxm" and row["corrected"] == ["hardware: h100-sxm -> h200-sxm"]

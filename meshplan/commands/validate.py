@@ -11,6 +11,7 @@ from rich.table import Table
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label
+from meshplan.estimator.row_corrections import corrections_path
 from meshplan.estimator.validate import absent_columns, read_rows, validate_rows
 from meshplan.estimator.validate_summary import pct, summarize
 
@@ -125,3 +126,7 @@ def validate_cmd(
         mem = cov["mem_interval_coverage"]
         console.print(f"80 % intervals (from the cross-validated error) hold {cov['tps_interval_coverage']:.0%} of the "
                       "measured tokens/s/GPU" + (f" and {mem:.0%} of the measured peaks" if mem is not None else ""))
+    corrected = [r.id for r in results if r.corrected]
+    if corrected:
+        console.print(f"corrected: {len(corrected)} row(s) read with the documented corrections of "
+                      f"{corrections_path(csv_path).name} beside the CSV ({', '.join(corrected)}; --json rows: corrected)")
