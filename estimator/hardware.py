@@ -67,6 +67,11 @@ class HardwareProfile(BaseModel):
     gpus_per_node: int = Field(gt=0)
     intra_node_gbs: float = Field(gt=0, description="per-GPU unidirectional scale-up bandwidth, GB/s")
     intra_node_efficiency: float = Field(gt=0, le=1.2, description="ring-collective busbw / intra_node_gbs")
+    nvlink_pair_gbs: float | None = Field(
+        default=None, gt=0,
+        description="GB/s per direction between two GPUs of a node without an NVLink switch (HGX 4-GPU boards: each "
+                    "pair is linked directly by a third of every GPU's lanes), which caps what a group of the node's "
+                    "GPUs gets; none where a switch gives any group intra_node_gbs")
     inter_node_gbps: float = Field(gt=0, description="per-GPU scale-out line rate, Gb/s")
     inter_node_efficiency: float = Field(gt=0, le=1, description="NCCL busbw / line rate across nodes")
     intra_node_latency_us: float = Field(ge=0, description="latency of one ring step inside a node, microseconds")

@@ -174,3 +174,32 @@ def test_eager_sequence_parallel_copies_each_collective_on_the_compute_stream(mi
     assert float(np.asarray(t.copy_s).ravel()[0]) == pytest.approx(copies * one, rel=1e-6)
     assert float(np.asarray(t.exposed_s).ravel()[0]) == pytest.approx(
         float(np.asarray(t.total_s * (1 - t.overlap)).ravel()[0]) + copies * one, rel=1e-9)
+
+
+H200_4 = load_hardware("h200-sxm-4gpu")
+
+
+@pytest.mark.parametrize(("ranks", "gbs"), [
+    # a switchless 4-GPU board: a pair shares one link of 6 x 25 GB/s; three or four GPUs ring over two pair links
+    # at once (the complete digraph on 4 GPUs holds 2 edge-disjoint directed rings, on 3 GPUs 2); never more than
+    # the GPU's 450 GB/s. Each x the ring efficiency 0.82
+    (2, 150 * 0.82), (3, 300 * 0.82), (4, 300 * 0.82),
+])
+def test_a_switchless_board_gives_a_group_its_pair_links(ranks, gbs):
+    from meshplan.estimator.physics import links
+
+    assert float(links.intra_node_bytes_per_s(H200_4, ranks)) == pytest.approx(gbs * 1e9)
+    assert float(links.intra_node_bytes_per_s(load_hardware("h200-sxm"), ranks)) == pytest.approx(450 * 0.82 * 1e9)
+    # an all-to-all drives every peer's link at once: 150 GB/s to each of ranks - 1 peers
+    assert float(links.intra_node_all_to_all_bytes_per_s(H200_4, ranks)) == pytest.approx(
+        min(450, 150 * (ranks - 1)) * 0.82 * 1e9)
+
+
+def test_tp2_on_a_switchless_board_waits_on_one_pair_link():
+    """The same TP 2 block on a 4-GPU board and on an 8-GPU NVSwitch node: 4 all-gathers + 4 reduce-scatters of
+    4,096 x 4,096 bf16 (32 MiB), half of each crossing: 8 x (33,554,432 / 2 / bw + 5 us)."""
+    la4 = lay(gpus=2, tp=2, dp_shard=1, seq_len=4096, global_batch_size=1, ac="none")
+    t4 = comms.tp_times(M8, H200_4, TT, la4, 1)
+    t8 = comms.tp_times(M8, load_hardware("h200-sxm"), TT, la4, 1)
+    assert float(np.asarray(t4.total_s).ravel()[0]) == pytest.approx(8 * (33554432 / 2 / 123e9 + 5e-6), rel=1e-6)
+    assert float(np.asarray(t8.total_s).ravel()[0]) == pytest.approx(8 * (33554432 / 2 / 369e9 + 5e-6), rel=1e-6)

@@ -32,10 +32,12 @@ def ring_s(nbytes, ranks, bytes_per_s, latency_s):
 def group_bytes_per_s(hw: HardwareProfile, ranks_per_node, spans_nodes, nodes=2.0):
     """Per-rank ring bandwidth (B/s): NVLink inside a node; across nodes each rank drives its own NIC, so
     `ranks_per_node` parallel rings share the node's NICs and NVLink caps the total. Achieved network bandwidth
-    falls as a collective spans more nodes (the profile's `inter_node_scaling` per doubling beyond two)."""
+    falls as a collective spans more nodes (the profile's `inter_node_scaling` per doubling beyond two). On a
+    switchless node the group's `ranks_per_node` GPUs ring over their pair links (`links.intra_node_bytes_per_s`)."""
     scale = 1.0 / (1.0 + hw.inter_node_scaling * np.log2(xp.maximum(as_float(nodes), 2.0) / 2.0))
-    inter = xp.minimum(intra_node_bytes_per_s(hw), inter_node_bytes_per_s(hw) * scale * as_float(ranks_per_node))
-    return xp.where(spans_nodes, inter, intra_node_bytes_per_s(hw))
+    intra = intra_node_bytes_per_s(hw, ranks_per_node)
+    inter = xp.minimum(intra, inter_node_bytes_per_s(hw) * scale * as_float(ranks_per_node))
+    return xp.where(spans_nodes, inter, intra)
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def cp_exposed_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay
     kv_bytes = 2 * lay.tokens_mb * kv_attn / lay.tp * 2.0
     gpn, t, cp = lay.gpus_per_node, lay.tp, lay.cp
     spans = cp * t > gpn
-    bw = group_bytes_per_s(hw, xp.maximum(1.0, gpn / t), spans)
+    bw = group_bytes_per_s(hw, xp.minimum(as_float(cp), xp.maximum(1.0, gpn / t)), spans)
     lat = xp.where(spans, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6
     comm = layers * 3 * (cp - 1) * (kv_bytes / bw + lat) * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
     return xp.maximum(0.0, comm - stack.cp_overlap * layers * attention_s)
@@ -171,7 +173,9 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, traina
     pipeline. HSDP all-reduces in the reduce dtype, DDP the gradients as they are (fp32,
     bf16 under training.dtype bfloat16)."""
     dr, world, gpn = lay.dp_replicate, lay.world, lay.gpus_per_node
-    bw = xp.where(world > gpn, inter_node_bytes_per_s(hw) * xp.minimum(gpn, world / dr), intra_node_bytes_per_s(hw))
+    in_node = xp.minimum(dr, gpn)  # replicas inside one node (all of them on one node)
+    bw = xp.where(world > gpn, inter_node_bytes_per_s(hw) * xp.minimum(gpn, world / dr),
+                  intra_node_bytes_per_s(hw, in_node))
     bw = xp.minimum(bw, intra_node_bytes_per_s(hw))
     grad = xp.where(lay.fsdp, stack.reduce_bytes, GRAD_BYTES * state_scale(lay))
     allreduce = xp.where(dr > 1, 2 * grad * trainable_sharded * (dr - 1) / dr / bw, 0.0)

@@ -3,13 +3,36 @@ and expert-parallel terms read them from (a leaf module: no other physics module
 
 from __future__ import annotations
 
+from meshplan.estimator import xp
 from meshplan.estimator.hardware import HardwareProfile
 
 
-def intra_node_bytes_per_s(hw: HardwareProfile) -> float:
+def mesh_rings(ranks):
+    """Edge-disjoint directed rings through `ranks` GPUs wired all-to-all (no switch): the complete symmetric
+    digraph on k vertices splits into k - 1 directed Hamiltonian cycles, except at k = 4 (and 6), where at most
+    2 fit; a ring collective on such a group streams over that many pair links at once."""
+    k = xp.maximum(xp.as_float(ranks), 2.0)
+    return xp.where(k == 4, 2.0, k - 1)
+
+
+def intra_node_bytes_per_s(hw: HardwareProfile, ranks=None):
     """Achievable ring-collective bandwidth inside a node, bytes/s per GPU: the scale-up link (GB/s per direction)
-    x its ring efficiency."""
-    return hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
+    x its ring efficiency. On a node without an NVLink switch (`nvlink_pair_gbs`: HGX 4-GPU boards) a group of
+    `ranks` of its GPUs gets only the pair links of its rings: 2 GPUs one pair link, 3 or 4 GPUs two."""
+    full = hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
+    if hw.nvlink_pair_gbs is None or ranks is None:
+        return full
+    return xp.minimum(full, hw.nvlink_pair_gbs * 1e9 * hw.intra_node_efficiency * mesh_rings(ranks))
+
+
+def intra_node_all_to_all_bytes_per_s(hw: HardwareProfile, ranks):
+    """What one GPU sends to the other `ranks` - 1 GPUs of its node at once in an all-to-all, bytes/s (before the
+    stack's all-to-all efficiency): the switch port, or on a switchless board its direct links to each peer."""
+    full = hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
+    if hw.nvlink_pair_gbs is None:
+        return full
+    peers = xp.maximum(xp.as_float(ranks) - 1.0, 1.0)
+    return xp.minimum(full, hw.nvlink_pair_gbs * 1e9 * hw.intra_node_efficiency * peers)
 
 
 def inter_node_bytes_per_s(hw: HardwareProfile) -> float:

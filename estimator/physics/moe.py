@@ -23,7 +23,7 @@ from meshplan.estimator.errors import ConfigError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.layout import Layout
-from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
+from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_all_to_all_bytes_per_s
 from meshplan.estimator.physics.state import BF16
 from meshplan.estimator.stack import MoEBehaviour, StackProfile
 
@@ -129,7 +129,7 @@ def all_to_all_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes: np.ndarra
     ep, gpn = lay.ep, lay.gpus_per_node
     in_node = xp.minimum(ep, gpn)
     eff = r.behaviour.all_to_all_efficiency
-    nvlink = nbytes * (in_node - 1) / ep / (intra_node_bytes_per_s(hw) * eff)
+    nvlink = nbytes * (in_node - 1) / ep / (intra_node_all_to_all_bytes_per_s(hw, in_node) * eff)
     network = nbytes * xp.maximum(ep - in_node, 0.0) / ep / (inter_node_bytes_per_s(hw) * eff)
     latency = xp.where(ep > gpn, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6 * np.log2(xp.maximum(ep, 2))
     return xp.where(ep > 1, xp.maximum(nvlink, network) + latency, 0.0)

@@ -57,6 +57,6 @@ def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float) 
     its gradient backward (bf16, tokens x hidden / tp), plus the schedule's per-microbatch overhead."""
     spans_nodes = lay.world > lay.gpus_per_node
     p2p_bytes = lay.tokens_mb * hidden / lay.tp * 2.0 * 2  # activation forward + gradient backward per boundary
-    bw = xp.where(spans_nodes, inter_node_bytes_per_s(hw), intra_node_bytes_per_s(hw))
+    bw = xp.where(spans_nodes, inter_node_bytes_per_s(hw), intra_node_bytes_per_s(hw, 2))  # one stage to the next
     per_mb = p2p_bytes / bw * stack.pp_p2p_exposed + stack.pp_overhead_s_per_microbatch
     return xp.where(lay.single_stage, 0.0, lay.microbatches * lay.vpp * per_mb)
