@@ -203,3 +203,23 @@ def test_tp2_on_a_switchless_board_waits_on_one_pair_link():
     t8 = comms.tp_times(M8, load_hardware("h200-sxm"), TT, la4, 1)
     assert float(np.asarray(t4.total_s).ravel()[0]) == pytest.approx(8 * (33554432 / 2 / 123e9 + 5e-6), rel=1e-6)
     assert float(np.asarray(t8.total_s).ravel()[0]) == pytest.approx(8 * (33554432 / 2 / 369e9 + 5e-6), rel=1e-6)
+
+
+def test_eager_torchao_casts_move_what_their_separate_kernels_move():
+    """Float8 tensorwise on one 8B block of 8,192 tokens: torchtitan's compiled cast moves 6 B an element of every
+    converted linear's input and output gradient; eager torchao runs abs, max, the fp32 upcast, the scale
+    multiply, the clamp, the fp8 cast and the transposed copy as separate kernels, 35 B (`eager_float8_cast_factor`
+    5.8). Transformer Engine's fused eager casts (generic: Megatron-LM, NeMo) move what the compiled kernel does."""
+    kw = dict(gpus=8, dp_shard=8, seq_len=8192, global_batch_size=8, ac="none", float8="tensorwise")
+    vocab = np.array([128256.0])
+
+    def casts(stack, compile_):
+        la = lay(**kw, compile=compile_)
+        return float(np.asarray(compute.compute_times(M8, H100, stack, la, 1, vocab).float8_casts_s).ravel()[0])
+
+    compiled = casts(TT, True)
+    assert compiled > 0
+    assert casts(TT, False) == pytest.approx(5.8 * compiled, rel=1e-9)
+    assert TT.eager_float8_cast_factor * 6 == pytest.approx(35, abs=0.5)  # 5.8 x 6 B = 34.8 B
+    generic = load_stack("generic")
+    assert casts(generic, False) == pytest.approx(casts(generic, True), rel=1e-9)
