@@ -127,3 +127,16 @@ def test_a_runs_hardware_column_and_the_cli_take_the_names_too(cli, tmp_path):
     import json
 
     assert json.loads(out.stdout)["hardware"]["id"] == "h100-sxm"
+
+
+def test_a_plan_on_a_switchless_board_keeps_its_pair_links(tmp_path):
+    """The plan file embeds the hardware profile: a 4-GPU board's pair links travel with it; a switched node's plan
+    reads as it did before the field existed (no `nvlink_pair_gbs: null`)."""
+    from meshplan.estimator import TrainConfig, load_model
+    from meshplan.planner.plan_file import load_plan, make_plan, plan_yaml, save_plan
+
+    model = load_model("llama3-8b")
+    board = make_plan(model, model.name, load_hardware("h200-sxm-4gpu"), TrainConfig(gpus=8, dp_shard=4, tp=2), steps=10)
+    assert load_plan(save_plan(board, tmp_path / "board.yaml")).hardware.nvlink_pair_gbs == 150
+    switched = make_plan(model, model.name, load_hardware("h200-sxm"), TrainConfig(gpus=8, dp_shard=4, tp=2), steps=10)
+    assert "nvlink_pair_gbs" not in plan_yaml(switched)
