@@ -42,7 +42,12 @@ def validate_cmd(
     Columns read beyond the schema when present: ep, experts, top_k,
     expert_ffn_hidden, shared_ffn_hidden, first_dense_layers (a mixture of
     experts); head_dim (a head's width where it is not hidden / heads). A row
-    without them that names a preset of its dimensions takes the preset's."""
+    without them that names a preset of its dimensions takes the preset's.
+
+    A CSV's documented corrections sit beside it, never in it: runs.csv reads
+    runs.corrections.yaml (each entry: rows, column, the value it replaces
+    (was), now, evidence); corrected rows are named in the report and marked
+    `corrected` in --json."""
     if csv_path is None:
         csv_path = default_csv()
         if not csv_path.exists():
