@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field, ValidationError
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 
+CORRECTED = "__corrected__"  # the key a corrected row's changes are kept under (not a column name a runs CSV uses)
+
 
 class Correction(BaseModel):
     """One column of some rows, from the value the CSV gives to the value the evidence shows."""
@@ -50,8 +52,8 @@ def read_corrections(csv_path: Path) -> list[Correction]:
 
 
 def apply_corrections(rows: list[dict], csv_path: Path) -> list[dict]:
-    """`rows` with the corrections beside `csv_path` applied in place; each corrected row's `corrected` lists what
-    changed (`column: was -> now`). A correction naming a row or column the CSV lacks, or a cell that no longer
+    """`rows` with the corrections beside `csv_path` applied in place; each corrected row's `CORRECTED` entry lists
+    what changed (`column: was -> now`). A correction naming a row or column the CSV lacks, or a cell that no longer
     holds `was`, is a one-line error."""
     fixes = read_corrections(csv_path)
     if not fixes:
@@ -70,5 +72,5 @@ def apply_corrections(rows: list[dict], csv_path: Path) -> list[dict]:
                 raise MeshplanError(f"{name}: row {rid} {fix.column} is {cell!r}, not {fix.was!r} as the correction "
                                     f"expects; check the CSV and update or remove the correction")
             row[fix.column] = fix.now
-            row.setdefault("corrected", []).append(f"{fix.column}: {fix.was} -> {fix.now}")
+            row.setdefault(CORRECTED, []).append(f"{fix.column}: {fix.was} -> {fix.now}")
     return rows

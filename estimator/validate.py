@@ -43,7 +43,7 @@ from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
 from meshplan.estimator.row_cells import FALSE, TRUE, cell_bool, cell_float, cell_int, squash
-from meshplan.estimator.row_corrections import apply_corrections
+from meshplan.estimator.row_corrections import CORRECTED, apply_corrections
 from meshplan.estimator.row_model import DIMENSION_COLUMNS, row_model
 from meshplan.estimator.run_dates import documented_month, notes_month
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
@@ -408,7 +408,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
             hardware=row.get("hardware", ""), status=run_status(row.get("status")), cell=_cell(row),
-            mem_kind=memory_kind(row.get("notes")), corrected=row.get("corrected"),
+            mem_kind=memory_kind(row.get("notes")), corrected=row.get(CORRECTED),
         )
         try:
             base.update(stack=stack or row_stack(row),
