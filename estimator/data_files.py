@@ -101,6 +101,16 @@ def names_a_file(name_or_path: str) -> bool:
     return path.suffix in (".yaml", ".yml") or path.exists()
 
 
+def over_base(raw: dict, base: dict, nested: tuple[str, ...]) -> dict:
+    """A profile's YAML mapping laid over the profile it `extends:` (`base`, as dumped): its own keys win, and the
+    mappings named in `nested` (efficiencies, sources, ...) merge key by key."""
+    out = {**base, **raw}
+    for key in nested:
+        if isinstance(raw.get(key), dict) and isinstance(base.get(key), dict):
+            out[key] = {**base[key], **raw[key]}
+    return out
+
+
 def load_named(
     kind: str, name_or_path: str, cls: type[T], what: str, prepare: Callable[[dict, str], dict] | None = None
 ) -> T:

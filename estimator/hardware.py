@@ -122,7 +122,7 @@ def _aliases(folder: str) -> dict[str, str]:
     """key of every built-in profile's id, name and aliases -> its id (the profiles in `folder`, read once)."""
     out: dict[str, str] = {}
     for hw_id in hardware_names():
-        hw = data_files.load_named("hardware_profiles", hw_id, HardwareProfile, "hardware profile")
+        hw = _load(hw_id)
         for name in (hw.id, hw.name, *hw.aliases):
             out.setdefault(data_files.name_key(name), hw.id)
     return out
@@ -151,7 +151,7 @@ def _word_aliases(folder: str, keep_size: bool) -> dict[str, str]:
     (`H100` with its size dropped would name both the 80 GB and the 96 GB part)."""
     out: dict[str, set[str]] = {}
     for hw_id in hardware_names():
-        hw = data_files.load_named("hardware_profiles", hw_id, HardwareProfile, "hardware profile")
+        hw = _load(hw_id)
         for name in (hw.id, hw.name, *hw.aliases):
             out.setdefault(_words_key(name, keep_size), set()).add(hw.id)
     return {key: next(iter(ids)) for key, ids in out.items() if key and len(ids) == 1}
@@ -180,7 +180,7 @@ def resolve_hardware_name(name: str) -> str | None:
 def _size_fits(hw_id: str, size: float) -> bool:
     """Whether a name's memory size (`192GB`, in GB or GiB as vendors and tools write it) is the profile's device
     memory, within 12 % (B200: 192 GB marketed, 179 GiB in nvidia-smi; H200: 141 GB, 140.4 GiB)."""
-    total = data_files.load_named("hardware_profiles", hw_id, HardwareProfile, "hardware profile").hbm_total_gib
+    total = _load(hw_id).hbm_total_gib
     return any(abs(size - t) <= 0.12 * t for t in (total, total * GIB / 1e9))
 
 
@@ -190,7 +190,33 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     text = str(name_or_path)
     if not data_files.names_a_file(text) and text not in hardware_names():
         text = resolve_hardware_name(text) or text  # an unknown name: load_named's one-line error lists the ids
-    return data_files.load_named("hardware_profiles", text, HardwareProfile, "hardware profile")
+    return _load(text)
+
+
+_EXTENDING: set[str] = set()  # profiles whose `extends:` chain is being resolved (a cycle is an error)
+
+
+def _load(name_or_path: str) -> HardwareProfile:
+    """A built-in profile id or a profile YAML's path, with the profile it `extends:` filled in underneath."""
+    return data_files.load_named("hardware_profiles", name_or_path, HardwareProfile, "hardware profile",
+                                 prepare=_extends)
+
+
+def _extends(raw: dict, label: str) -> dict:
+    """A profile that `extends:` another (the same part on another board, say) lists only what differs; the
+    efficiencies and sources merge key by key, and the other part's names (`aliases`) are not inherited."""
+    base_id = raw.pop("extends", None)
+    if base_id is None:
+        return raw
+    if not isinstance(base_id, str) or base_id == raw.get("id") or base_id in _EXTENDING:
+        raise MeshplanError(f"hardware profile {label}: 'extends' must name another hardware profile, without a cycle")
+    _EXTENDING.add(base_id)
+    try:
+        base = load_hardware(base_id).model_dump()
+    finally:
+        _EXTENDING.discard(base_id)
+    base["aliases"] = []
+    return data_files.over_base(raw, base, ("efficiency", "sources"))
 
 
 @functools.lru_cache(maxsize=64)

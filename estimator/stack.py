@@ -249,10 +249,8 @@ def _extends(raw: dict, label: str) -> dict:
     if not isinstance(base_id, str) or base_id == raw.get("id"):
         raise MeshplanError(f"stack profile {label}: 'extends' must name another stack profile")
     base = _builtin(base_id).model_dump()
-    for key in ("float8", "sources"):
-        if isinstance(raw.get(key), dict):
-            raw[key] = {**base[key], **raw[key]}
-    return {**base, "family": base.get("family") or base["id"], "until": None, **raw}
+    base.update(family=base.get("family") or base["id"], until=None)
+    return data_files.over_base(raw, base, ("float8", "sources"))
 
 
 _SOURCE_MONTH = re.compile(r"(?<!\d)(20\d\d)[-_]?(0[1-9]|1[0-2])(?!\d)")

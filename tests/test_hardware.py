@@ -140,3 +140,31 @@ def test_a_plan_on_a_switchless_board_keeps_its_pair_links(tmp_path):
     assert load_plan(save_plan(board, tmp_path / "board.yaml")).hardware.nvlink_pair_gbs == 150
     switched = make_plan(model, model.name, load_hardware("h200-sxm"), TrainConfig(gpus=8, dp_shard=4, tp=2), steps=10)
     assert "nvlink_pair_gbs" not in plan_yaml(switched)
+
+
+def test_a_profile_extends_another_part_and_lists_only_what_differs(tmp_path, cli):
+    """`extends:` fills in the other profile underneath (efficiencies and sources merged key by key); the other
+    part's names stay its own; a cycle or a self-reference is a one-line error."""
+    board = load_hardware("h200-sxm-4gpu")
+    base = load_hardware("h200-sxm")
+    assert (board.gpus_per_node, board.nvlink_pair_gbs, board.price) == (4, 150, None)
+    assert board.efficiency == base.efficiency and board.hbm_total_gib == base.hbm_total_gib
+    assert "H200" not in board.aliases and board.sources["hbm_total_gib"] == base.sources["hbm_total_gib"]
+    mine = tmp_path / "my-h100.yaml"
+    mine.write_text("extends: h100-sxm\nid: my-h100\nname: my H100\ninter_node_gbps: 200\n"
+                    "efficiency:\n  clock: 0.9\nsources:\n  inter_node_gbps: our fabric\n")
+    hw = load_hardware(str(mine))
+    assert hw.inter_node_gbps == 200 and hw.efficiency.clock == 0.9 and hw.efficiency.gemm_bf16 == 0.80
+    assert hw.sources["inter_node_gbps"] == "our fabric" and "intra_node_gbs" in hw.sources
+    out = cli("estimate", "--model", "llama3-8b", "--hardware", str(mine), "--gpus", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(f"extends: {b}\nid: a\n")
+    b.write_text(f"extends: {a}\nid: b\n")
+    for path in (a, tmp_path / "self.yaml"):
+        if path.name == "self.yaml":
+            path.write_text(f"extends: {path}\nid: self\n")
+        with pytest.raises(MeshplanError, match="'extends' must name another hardware profile"):
+            load_hardware(str(path))
+    out = cli("estimate", "--model", "llama3-8b", "--hardware", str(a), "--gpus", "8")
+    assert out.returncode != 0 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

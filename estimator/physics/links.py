@@ -15,24 +15,26 @@ def mesh_rings(ranks):
     return xp.where(k == 4, 2.0, k - 1)
 
 
+def _scale_up_bytes_per_s(hw: HardwareProfile, pair_links=None):
+    """The scale-up link x its ring efficiency, bytes/s per GPU; on a switchless node (`nvlink_pair_gbs`) capped at
+    `pair_links` pair links (None: the whole link, as behind a switch)."""
+    full = hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
+    if hw.nvlink_pair_gbs is None or pair_links is None:
+        return full
+    return xp.minimum(full, hw.nvlink_pair_gbs * 1e9 * hw.intra_node_efficiency * pair_links)
+
+
 def intra_node_bytes_per_s(hw: HardwareProfile, ranks=None):
     """Achievable ring-collective bandwidth inside a node, bytes/s per GPU: the scale-up link (GB/s per direction)
     x its ring efficiency. On a node without an NVLink switch (`nvlink_pair_gbs`: HGX 4-GPU boards) a group of
     `ranks` of its GPUs gets only the pair links of its rings: 2 GPUs one pair link, 3 or 4 GPUs two."""
-    full = hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
-    if hw.nvlink_pair_gbs is None or ranks is None:
-        return full
-    return xp.minimum(full, hw.nvlink_pair_gbs * 1e9 * hw.intra_node_efficiency * mesh_rings(ranks))
+    return _scale_up_bytes_per_s(hw, None if ranks is None else mesh_rings(ranks))
 
 
 def intra_node_all_to_all_bytes_per_s(hw: HardwareProfile, ranks):
     """What one GPU sends to the other `ranks` - 1 GPUs of its node at once in an all-to-all, bytes/s (before the
     stack's all-to-all efficiency): the switch port, or on a switchless board its direct links to each peer."""
-    full = hw.intra_node_gbs * 1e9 * hw.intra_node_efficiency
-    if hw.nvlink_pair_gbs is None:
-        return full
-    peers = xp.maximum(xp.as_float(ranks) - 1.0, 1.0)
-    return xp.minimum(full, hw.nvlink_pair_gbs * 1e9 * hw.intra_node_efficiency * peers)
+    return _scale_up_bytes_per_s(hw, xp.maximum(xp.as_float(ranks) - 1.0, 1.0))
 
 
 def inter_node_bytes_per_s(hw: HardwareProfile) -> float:
