@@ -39,8 +39,8 @@ DEFAULT_CSV = ROOT / "data" / "ground_truth" / "runs.csv"  # the repository's co
 PARAMS = [
     ("torchtitan", "gemm_efficiency", 0.7, 1.0),
     ("torchtitan", "elementwise_passes", 10, 150),
-    # per block per microbatch with FSDP: bounded at 5 ms until 2026-11, where the fit sat; free, every
-    # cross-validation fold puts it at 11-13 ms and the held-out error fell from 11.0 to 5.9 % (README)
+    # per block per microbatch with FSDP: bounded at 5 ms until 2026-11, where the fit sat; free, 11-13 ms over the
+    # folds while the B200 and MI300X runs were in the fit, 0.5-11 ms since they are not (FIT_WITHOUT_PARTS, README)
     ("torchtitan", "fsdp_overhead_s_per_layer", 0.0002, 0.02),
     ("torchtitan", "async_tp_overlap", 0.2, 0.95),
     ("torchtitan", "float8.rowwise.gemm_factor", 0.3, 1.0),
@@ -114,9 +114,27 @@ def neutral_start() -> dict[tuple[str, str], float]:
     return {(sid, path): math.sqrt(max(lo, 1e-3) * hi) if lo > 0 else (lo + hi) / 2 for sid, path, lo, hi in PARAMS}
 
 
+# Parts whose runs a family's constants are not fitted to, and why: a framework constant must not absorb what one
+# part does. Fitted on the other parts, every torchtitan run on these parts comes out 15-36 % fast, all in one
+# direction (a part's offset, not the framework's); fitted with them, the per-block FSDP cost grew to 12.5 ms to
+# absorb that offset and every one-microbatch H100 run outside the calibration set came out 6-29 % slow. Their runs
+# are still predicted, validated and cross-validated (their error is the part's, reported by part); their
+# profiles say they run below their stated efficiencies under torchtitan's 2025 kernels.
+FIT_WITHOUT_PARTS = {
+    "torchtitan": {
+        "b200": "the torchao table's 'power limited B200' (limit unstated; runs.csv r0466-r0470, Aug 2025)",
+        "mi300x": "the torchao table's MI300X runs (ROCm 6.4 nightly, Aug 2025; the profile's GEMM figure was "
+                  "measured with TunableOp on, which torchtitan does not enable)",
+    },
+}
+
+
 def _family_rows(rows: list[dict], family: str) -> list[dict]:
-    """The rows a stack family predicts (every release of it): a family's constants move only those."""
-    return [r for r in rows if family in (V.row_stack(r), V._stack(V.row_stack(r)).family)]
+    """The rows a stack family's constants are fitted to: those it predicts (every release of it), less the runs on
+    the parts FIT_WITHOUT_PARTS names for it."""
+    skip = FIT_WITHOUT_PARTS.get(family, {})
+    return [r for r in rows if family in (V.row_stack(r), V._stack(V.row_stack(r)).family)
+            and (r.get("hardware") or "").strip() not in skip]
 
 
 def _residuals(rows: list[dict]) -> np.ndarray:

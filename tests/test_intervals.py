@@ -7,6 +7,8 @@ import json
 import pytest
 
 from meshplan.estimator import intervals
+from meshplan.estimator.report import SHARE_TOLERANCE
+from meshplan.estimator.stack import load_stack
 
 
 def test_the_shipped_quantiles_come_from_held_out_runs():
@@ -172,14 +174,23 @@ def test_plain_interpolation_is_numpys_to_the_bit():
 
 def test_each_fitted_fsdp_cost_states_the_largest_share_its_runs_give_it(ground_truth):
     """`fsdp_overhead_calibrated_share` is what the shipped constants give the published runs, not a guess: the
-    largest share of a step the per-block FSDP cost takes among each family's runs, rounded up to the point."""
+    largest share of a step the per-block FSDP cost takes among the runs each family's constants were fitted to
+    (not the parts benchmarks/calibrate.py keeps out of the fit), rounded up to the point."""
+    import importlib.util
     import math
+    from pathlib import Path
 
     from meshplan.estimator import validate as V
 
+    spec = importlib.util.spec_from_file_location(
+        "calibrate_for_share", Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate.py")
+    C = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(C)
     shares: dict[str, float] = {}
     for row in V.read_rows(ground_truth):
         if V.run_status(row.get("status")) != "ok" or not row.get("measured_tps_per_gpu"):
+            continue
+        if (row.get("hardware") or "").strip() in C.FIT_WITHOUT_PARTS.get("torchtitan", {}):
             continue
         stack = V._stack(V.row_stack(row))
         family = stack.family or stack.id
@@ -193,8 +204,8 @@ def test_each_fitted_fsdp_cost_states_the_largest_share_its_runs_give_it(ground_
 
 
 def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli):
-    """An 8B model's 2k-token microbatches on 8 GPUs: the fitted 12.5 ms a block is over half the step, more than in
-    any published run; the estimate stays (the cost as fitted) but warns, and the interval's upper end reaches
+    """An 8B model's 2k-token microbatches on 8 GPUs: the fitted 7.2 ms a block is over 40 % of the step, more than
+    in any run it was fitted to; the estimate stays (the cost as fitted) but warns, and the interval's upper end reaches
     the estimate with the cost at its largest fitted share. At 8k tokens it is within the fitted range."""
     def est(seq: str) -> dict:
         out = cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--compile", "--seq-len", seq,
@@ -204,13 +215,13 @@ def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli
 
     short, long_ = est("2048"), est("8192")
     t = short["throughput"]
-    assert t["fsdp_overhead_share"] > 0.5
+    assert t["fsdp_overhead_share"] > 0.4
     plain_hi = intervals.interval(t["tokens_per_sec_per_gpu"], "tokens_per_sec_per_gpu", "torchtitan")[1]
     lo, hi = t["tokens_per_sec_per_gpu_interval"]
     assert lo < t["tokens_per_sec_per_gpu"] and hi > 1.2 * plain_hi, (lo, hi, plain_hi)
     assert any("per-block FSDP cost" in w and "extrapolate" in w for w in short["warnings"])
     t = long_["throughput"]
-    assert 0.1 < t["fsdp_overhead_share"] < 0.43
+    assert 0.1 < t["fsdp_overhead_share"] <= load_stack("torchtitan").fsdp_overhead_calibrated_share + SHARE_TOLERANCE
     assert t["tokens_per_sec_per_gpu_interval"][1] == pytest.approx(
         intervals.interval(t["tokens_per_sec_per_gpu"], "tokens_per_sec_per_gpu", "torchtitan")[1], abs=0.1)
     assert not any("per-block FSDP cost" in w for w in long_["warnings"])
@@ -219,7 +230,7 @@ def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli
               "--global-batch-size", "8")
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    assert "(59% of the step) is the stack's per-block FSDP cost" in text and "warning: 59% of this step" in text
+    assert "(44% of the step) is the stack's per-block FSDP cost" in text and "warning: 44% of this step" in text
 
 
 def test_a_mixture_of_experts_estimate_takes_the_moe_runs_interval(cli):

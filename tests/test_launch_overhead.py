@@ -35,7 +35,8 @@ def test_launches_hide_under_a_busy_gpu_and_show_on_a_short_step():
     busy = short["compute"] + short["elementwise"]
     launches = m.layers * STACK.launch_overhead_s_per_layer
     assert launches > busy  # a 2k-token step of 16 blocks: the launches outlast the GPU's work
-    assert short["overhead"] - STACK.step_overhead_s == pytest.approx(launches - busy, rel=1e-3)
+    # (the breakdown's terms are rounded to 0.1 ms each)
+    assert short["overhead"] - STACK.step_overhead_s == pytest.approx(launches - busy, abs=2e-4)
 
 
 def test_fsdp_runs_add_their_per_block_cost():
@@ -55,17 +56,19 @@ def test_measured_h100_runs_within_their_band():
 
 def test_second_lease_runs_of_the_current_core_within_their_band():
     """The current core (compiled loss, fused AdamW, torch 2.11's cuDNN attention) on one H100, 2026-11-27: its
-    forward + backward was fitted to nothing. Compiled runs within 7 % each (they were 11-25 % under while a step
-    carried an assumed 50 ms and attention was timed as FlashAttention-2); memory within 8 %. The eager runs are
-    predicted 14-39 % fast: the core's eager elementwise kernels take 3x torchtitan's fitted traffic (profiled; 14-35 %
-    until the refit of 2026-11-27 put that traffic at its lower bound, 10 passes)."""
+    forward + backward was fitted to nothing. Compiled runs within 11 % each, 4.7 % on average (they were 11-25 % under
+    while a step carried an assumed 50 ms and attention was timed as FlashAttention-2; within 7 % while torchtitan's
+    fitted elementwise traffic sat at its lower bound, 10 passes, and its GEMM efficiency at 0.829, before the B200
+    and MI300X runs left its fit); memory within 8 %. The eager runs are predicted 13-27 % fast: the core's eager
+    elementwise kernels take more traffic than torchtitan's fitted 25 passes (profiled; 14-39 % fast at 10)."""
     results = validate_rows(read_rows(MEASURED_2))
     s = summarize(results)["all"]
     assert s["rows"] == 11 and s["failed"] == 0 and s["fit_agreement"]["share"] == 1.0
     assert s["mem"]["mape"] <= 0.05 and s["mem"]["max_ape"] <= 0.08
     compiled = [r for r in results if "compile" in r.id]
-    assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.07 for r in compiled)
-    assert all(0.10 <= r.tps_err <= 0.40 for r in results if r not in compiled)
+    assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.11 for r in compiled)
+    assert sum(abs(r.tps_err) for r in compiled) / len(compiled) <= 0.05
+    assert all(0.10 <= r.tps_err <= 0.30 for r in results if r not in compiled)
 
 
 def _optimizer_phase(row: dict) -> tuple[float, float]:

@@ -113,12 +113,15 @@ def test_large_gemm_runs_near_the_profiles_efficiency():
 
 @pytest.mark.parametrize(("cfg", "frag"), [
     (dict(gpus=1), 0.07), (dict(gpus=8, dp_replicate=8, dp_shard=1), 0.07),  # one GPU, DDP: the compute stream alone
-    (dict(gpus=8), 0.239), (dict(gpus=8, tp=8), 0.239), (dict(gpus=8, dp_replicate=4, dp_shard=1, tp=2), 0.239),
-    (dict(gpus=8, pp=2, dp_replicate=4, dp_shard=1, global_batch_size=16), 0.239),
+    (dict(gpus=8), None), (dict(gpus=8, tp=8), None), (dict(gpus=8, dp_replicate=4, dp_shard=1, tp=2), None),
+    (dict(gpus=8, pp=2, dp_replicate=4, dp_shard=1, global_batch_size=16), None),  # None: the fitted value
 ])
 def test_fragmentation_is_lower_where_nothing_allocates_on_a_side_stream(cfg, frag):
     """FSDP's all-gathers / reduce-scatters, TP collectives and pipeline receives allocate in side streams' pools the
-    compute stream cannot reuse: torchtitan.yaml's fitted 0.239; one GPU or DDP: the 0.07 measured on one H100."""
+    compute stream cannot reuse: torchtitan.yaml's fitted `fragmentation` (0.246); one GPU or DDP: the 0.07 measured
+    on one H100."""
+    frag = TT.fragmentation if frag is None else frag
+    assert TT.fragmentation > 0.2 and TT.fragmentation_one_stream == 0.07
     la = lay(**{"seq_len": 2048, "global_batch_size": 8, **cfg})
     assert float(np.asarray(memory.fragmentation(TT, la)).ravel()[0]) == pytest.approx(frag)
     gib = np.array([10 * GIB])

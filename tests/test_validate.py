@@ -76,10 +76,11 @@ def test_every_published_run_that_ran_is_predicted_to_fit(results):
     assert summarize(results)["all"]["fit_agreement"]["share"] == 1.0
 
 
-# torchtitan rows more than 25 % off, each explained in the README ("Accuracy"): none since 2026-11, when the FSDP
-# overhead's 5 ms bound went (r0012's 32 pipelined microbatches, the torchao table's MI300X Float8 tensorwise run and
-# its B200 MXFP8 run were 25-37 % off with it)
-KNOWN_OUTLIERS: set[str] = set()
+# torchtitan rows more than 25 % off, each explained in the README ("Accuracy"): the torchao table's MI300X Float8
+# tensorwise run (r0463, +36 %), since 2026-11-27, when torchtitan's constants stopped being fitted to the MI300X and
+# B200 runs (benchmarks/calibrate.py FIT_WITHOUT_PARTS); none from 2026-11 until then, and before, while the FSDP
+# overhead was bounded at 5 ms, r0012's 32 pipelined microbatches, r0463 and the B200 MXFP8 run (25-37 %)
+KNOWN_OUTLIERS: set[str] = {"r0463"}
 
 
 def test_no_other_torchtitan_row_worse_than_25_percent(results):
@@ -574,11 +575,12 @@ def test_an_attention_wider_than_the_stream_comes_from_a_head_dim_cell_or_the_pr
 
 def test_measured_qwen3_runs_need_their_head_dim():
     """Qwen3 4B (32 heads of 128 over 2560) measured on one H100 (data/measurements/h100-sxm-qwen3-2026-11-27.csv,
-    the core compiled, training dtype bfloat16): with the file's head_dim column the runs are predicted within 1 %
-    (tokens/s/GPU) and 5 % (memory); read as hidden / heads, 13-14 % fast and 10-13 % short."""
+    the core compiled, training dtype bfloat16): with the file's head_dim column the runs are predicted within 6 %
+    (tokens/s/GPU; 1 % before torchtitan's refit of 2026-11-27 lowered its GEMM efficiency) and 5 % (memory); read
+    as hidden / heads, 13 points faster and 10-13 % short."""
     rows = read_rows(ROOT / "data" / "measurements" / "h100-sxm-qwen3-2026-11-27.csv")
     assert len(rows) == 2 and all(r["head_dim"] == "128" for r in rows)
     right = validate_rows(rows)
-    assert all(abs(r.tps_err) <= 0.01 and abs(r.mem_err) <= 0.05 for r in right)
+    assert all(abs(r.tps_err) <= 0.06 and abs(r.mem_err) <= 0.05 for r in right)
     wrong = validate_rows([{k: v for k, v in r.items() if k != "head_dim"} for r in rows])
-    assert all(r.tps_err >= 0.12 and r.mem_err <= -0.09 for r in wrong)
+    assert all(w.tps_err - r.tps_err >= 0.12 and w.mem_err <= -0.09 for w, r in zip(wrong, right, strict=True))
