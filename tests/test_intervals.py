@@ -230,7 +230,8 @@ def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli
               "--global-batch-size", "8")
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    assert "(44% of the step) is the stack's per-block FSDP cost" in text and "warning: 44% of this step" in text
+    share = f"{short['throughput']['fsdp_overhead_share']:.0%}"
+    assert f"({share} of the step) is the stack's per-block FSDP cost" in text and f"warning: {share} of this step" in text
 
 
 def test_a_mixture_of_experts_estimate_takes_the_moe_runs_interval(cli):

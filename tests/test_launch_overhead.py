@@ -46,6 +46,22 @@ def test_fsdp_runs_add_their_per_block_cost():
     assert STACK.fsdp_overhead_s_per_layer > 0
 
 
+def test_a_full_ac_recompute_repeats_the_launches_not_the_fsdp_cost():
+    """Full AC runs each block's forward twice, so its kernels are launched 4/3 as often; FSDP2 does no work in the
+    recompute (its pre-forward hook returns once the pre-backward hook has unsharded the block), so the per-block
+    FSDP cost is the same with and without full AC: layers x cost x microbatches."""
+    m = load_model("llama3-8b")
+    for ac in ("none", "full"):
+        t = _breakdown(m, gpus=8, seq_len=8192, global_batch_size=16, ac=ac)  # 2 microbatches of one sequence
+        cost = t["fsdp_overhead_share"] * t["step_time_s"]
+        assert cost == pytest.approx(2 * m.layers * STACK.fsdp_overhead_s_per_layer, rel=2e-3), ac
+    eager = dict(gpus=1, gpus_per_node=1, global_batch_size=1, seq_len=2048)
+    one = load_model(str(ONE_B))
+    none, full = (_breakdown(one, ac=ac, **eager) for ac in ("none", "full"))
+    # launches outlast the GPU's work on this short step: full AC's are 4/3 as many
+    assert full["breakdown_s"]["overhead"] > none["breakdown_s"]["overhead"]
+
+
 def test_measured_h100_runs_within_their_band():
     """The first lease's runs as they ran (eager loss, foreach AdamW: torchtitan-2024's profile)."""
     s = summarize(validate_rows(read_rows(MEASURED), "torchtitan-2024"))["all"]
@@ -56,17 +72,17 @@ def test_measured_h100_runs_within_their_band():
 
 def test_second_lease_runs_of_the_current_core_within_their_band():
     """The current core (compiled loss, fused AdamW, torch 2.11's cuDNN attention) on one H100, 2026-11-27: its
-    forward + backward was fitted to nothing. Compiled runs within 11 % each, 4.7 % on average (they were 11-25 % under
+    forward + backward was fitted to nothing. Compiled runs within 12 % each, 4.3 % on average (they were 11-25 % under
     while a step carried an assumed 50 ms and attention was timed as FlashAttention-2; within 7 % while torchtitan's
     fitted elementwise traffic sat at its lower bound, 10 passes, and its GEMM efficiency at 0.829, before the B200
-    and MI300X runs left its fit); memory within 8 %. The eager runs are predicted 13-27 % fast: the core's eager
-    elementwise kernels take more traffic than torchtitan's fitted 25 passes (profiled; 14-39 % fast at 10)."""
+    and MI300X runs left its fit); memory within 8 %. The eager runs are predicted 14-28 % fast: the core's eager
+    elementwise kernels take more traffic than torchtitan's fitted 21 passes (profiled; 14-39 % fast at 10)."""
     results = validate_rows(read_rows(MEASURED_2))
     s = summarize(results)["all"]
     assert s["rows"] == 11 and s["failed"] == 0 and s["fit_agreement"]["share"] == 1.0
     assert s["mem"]["mape"] <= 0.05 and s["mem"]["max_ape"] <= 0.08
     compiled = [r for r in results if "compile" in r.id]
-    assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.11 for r in compiled)
+    assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.12 for r in compiled)
     assert sum(abs(r.tps_err) for r in compiled) / len(compiled) <= 0.05
     assert all(0.10 <= r.tps_err <= 0.30 for r in results if r not in compiled)
 

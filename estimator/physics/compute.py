@@ -184,8 +184,9 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     dequant_passes = 2.0 + xp.where(lay.full_ac, 1.0, xp.where(lay.selective_ac, 0.5, 0.0))
     dequant = layers * finetune.dequant_s(model, stack, lay, hbm_bytes_per_s(hw), dequant_passes)
     a2a = xp.zeros_like(t)
+    # a full-AC recompute launches the block's forward kernels again; FSDP2 does no work in it (its pre-forward hook
+    # returns once the pre-backward hook has unsharded the block: _fsdp_state.py _pre_forward), so its cost stays
     overhead = overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
-    fsdp_overhead = fsdp_overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
     routed = moe.routing(model, stack, lay)
     if routed is not None and moe_layers is not None:
         # a MoE block's MLP part instead of the dense MLP's, on each of the rank's MoE blocks
