@@ -159,9 +159,9 @@ def fsdp_overhead_interval(r: dict, stack: StackProfile, share: float,
 
     The cost is fitted as seconds a block per microbatch (`fsdp_overhead_s_per_layer`, not identified). Inside
     the calibration runs' range a fixed cost predicts them best (refit as growing with the work a block and
-    microbatch holds, torchtitan's in-sample tokens/s/GPU error rises from 5.4 % to 6.0, 7.2 and 11.0 % for work
-    to the power 0.25, 0.5 and 1: README, Accuracy), but no run has less work a block than those, and runs seen
-    since with less (TP 2, CP 2) were faster than a fixed cost predicts. Where the cost takes a larger share of
+    microbatch holds, torchtitan's in-sample tokens/s/GPU error rose from 5.4 % to 6.0, 7.2 and 11.0 % for work
+    to the power 0.25, 0.5 and 1 in 2026-11: README, Accuracy), but no run it is fitted to has less work a block than
+    those, and runs seen since with less (TP 2, CP 2) were faster than a fixed cost predicts. Where the cost takes a larger share of
     the step than in any calibration run (`fsdp_overhead_calibrated_share`), the interval's upper end reaches
     the estimate with the cost at that largest share."""
     tps, step, ovh = r["tokens_per_sec_per_gpu"], r["step_time_s"], r["fsdp_overhead_s"]
