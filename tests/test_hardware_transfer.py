@@ -83,3 +83,29 @@ def test_h100_constants_carry_to_the_measured_h200_runs():
         predicted = b.predicted_tps_per_gpu / a.predicted_tps_per_gpu
         measured = b.measured_tps_per_gpu / a.measured_tps_per_gpu
         assert 1.0 < measured and predicted == pytest.approx(measured, rel=0.05), i
+
+
+def test_a_pipeline_stage_waits_on_its_whole_gradient_reduce_scatter():
+    """With PP, torch.distributed.pipelining runs FSDP's post-backward for every block of a stage only after the
+    stage's last backward (stage.py perform_reduce_grad) and waits for it: the step's one reduce-scatter is exposed
+    whole, while its one all-gather keeps FSDP's overlap. Without PP the last microbatch's backward reduces each block
+    as it finishes, hidden as the per-microbatch collectives are."""
+    hw = load_hardware("h100-sxm")
+
+    def times(stack, **kw):
+        cfg = TrainConfig(**{"gpus": 16, "gpus_per_node": 8, "seq_len": 4096, "global_batch_size": 32, **kw})
+        lay = layout_of(ConfigArrays.single(cfg.resolve(M8, hw)))
+        rp = shapes.rank_params(M8, lay)
+        return comms.fsdp_times(hw, stack, lay, rp, finetune.weights(M8, lay, rp))
+
+    pp = dict(pp=2, pp_schedule="1F1B")
+    base, tight = times(TT, **pp), times(TT.model_copy(update={"fsdp_overlap": 0.5}), **pp)
+    # the exposed once-a-step collectives: all-gather x (1 - overlap) + reduce-scatter x 1
+    ag_rs = [float(t.step_once_s) for t in (base, tight)]
+    ag = (ag_rs[1] - ag_rs[0]) / ((1 - 0.5) - (1 - TT.fsdp_overlap))
+    rs = ag_rs[0] - ag * (1 - TT.fsdp_overlap)
+    assert ag > 0 and rs > 0
+    # fp32 reduce, bf16 gather: twice the bytes (each collective also pays the same per-block latency)
+    assert rs == pytest.approx(ag * TT.reduce_bytes / 2, rel=0.05)
+    flat = times(TT)  # no PP: reduced every microbatch, nothing once a step
+    assert float(flat.step_once_s) == 0.0

@@ -152,6 +152,11 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     gathers_mb = single | reshard
     per_mb = xp.where(gathers_mb, ag * xp.where(reshard, 2.0, 1.0), 0.0) + xp.where(per_mb_sync, rs, 0.0)
     hidden = 1 - stack.fsdp_overlap
+    # the step's one gradient reduce-scatter: without PP the last microbatch's backward issues each block's as it
+    # finishes, hidden like the per-microbatch ones; with PP torch.distributed.pipelining runs FSDP's post-backward
+    # for every block of the stage only after the stage's last backward (stage.py perform_reduce_grad; in 2.5
+    # backward_maybe_with_nosync's last_backward), and waits for it: nothing is left to hide it behind
+    reduce_hidden = xp.where(single, hidden, 1.0)
     # FSDP2 splits each all-gather's output into the unsharded parameters on the compute stream (copy-out: read and
     # write, the stack's bytes per parameter), before the block can run
     copy = xp.where(lay.fsdp, stack.fsdp_copy_bytes_per_param * dense / hbm_bytes_per_s(hw), 0.0)
@@ -160,8 +165,9 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
         copy_out_once_s=xp.where(gathers_mb, 0.0, copy),
         per_microbatch_s=per_mb,
         # once per microbatch when gradients are reduced every microbatch, else once per step
-        step_edges_s=(ag + rs) / units * xp.where(per_mb_sync, lay.microbatches, 1.0),
-        step_once_s=xp.where(gathers_mb, xp.where(per_mb_sync, 0.0, rs * hidden), (ag + rs) * hidden),
+        # (with PP the last block's reduce-scatter is part of the stage's exposed one below)
+        step_edges_s=(ag + xp.where(single, rs, 0.0)) / units * xp.where(per_mb_sync, lay.microbatches, 1.0),
+        step_once_s=xp.where(gathers_mb, xp.where(per_mb_sync, 0.0, rs * reduce_hidden), ag * hidden + rs * reduce_hidden),
     )
 
 
