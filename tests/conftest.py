@@ -22,6 +22,17 @@ def cli():
 
 
 @pytest.fixture(scope="session")
+def calibrate():
+    """benchmarks/calibrate.py as a module (the global fit, its PARAMS and FIT_WITHOUT_PARTS)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calibrate_under_test", ROOT / "benchmarks" / "calibrate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
 def ground_truth() -> Path:
     assert GROUND_TRUTH.is_file(), f"the published runs ship with the repository: {GROUND_TRUTH} is missing"
     return GROUND_TRUTH

@@ -106,19 +106,13 @@ def test_a_refitted_fsdp_cost_carries_its_own_fitted_range(tmp_path, measured):
     assert "fsdp_overhead_calibrated_share" not in body
 
 
-def test_the_global_fit_moves_only_the_profiles_that_inherit_a_constant():
+def test_the_global_fit_moves_only_the_profiles_that_inherit_a_constant(calibrate):
     """benchmarks/calibrate.py writes a fitted torchtitan constant into every profile that took it from torchtitan
     (its releases, generic and the profiles extending it) and leaves a profile's own value alone: llm-foundry's
     counted 5 elementwise passes, generic's measured FSDP2 hooks. Until 2026-11-27 it overwrote them, so
     llm-foundry's constants were fitted around torchtitan's elementwise traffic and cross_validate.py predicted the
     published runs of frameworks without a profile with torchtitan's fitted FSDP cost."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate.py"
-    spec = importlib.util.spec_from_file_location("calibrate_under_test", path)
-    C = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(C)
+    C = calibrate
     keys = [("torchtitan", "elementwise_passes"), ("torchtitan", "fsdp_overhead_s_per_layer")]
     start = {k: C._get(V._stack(k[0]), k[1]) for k in keys}
     own = {s: (V._stack(s).elementwise_passes, V._stack(s).fsdp_overhead_s_per_layer) for s in ("llm-foundry", "generic")}

@@ -172,34 +172,21 @@ def test_plain_interpolation_is_numpys_to_the_bit():
         intervals.fit_probability(float(p), 70.0, "torchtitan") for p in peaks]
 
 
-def test_each_fitted_fsdp_cost_states_the_largest_share_its_runs_give_it(ground_truth):
+def test_each_fitted_fsdp_cost_states_the_largest_share_its_runs_give_it(ground_truth, calibrate):
     """`fsdp_overhead_calibrated_share` is what the shipped constants give the published runs, not a guess: the
     largest share of a step the per-block FSDP cost takes among the runs each family's constants were fitted to
-    (not the parts benchmarks/calibrate.py keeps out of the fit), rounded up to the point."""
-    import importlib.util
+    (benchmarks/calibrate.py's own choice of rows: not the parts it keeps out of the fit), rounded up to the point."""
     import math
-    from pathlib import Path
 
     from meshplan.estimator import validate as V
 
-    spec = importlib.util.spec_from_file_location(
-        "calibrate_for_share", Path(__file__).resolve().parents[1] / "benchmarks" / "calibrate.py")
-    C = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(C)
-    shares: dict[str, float] = {}
-    for row in V.read_rows(ground_truth):
-        if V.run_status(row.get("status")) != "ok" or not row.get("measured_tps_per_gpu"):
-            continue
-        if (row.get("hardware") or "").strip() in C.FIT_WITHOUT_PARTS.get("torchtitan", {}):
-            continue
-        stack = V._stack(V.row_stack(row))
-        family = stack.family or stack.id
-        if family in ("torchtitan", "llm-foundry"):
-            share = V.estimate_row(row)["throughput"]["fsdp_overhead_share"]
-            shares[family] = max(shares.get(family, 0.0), share)
-    for family, largest in shares.items():
+    rows = V.read_rows(ground_truth)
+    for family in ("torchtitan", "llm-foundry"):
+        shares = [V.estimate_row(row)["throughput"]["fsdp_overhead_share"] for row in calibrate._family_rows(rows, family)
+                  if V.run_status(row.get("status")) == "ok" and row.get("measured_tps_per_gpu")]
+        assert shares, family
         stated = V._stack(family).fsdp_overhead_calibrated_share
-        assert stated == math.ceil(largest * 100) / 100, (family, largest, stated)
+        assert stated == math.ceil(max(shares) * 100) / 100, (family, max(shares), stated)
     assert V._stack("generic").fsdp_overhead_calibrated_share is None  # its 1 ms is measured, not fitted
 
 

@@ -167,7 +167,7 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
         # once per microbatch when gradients are reduced every microbatch, else once per step
         # (with PP the last block's reduce-scatter is part of the stage's exposed one below)
         step_edges_s=(ag + xp.where(single, rs, 0.0)) / units * xp.where(per_mb_sync, lay.microbatches, 1.0),
-        step_once_s=xp.where(gathers_mb, xp.where(per_mb_sync, 0.0, rs * reduce_hidden), ag * hidden + rs * reduce_hidden),
+        step_once_s=xp.where(gathers_mb, 0.0, ag * hidden) + xp.where(per_mb_sync, 0.0, rs * reduce_hidden),
     )
 
 
