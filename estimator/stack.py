@@ -162,6 +162,12 @@ class StackProfile(BaseModel):
         default=0.0, ge=0,
         description="HBM bytes per activation element each sequence-parallel collective copies on the compute "
                     "stream (DTensor Shard(1): funcol's chunk + cat, a bf16 read + write = 4; 0: none)")
+    tp_gathered_qk_bytes_per_element: tuple[float, float] | None = Field(
+        default=None,
+        description="a TP plan that all-gathers the query and key heads after QK-norm (torchtitan's Qwen3 plan of "
+                    "Aug-Oct 2025: NoParallel(use_local_output=False) on q_norm / k_norm): the HBM bytes per query "
+                    "or key element (forward, backward) every TP rank then moves in RoPE and repeat_kv on all heads, "
+                    "where a sharded plan moves 1/tp of them; none: the plan keeps the heads sharded")
     async_tp_overlap: float = Field(ge=0, le=1)
     async_tp_gemm_factor: float = Field(gt=0, le=1)
     pp_overhead_s_per_microbatch: float = Field(ge=0, description="schedule + P2P wait per stage per microbatch")

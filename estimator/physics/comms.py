@@ -78,8 +78,36 @@ def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: La
     # (bytes a bf16 element copied: sp_copy_bytes_per_element; an fp8 all-gather's output copies half as many)
     copied = xp.where(eager_sp, n_rs * rs_bytes + xp.where(lay.micro_batch > 1, n_ag * ag_bytes, 0.0), 0.0) / BF16
     copy = layers * copied * stack.sp_copy_bytes_per_element / hbm_bytes_per_s(hw)
+    gathered = stack.tp_gathered_qk_bytes_per_element
+    if gathered is not None and model.qk_norm:
+        total_qk, copy_qk = _gathered_qk_heads_s(model, hw, stack, lay, layers, bw, lat, gathered)
+        total, copy = total + total_qk, copy + copy_qk
     return TPTimes(total_s=total, overlap=xp.where(lay.async_tp, stack.async_tp_overlap, stack.tp_overlap),
                    copy_s=copy)
+
+
+def _gathered_qk_heads_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers, bw, lat,
+                         bytes_per_element: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(collective seconds, compute-stream seconds) per microbatch of a TP plan that gathers the query and key heads
+    after QK-norm. torchtitan's Qwen3 plan from f9e8897a6 (2025-08-18, #1429) to 8c1d1c5fc (2025-10-14, #1870,
+    "Remove unnecessary all-gather qwen3") wrapped q_norm and k_norm in NoParallel(use_local_output=False): their
+    head-sharded output (Shard(2)) is redistributed to Replicate, an all-gather of q and k each block; RoPE and
+    repeat_kv then run on every head on every TP rank, and SDPA takes its heads back as a local slice, whose
+    backward all-gathers dq and dk. So one all-gather forward, one backward, one more when the forward is
+    recomputed (full or op-level AC, as the other TP all-gathers); each also copied on the compute stream in eager
+    mode (funcol gathers along dim 0 and cats along the head dim). The RoPE / repeat_kv bytes are counted from the
+    plan's model code (traced with a dispatch-mode byte counter: 24 forward and 31 backward per element, eager);
+    compiled, they shrink like the other elementwise work (compile_elementwise_factor)."""
+    t = lay.tp
+    elements = lay.tokens_mb * float(model.q_dim + model.kv_dim)
+    n_fwd = 1 + xp.where(lay.full_ac | lay.selective_ac, 1, 0)
+    comm = layers * (n_fwd + 1) * ring_s(elements * BF16, t, bw, lat)
+    fwd, bwd = bytes_per_element
+    extra = xp.where(t > 1, 1 - 1 / as_float(t), 0.0)  # the sharded plan would move 1/tp of it
+    elem_factor = xp.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
+    rope = layers * elements * extra * (n_fwd * fwd + bwd) * elem_factor
+    copied = xp.where((t > 1) & ~lay.compiled, (n_fwd + 1) * elements * stack.sp_copy_bytes_per_element, 0.0)
+    return comm, (rope + layers * copied) / hbm_bytes_per_s(hw)
 
 
 def cp_exposed_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers,
