@@ -21,7 +21,7 @@ from meshplan.estimator.physics.host import (
     host_bytes_per_node,
     offloaded_bytes_per_node,
 )
-from meshplan.estimator.physics.layout import layout_of
+from meshplan.estimator.physics.layout import layout_of, sequence_shards
 from meshplan.estimator.physics.memory import (
     ALLOCATED_CATEGORIES,
     MEMORY_CATEGORIES,
@@ -56,7 +56,7 @@ def estimate_arrays(
     step is timed on the rank holding the most (`shapes.rank_params`).
     """
     lay = layout_of(c)
-    rp = rank_params(model, lay, stack.tp_shards_embedding)
+    rp = rank_params(model, lay, stack.tp_shards_embedding, sequence_shards(stack, model, lay))
     act = activations(model, stack, lay, rp)
     mem, worst_stage = worst_stage_memory(model, stack, lay, rp, act, stage)
     reserved = reserved_bytes(hw, stack, mem.allocated_bytes, lay)

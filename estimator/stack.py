@@ -162,6 +162,12 @@ class StackProfile(BaseModel):
         default=0.0, ge=0,
         description="HBM bytes per activation element each sequence-parallel collective copies on the compute "
                     "stream (DTensor Shard(1): funcol's chunk + cat, a bf16 read + write = 4; 0: none)")
+    tp_sequence_parallel_off_for: list[Literal["pipeline", "tied_embeddings", "moe"]] = Field(
+        default_factory=list,
+        description="where the stack's TP runs without sequence parallelism and without sharding the output head: "
+                    "on pipeline stages, for models with tied embeddings, for MoE models (KempnerForge: all three). "
+                    "There a TP rank runs its norms and residuals on the whole sequence, all-reduces each block's "
+                    "outputs and holds the whole output head")
     tp_gathered_qk_bytes_per_element: tuple[float, float] | None = Field(
         default=None,
         description="a TP plan that all-gathers the query and key heads after QK-norm (torchtitan's Qwen3 plan of "

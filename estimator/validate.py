@@ -82,6 +82,7 @@ class RowResult:
     predicted_tps_interval: list[float] | None = None  # the estimate's own (wider where it extrapolates)
     cell: str = ""  # framework | model | part | GPUs | seq: the runs a sweep varies the layout of (`_cell`)
     mem_kind: str = "reserved"  # what the measured memory is: the allocator's peak reserved, or its peak allocated
+    mem_stage: int | None = None  # the pipeline stage whose rank measured it (None: the worst rank)
     moe: bool = False  # a mixture-of-experts model (its estimates take the MoE error table where there is one)
     corrected: list[str] | None = None  # cells a corrections file beside the CSV changed (`row_corrections`)
 
@@ -253,6 +254,16 @@ def memory_kind(notes: str | None) -> str:
     return "allocated" if _ALLOCATED.search(text) and "reserved" not in text.lower() else "reserved"
 
 
+_FIRST_STAGE = re.compile(r"rank[ -]?0 \(first (pipeline )?stage\)|first pipeline stage'?s? (rank|memory)",
+                          re.IGNORECASE)
+
+
+def memory_stage(notes: str | None) -> int | None:
+    """The pipeline stage a row's measured memory was read on: 0 where its notes say the first stage's rank ("rank 0
+    (first stage)": KempnerForge logs rank 0), else None (the worst rank, as torchtitan's "max over PP ranks")."""
+    return 0 if _FIRST_STAGE.search(notes or "") else None
+
+
 PURE_BF16 = {"bf16-pure", "bf16_pure", "pure-bf16", "pure_bf16", "pure bf16", "bf16 pure"}
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
 
@@ -408,7 +419,8 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
         base = dict(
             id=row.get("id", ""), framework=row.get("framework", ""), model=row.get("model", ""),
             hardware=row.get("hardware", ""), status=run_status(row.get("status")), cell=_cell(row),
-            mem_kind=memory_kind(row.get("notes")), corrected=row.get(CORRECTED),
+            mem_kind=memory_kind(row.get("notes")), mem_stage=memory_stage(row.get("notes")),
+            corrected=row.get(CORRECTED),
         )
         try:
             base.update(stack=stack or row_stack(row),
@@ -425,6 +437,10 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
             fits = peak <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib
             # compared like with like: a row that measured the allocated peak against the predicted allocated peak
             mem = est["memory"]["allocated_gib"] if base["mem_kind"] == "allocated" else peak
+            stages = est["memory"].get("per_stage") or []
+            if base["mem_stage"] is not None and base["mem_stage"] < len(stages):  # that stage's rank, not the worst
+                one = stages[base["mem_stage"]]
+                mem = one["peak_gib"] - (one["breakdown_gib"]["fragmentation"] if base["mem_kind"] == "allocated" else 0)
             results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, predicted_fits=fits,
                                      predicted_tps_interval=est["throughput"]["tokens_per_sec_per_gpu_interval"],
                                      moe=bool(est["model"].get("moe")),

@@ -424,3 +424,70 @@ def test_a_stack_that_keeps_the_embedding_whole_under_tp_holds_all_of_it_on_ever
     extra = M8.embedding_params * (1 - 1 / 4) / gib
     assert whole["params_fp32"] - sharded["params_fp32"] == pytest.approx(2 * extra, rel=0.02)  # bf16 weights
     assert whole["optimizer_states"] - sharded["optimizer_states"] == pytest.approx(4 * extra, rel=0.02)
+
+
+def test_tp_without_sequence_parallelism_on_pipeline_stages():
+    """KempnerForge's apply_tensor_parallel turns sequence parallelism off on a pipeline stage (seq_parallel = not
+    is_pp_stage and ...): its TP ranks keep each block's input whole, hold the whole output head, send whole-sequence
+    activations between stages and copy no sequence-parallel layouts. Without PP it keeps sequence parallelism."""
+    from meshplan.estimator.arrays import ConfigArrays
+    from meshplan.estimator.physics import activations, comms, pipeline, shapes
+    from meshplan.estimator.physics.layout import layout_of, sequence_shards
+
+    kf = load_stack("kempnerforge")
+    with_sp = kf.model_copy(update={"tp_sequence_parallel_off_for": []})
+    hw = load_hardware("h200-sxm")
+
+    def lay_of(pp):
+        cfg = TrainConfig(gpus=8 * pp, gpus_per_node=4, dp_shard=2, tp=4, pp=pp, global_batch_size=8,
+                          micro_batch_size=1, seq_len=4096, ac="full")
+        return layout_of(ConfigArrays.single(cfg.resolve(M8, hw)))
+
+    piped, flat = lay_of(2), lay_of(1)
+    assert float(sequence_shards(kf, M8, piped)) == 1.0 and float(sequence_shards(kf, M8, flat)) == 4.0
+    assert float(sequence_shards(load_stack("torchtitan"), M8, piped)) == 4.0
+    h = float(M8.hidden)
+    # full AC keeps each block's input: whole (2 h bytes a token), not a quarter of it
+    act, _ = activations.saved_per_token_layer(M8, kf, piped)
+    act_sp, _ = activations.saved_per_token_layer(M8, with_sp, piped)
+    assert (float(act), float(act_sp)) == (2 * h, 2 * h / 4)
+    # the whole output head on every TP rank of the last stage
+    out = float(shapes.rank_params(M8, piped, False, sequence_shards(kf, M8, piped)).output)
+    assert out == pytest.approx(float(M8.output_params), rel=1e-9)
+    # the stage-to-stage activation and its receive buffer: the whole sequence
+    assert float(pipeline.p2p_s(piped, hw, kf, h, 1.0) - pipeline.p2p_s(piped, hw, kf, h, 4.0)) > 0
+    assert float(pipeline.receive_buffer_bytes(piped, h, False, 1.0)) == 4 * float(
+        pipeline.receive_buffer_bytes(piped, h, False, 4.0))
+    # eager: no DTensor Shard(1) layout copies (each block all-reduces a replicated activation)
+    assert float(comms.tp_times(M8, hw, kf, piped, 16).copy_s) == 0.0
+    assert float(comms.tp_times(M8, hw, with_sp, piped, 16).copy_s) > 0.0
+    # so a pipelined KempnerForge step is slower than the same stack with sequence parallelism
+    cfg = dict(dp_shard=2, tp=4, pp=2, global_batch_size=16, micro_batch_size=1)
+    assert _kf("kempnerforge", gpus=16, **cfg)["throughput"]["step_time_s"] > estimate(
+        M8, hw, TrainConfig(gpus=16, gpus_per_node=4, seq_len=4096, ac="full", **cfg), with_sp)[
+        "throughput"]["step_time_s"]
+
+
+def test_a_row_measured_on_the_first_stage_is_compared_with_that_stage():
+    """KempnerForge logs rank 0's memory: with PP the first stage's, which validate compares with that stage's
+    predicted peak, not the worst stage's (torchtitan's "max over PP ranks" rows keep the worst)."""
+    from meshplan.estimator.validate import memory_stage
+
+    assert memory_stage("memory is rank 0 (first stage); KempnerForge = ...") == 0
+    assert memory_stage("memory = max over PP ranks") is None
+    kw = dict(framework="KempnerForge", model="KempnerForge 7B", layers="32", hidden="4096", heads="32",
+              kv_heads="8", ffn_hidden="14336", tied_embeddings="false", hardware="h200-sxm", gpus="16",
+              gpus_per_node="4", dp_replicate="1", dp_shard="2", tp="4", pp="2", pp_schedule="1F1B",
+              global_batch_size="16", micro_batch_size="4", precision="bf16-pure", ac="full",
+              measured_mem_gib="30", notes="mem = rank-0 torch.cuda.max_memory_allocated; memory is rank 0 (first stage)")
+    first, worst = validate_rows([_row(**kw), _row(**{**kw, "notes": "mem = torch.cuda.max_memory_allocated"})])
+    est = estimate(M8, load_hardware("h200-sxm"),
+                   TrainConfig(gpus=16, gpus_per_node=4, dp_shard=2, tp=4, pp=2, pp_schedule="1F1B", seq_len=4096,
+                               global_batch_size=16, micro_batch_size=4, ac="full", dtype="bfloat16"),
+                   load_stack("kempnerforge"))
+    stage0 = est["memory"]["per_stage"][0]
+    assert est["memory"]["worst_rank"] == "last pipeline stage"
+    assert first.predicted_mem_gib == pytest.approx(stage0["peak_gib"] - stage0["breakdown_gib"]["fragmentation"],
+                                                    abs=0.01)
+    assert worst.predicted_mem_gib == pytest.approx(est["memory"]["allocated_gib"], abs=0.01)
+    assert first.predicted_mem_gib < worst.predicted_mem_gib

@@ -15,7 +15,7 @@ import numpy as np
 from meshplan.estimator import xp
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, moe
-from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.layout import Layout, sequence_shards
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import fp32_compute
 from meshplan.estimator.stack import StackProfile
@@ -40,26 +40,29 @@ def attention_saved(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple
     (DeepSeek): the query and KV latents and their norms (unsharded under TP), the up-projected heads, RoPE'd q/k."""
     h, q, kv = float(model.hidden), float(model.q_dim), float(model.kv_dim)
     heads, t, has_tp = float(model.heads), lay.tp, lay.has_tp
+    seq_t = sequence_shards(stack, model, lay)  # the norm's input: sequence-sharded under sequence parallelism
     gathered = xp.where(has_tp, 2 * h, 2 * h / t)  # SP all-gather output saved by column-parallel linears
-    rs_out = xp.where(has_tp, 2 * h / t, 0.0)  # the reduce-scatter output op-SAC keeps under TP
+    rs_out = xp.where(has_tp, 2 * h / seq_t, 0.0)  # the reduce-scatter (all-reduce) output op-SAC keeps under TP
     if model.mla is not None:
         a, v = model.mla, float(model.v_dim)
         ql, kvl, rope = float(a.q_lora_rank), float(a.kv_lora_rank), float(a.qk_rope_head_dim)
         latents = 4 * ql + 2 * (kvl + rope) + 2 * kvl
         heads_none = (2 * q + 2 * heads * (a.qk_nope_head_dim + a.v_head_dim) + 2 * q + 2 * q + 2 * v + 2 * v) / t
-        none = 2 * h / t + gathered + latents + heads_none + 4 * heads / t
-        sel = 2 * h / t + 2 * ql + 2 * (kvl + rope) + (2 * v + 4 * heads) / t + rs_out
+        none = 2 * h / seq_t + gathered + latents + heads_none + 4 * heads / t
+        sel = 2 * h / seq_t + 2 * ql + 2 * (kvl + rope) + (2 * v + 4 * heads) / t + rs_out
         return none, sel
     kv_attn = q if stack.repeat_kv else kv  # K/V width fed to attention
-    none = 2 * h / t + gathered + (2 * q + 4 * kv_attn + 2 * q + 2 * q) / t + 4 * heads / t
+    none = 2 * h / seq_t + gathered + (2 * q + 4 * kv_attn + 2 * q + 2 * q) / t + 4 * heads / t
     # op-SAC: block input, wq and wv outputs, attention output (+lse), and with TP wo's reduce-scatter output
-    sel = 2 * h / t + (2 * q + 2 * kv + 2 * q + 4 * heads) / t + rs_out
+    sel = 2 * h / seq_t + (2 * q + 2 * kv + 2 * q + 4 * heads) / t + rs_out
     return none, sel
 
 
-def dense_mlp_saved(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes a dense MLP saves per token without AC, with op-level selective AC), its input norm included."""
+def dense_mlp_saved(model: ModelSpec, lay: Layout, seq_t=None) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes a dense MLP saves per token without AC, with op-level selective AC), its input norm included
+    (sequence-sharded `seq_t` ways: tp unless given, `layout.sequence_shards`)."""
     h, F, t, has_tp = float(model.hidden), float(model.ffn_hidden), lay.tp, lay.has_tp
+    seq_t = t if seq_t is None else seq_t
     gathered = xp.where(has_tp, 2 * h, 2 * h / t)
     if model.gated_mlp:
         mlp_none = 8 * F / t  # w1, w3, the activation, the product
@@ -68,24 +71,25 @@ def dense_mlp_saved(model: ModelSpec, lay: Layout) -> tuple[np.ndarray, np.ndarr
         mlp_none = 4 * F / t  # fc1, gelu
         mlp_sel = 2 * F / t
     # op-SAC also keeps w2's (partial) output and, with TP, its reduce-scatter output
-    return 2 * h / t + gathered + mlp_none, mlp_sel + 2 * h + xp.where(has_tp, 2 * h / t, 0.0)
+    return 2 * h / seq_t + gathered + mlp_none, mlp_sel + 2 * h + xp.where(has_tp, 2 * h / seq_t, 0.0)
 
 
 def saved_per_token_layer(model: ModelSpec, stack: StackProfile, lay: Layout, moe_share=0.0,
                           routed: moe.Routing | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(bytes saved per token per block for the configuration's AC mode, the same without AC), averaged over the
     rank's blocks when a share `moe_share` of them are MoE blocks (`routed`)."""
-    h, t = float(model.hidden), lay.tp
+    h = float(model.hidden)
+    seq_t = sequence_shards(stack, model, lay)
     attn_none, attn_sel = attention_saved(model, stack, lay)
-    mlp_none, mlp_sel = dense_mlp_saved(model, lay)
+    mlp_none, mlp_sel = dense_mlp_saved(model, lay, seq_t)
     if routed is not None:
         moe_none, moe_sel = moe.mlp_saved(model, routed, lay)
-        mlp_none = mlp_none + moe_share * (2 * h / t + moe_none - mlp_none)
+        mlp_none = mlp_none + moe_share * (2 * h / seq_t + moe_none - mlp_none)
         mlp_sel = mlp_sel + moe_share * (moe_sel - mlp_sel)
     lora_none, lora_sel = finetune.lora_saved_delta(model, lay)  # LoRA's adapters (0 otherwise)
     a_none = attn_none + mlp_none + lora_none
     a_sel = attn_sel + mlp_sel + lora_sel
-    a_full = 2 * h / t
+    a_full = 2 * h / seq_t
     act = xp.where(lay.full_ac, a_full, xp.where(lay.selective_ac, a_sel, a_none))
     act = act * xp.where(lay.compiled & xp.logical_not(lay.full_ac), stack.compile_activation_factor, 1.0)
     return act, a_none
@@ -131,10 +135,10 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
         moe_temp = moe.backward_temp_bytes(model, routed, lay, rp.routed_block, attn_none + moe_none)
         temp = xp.where(rp.moe_layers > 0, xp.maximum(temp, moe_temp), temp)
     logits, vocab_rank = loss_buffers(model, stack, lay)
-    h, t = float(model.hidden), lay.tp
+    h = float(model.hidden)
     # the head's saved inputs on the last stage: the final norm's input (sequence-sharded under TP) and the
     # output projection's input (all-gathered under TP; not saved when LoRA freezes the projection), bf16
-    head = xp.where(lay.has_tp, 2 * h / t + 2 * h, 4 * h) - xp.where(lay.lora, 2 * h, 0.0)
+    head = xp.where(lay.has_tp, 2 * h / sequence_shards(stack, model, lay) + 2 * h, 4 * h) - xp.where(lay.lora, 2 * h, 0.0)
     attn_none, _ = attention_saved(model, stack, lay)
     lora_none, _ = finetune.lora_saved_delta(model, lay)
     attn_lora = attn_none + xp.minimum(lora_none, 0.0)  # LoRA's removals are the attention's and MLP's inputs

@@ -16,7 +16,13 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.compute import FULL_AC_PASSES, by_recipe, hbm_bytes_per_s
 from meshplan.estimator.physics.finetune import Weights
-from meshplan.estimator.physics.layout import Layout, as_float, reduces_every_microbatch, resharded
+from meshplan.estimator.physics.layout import (
+    Layout,
+    as_float,
+    reduces_every_microbatch,
+    resharded,
+    sequence_shards,
+)
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_scale
@@ -74,7 +80,8 @@ def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: La
     # microbatch lets it take a view: a full-size copy on the compute stream each. Counted in eager mode only: the
     # compiled TP runs of runs.csv show none (r0010 beside its async-TP twin r0011 would be 9 points slower with
     # them); what inductor makes of the chunk + cat was not traced. Async TP's fused matmul-collectives write in place
-    eager_sp = (t > 1) & ~lay.async_tp & ~lay.compiled
+    # (without sequence parallelism each block all-reduces a replicated activation: the same bytes, no layout copy)
+    eager_sp = (t > 1) & ~lay.async_tp & ~lay.compiled & (sequence_shards(stack, model, lay) > 1)
     # (bytes a bf16 element copied: sp_copy_bytes_per_element; an fp8 all-gather's output copies half as many)
     copied = xp.where(eager_sp, n_rs * rs_bytes + xp.where(lay.micro_batch > 1, n_ag * ag_bytes, 0.0), 0.0) / BF16
     copy = layers * copied * stack.sp_copy_bytes_per_element / hbm_bytes_per_s(hw)

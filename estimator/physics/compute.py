@@ -14,7 +14,7 @@ from meshplan.estimator.config import FLOAT8_RECIPES
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, moe
-from meshplan.estimator.physics.layout import Layout
+from meshplan.estimator.physics.layout import Layout, sequence_shards
 from meshplan.estimator.physics.state import fp32_compute
 from meshplan.estimator.stack import StackProfile
 
@@ -150,7 +150,9 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     w1, _ = gemm_s(hw, stack, lay, h, f_t, 2.0 if gated else 1.0, recipe=recipe)  # w1 and w3 (gated) or fc1
     w2, _ = gemm_s(hw, stack, lay, f_t, h, recipe=recipe)
     block_gemm = (attn_gemm + w1 + w2) / async_eff
-    _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / t, recipe=recipe)  # the output projection stays bf16 (torchao)
+    seq_t = sequence_shards(stack, model, lay)  # t, or 1 where TP runs without sequence parallelism
+    # the output projection stays bf16 (torchao); vocabulary-sharded under TP (whole without sequence parallelism)
+    _, head_gemm = gemm_s(hw, stack, lay, h, float(model.vocab) / seq_t, recipe=recipe)
     # causal flash attention: forward 2 matmuls (QK^T, then PV) of s x s/2 per head (fewer with local attention)
     attn_fwd_flops = 2.0 * lay.micro_batch * lay.seq_len * lay.seq_len * (q + float(model.v_dim)) / (t * lay.cp) * 0.5
     if model.attention_window:
@@ -168,7 +170,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
         * xp.where(lay.compiled, 1.0, stack.eager_float8_cast_factor)
     casts = xp.where(lay.fp8, layers * lay.tokens_mb * lin_elems * cast_bytes / hbm, 0.0)
     elem_factor = xp.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
-    elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / t + F / t) * 2 / hbm * elem_factor
+    elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / seq_t + F / t) * 2 / hbm * elem_factor
     elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
     fewer_launches = xp.where(lay.compiled, stack.compile_overhead_factor, 1.0)
     overhead = layers * stack.launch_overhead_s_per_layer * fewer_launches

@@ -84,6 +84,18 @@ def layout_of(c: ConfigArrays) -> Layout:
     )
 
 
+def sequence_shards(stack, model, lay: Layout) -> np.ndarray:
+    """How many ways TP splits a block's sequence-wise activations (norm inputs, residuals, stage outputs) and the
+    output head: tp under sequence parallelism; 1 where the stack runs TP without it (`stack`: a StackProfile, its
+    `tp_sequence_parallel_off_for`: pipeline stages, models with tied embeddings, MoE models; `model`: a ModelSpec)."""
+    off = stack.tp_sequence_parallel_off_for
+    if ("tied_embeddings" in off and model.tied_embeddings) or ("moe" in off and model.moe is not None):
+        return xp.where(lay.has_tp, 1.0, 1.0)  # 1 for every configuration
+    if "pipeline" in off:
+        return xp.where(lay.single_stage, lay.tp, 1.0)
+    return lay.tp
+
+
 def resharded(stack, lay: Layout) -> np.ndarray:
     """Whether FSDP2 frees a block's gathered parameters after its forward (and gathers them again in its backward,
     every microbatch): without PP the stack's `reshard_after_forward`, with PP its `pp_reshard_after_forward`

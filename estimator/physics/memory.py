@@ -31,7 +31,7 @@ from meshplan.estimator.hardware import GIB, HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune
 from meshplan.estimator.physics.activations import Activations
-from meshplan.estimator.physics.layout import Layout, reduces_every_microbatch, resharded
+from meshplan.estimator.physics.layout import Layout, reduces_every_microbatch, resharded, sequence_shards
 from meshplan.estimator.physics.pipeline import (
     head_microbatches,
     layers_in_flight,
@@ -159,7 +159,7 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     acc = xp.where(held & (m > 1) & lay.fsdp, stack.reduce_bytes * w.trainable(lay, prank), 0.0)
     root = rp.root(first, last)
     up = unsharded(stack, lay, rp, w, prank, root, last)
-    recv = receive_buffer_bytes(lay, float(model.hidden), first)
+    recv = receive_buffer_bytes(lay, float(model.hidden), first, sequence_shards(stack, model, lay))
     recv_all = m * recv
     acts_blocks = act.block_bytes * layers_in_flight(lay, rp.layers, stage) + recv_all \
         - xp.where(first, act.first_block_unsaved_per_token * lay.tokens_mb, 0.0)

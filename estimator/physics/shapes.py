@@ -122,12 +122,14 @@ def rank_blocks_of(model: ModelSpec, lay: Layout, *ranks) -> list[np.ndarray]:
     return blocks_on_ranks(float(model.layers), lay.pp, lay.vpp, first, last, ranks)
 
 
-def rank_params(model: ModelSpec, lay: Layout, tp_shards_embedding: bool = True) -> RankParams:
+def rank_params(model: ModelSpec, lay: Layout, tp_shards_embedding: bool = True, head_shards=None) -> RankParams:
     """Parameters of the rank the step is timed on for every configuration, with the first and the last stage's
     ranks' totals. The pipeline runs at its slowest stage: the rank holding the most blocks, the first, the second
     or the last (torchtitan gives the extra blocks to the first stages, so the second holds the most of the middle
     ones), timed with the output layer as before the split was uneven. The norms stay whole on every TP rank, and
-    so does the token embedding where the stack keeps it replicated (`tp_shards_embedding` false)."""
+    so does the token embedding where the stack keeps it replicated (`tp_shards_embedding` false), and the output
+    head where the stack's TP runs without sequence parallelism (`head_shards` 1: `layout.sequence_shards`; tp
+    unless given)."""
     t = lay.tp
     norm = float(model.norm_params_per_norm)
     whole = float(model.replicated_block_params)  # norms (sequence parallel), QK-norms, MLA's down-projections
@@ -146,7 +148,7 @@ def rank_params(model: ModelSpec, lay: Layout, tp_shards_embedding: bool = True)
     single = lay.single_stage
     # tied embeddings split by a pipeline (Megatron, nanotron): the last stage keeps its own copy of the shared weight
     tied_copy = xp.where(single, 0.0, float(model.embedding_params)) if model.tied_embeddings else 0.0
-    out = (model.output_params - norm + tied_copy) / t + norm
+    out = (model.output_params - norm + tied_copy) / (t if head_shards is None else head_shards) + norm
     n = rank_blocks_of(model, lay, 0.0, xp.minimum(1.0, lay.pp - 1), lay.pp - 1)
     stages = tuple((k, *kinds.on_rank(model, k)) for k in n)
     zero = xp.zeros_like(t)

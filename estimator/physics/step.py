@@ -17,7 +17,7 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, pipeline
 from meshplan.estimator.physics.comms import cp_exposed_s, dp_replicate_s, fsdp_times, tp_times
 from meshplan.estimator.physics.compute import compute_times, optimizer_step_s
-from meshplan.estimator.physics.layout import Layout, resharded
+from meshplan.estimator.physics.layout import Layout, resharded, sequence_shards
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import state_scale
 from meshplan.estimator.stack import StackProfile
@@ -95,7 +95,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "nf4_dequant": m * comp.dequant_s,
         "offload_exposed": m * offload_mb + offload_acc,
         "pp_bubble": pipeline.bubble_s(lay, t_mb),
-        "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden)),
+        "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden), sequence_shards(stack, model, lay)),
         "dp_allreduce": dp_replicate_s(hw, stack, lay, st.trainable_sharded),
         "optimizer_step": xp.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),
                                    optimizer_step_s(hw, stack, st.trainable_sharded) * state_scale(lay))
