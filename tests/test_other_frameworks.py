@@ -491,3 +491,45 @@ def test_a_row_measured_on_the_first_stage_is_compared_with_that_stage():
                                                     abs=0.01)
     assert worst.predicted_mem_gib == pytest.approx(est["memory"]["allocated_gib"], abs=0.01)
     assert first.predicted_mem_gib < worst.predicted_mem_gib
+
+
+def test_the_steps_one_reduce_scatter_hides_only_in_the_overlap_its_microbatch_leaves():
+    """Without a reduce-scatter before the last microbatch (KempnerForge), that microbatch's backward issues the
+    step's whole gradient reduce-scatter beside its own all-gathers: where the two outlast FSDP's overlap of its
+    compute, the rest is exposed (a 70B over 8 nodes of 4 H200: ~70 GB of fp32 gradients a rank); where they fit,
+    the reduce-scatter is hidden like the per-microbatch collectives (its 1 - fsdp_overlap share exposed)."""
+    from meshplan.estimator.arrays import ConfigArrays
+    from meshplan.estimator.physics import comms, compute, finetune, shapes
+    from meshplan.estimator.physics.layout import layout_of
+    from meshplan.estimator.physics.step import step_time
+
+    kf, hw = load_stack("kempnerforge"), load_hardware("h200-sxm-4gpu")
+    m70 = load_model("llama3-70b")
+
+    def parts(model, **kw):
+        cfg = TrainConfig(**{"gpus": 32, "gpus_per_node": 4, "dp_shard": 8, "tp": 4, "seq_len": 4096,
+                             "global_batch_size": 64, "micro_batch_size": 2, "ac": "full", "dtype": "bfloat16", **kw})
+        lay = layout_of(ConfigArrays.single(cfg.resolve(model, hw)))
+        rp = shapes.rank_params(model, lay, kf.tp_shards_embedding)
+        f = comms.fsdp_times(hw, kf, lay, rp, finetune.weights(model, lay, rp))
+        busy = compute.compute_times(model, hw, kf, lay, rp.layers, float(model.vocab), rp.moe_layers).busy_s
+        st = step_time(model, hw, kf, lay, rp, float(model.vocab))
+        return f, float(busy), st
+
+    f, busy, st = parts(m70)
+    rs, per_mb, cap = float(f.reduce_once_s), float(f.per_microbatch_s), kf.fsdp_overlap * busy
+    assert rs > 0 and float(f.step_once_s) == 0.0
+    assert per_mb + rs > cap  # the 70B's gathers and its reduce-scatter outlast the overlap
+    exposed_mb = max(0.0, per_mb - cap)
+    expected = max(0.0, per_mb + rs - cap) - exposed_mb
+    assert expected > rs * (1 - kf.fsdp_overlap)
+    # fsdp_exposed = m x (per-microbatch exposed + copy-out) + edges + the reduce-scatter's exposed part
+    m = 4
+    counted = m * (exposed_mb + float(f.copy_out_s)) + float(f.step_edges_s) + expected
+    assert float(st.parts["fsdp_exposed"]) == pytest.approx(counted, rel=1e-6)
+    # a model whose collectives fit: its reduce-scatter exposes only the share FSDP's overlap leaves
+    f8, busy8, st8 = parts(M8, gpus=8, dp_shard=2, global_batch_size=16, micro_batch_size=4)
+    assert float(f8.per_microbatch_s + f8.reduce_once_s) < kf.fsdp_overlap * busy8
+    rest = float(st8.parts["fsdp_exposed"]) - 2 * (max(0.0, float(f8.per_microbatch_s) - kf.fsdp_overlap * busy8)
+                                                  + float(f8.copy_out_s)) - float(f8.step_edges_s)
+    assert rest == pytest.approx(float(f8.reduce_once_s) * (1 - kf.fsdp_overlap), rel=1e-6)

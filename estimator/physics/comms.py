@@ -137,7 +137,9 @@ class FSDPTimes:
 
     per_microbatch_s: np.ndarray  # collectives each microbatch issues (hidden behind compute up to fsdp_overlap)
     step_edges_s: np.ndarray  # the first all-gather and last reduce-scatter, which cannot hide
-    step_once_s: np.ndarray  # with PP (or no per-microbatch sync): the stage gathered and reduced once per step
+    step_once_s: np.ndarray  # with PP: the stage gathered and reduced once per step (exposed as counted here)
+    reduce_once_s: np.ndarray  # without PP or a per-microbatch sync: the step's one reduce-scatter, issued by the
+    # last microbatch's backward; its exposure is the step's (step.py: it shares that microbatch's overlap)
     copy_out_s: np.ndarray  # per microbatch: the all-gathers' copy-out on the compute stream (not hidden)
     copy_out_once_s: np.ndarray  # with PP: the stage's one copy-out per step
 
@@ -188,10 +190,11 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     per_mb = xp.where(gathers_mb, ag * xp.where(reshard, 2.0, 1.0), 0.0) + xp.where(per_mb_sync, rs, 0.0)
     hidden = 1 - stack.fsdp_overlap
     # the step's one gradient reduce-scatter: without PP the last microbatch's backward issues each block's as it
-    # finishes, hidden like the per-microbatch ones; with PP torch.distributed.pipelining runs FSDP's post-backward
-    # for every block of the stage only after the stage's last backward (stage.py perform_reduce_grad; in 2.5
-    # backward_maybe_with_nosync's last_backward), and waits for it: nothing is left to hide it behind
-    reduce_hidden = xp.where(single, hidden, 1.0)
+    # finishes, hidden like that microbatch's gathers (reduce_once_s, step.py); with PP torch.distributed.pipelining
+    # runs FSDP's post-backward for every block of the stage only after the stage's last backward (stage.py
+    # perform_reduce_grad; in 2.5 backward_maybe_with_nosync's last_backward), and waits for it: nothing is left to
+    # hide it behind
+    once = xp.logical_not(per_mb_sync)
     # FSDP2 splits each all-gather's output into the unsharded parameters on the compute stream (copy-out: read and
     # write, the stack's bytes per parameter), before the block can run
     copy = xp.where(lay.fsdp, stack.fsdp_copy_bytes_per_param * dense / hbm_bytes_per_s(hw), 0.0)
@@ -202,7 +205,8 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
         # once per microbatch when gradients are reduced every microbatch, else once per step
         # (with PP the last block's reduce-scatter is part of the stage's exposed one below)
         step_edges_s=(ag + xp.where(single, rs, 0.0)) / units * xp.where(per_mb_sync, lay.microbatches, 1.0),
-        step_once_s=xp.where(gathers_mb, 0.0, ag * hidden) + xp.where(per_mb_sync, 0.0, rs * reduce_hidden),
+        step_once_s=xp.where(gathers_mb, 0.0, ag * hidden) + xp.where(once & ~single, rs, 0.0),
+        reduce_once_s=xp.where(once & single, rs, 0.0),
     )
 
 

@@ -65,6 +65,11 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     fsdp = fsdp_times(hw, stack, lay, rp, w)
     busy = comp.busy_s
     fsdp_exposed = xp.maximum(0.0, fsdp.per_microbatch_s - stack.fsdp_overlap * busy)
+    # the step's one reduce-scatter (no per-microbatch sync, no PP) runs in the last microbatch's backward beside
+    # that microbatch's gathers: it hides in what overlap they leave, at most as well as the per-microbatch ones
+    hide = stack.fsdp_overlap * busy
+    reduce_once = xp.maximum(fsdp.reduce_once_s * (1 - stack.fsdp_overlap),
+                             xp.maximum(0.0, fsdp.per_microbatch_s + fsdp.reduce_once_s - hide) - fsdp_exposed)
     # CPU offload: each all-gather's shard comes host-to-device first and each reduce-scatter's output goes back,
     # on the copy streams of FSDP's prefetch (hidden like its collectives); with gradient accumulation the later
     # microbatches' device-to-host copies block and add on the CPU
@@ -88,7 +93,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "elementwise": m * comp.elementwise_s,
         "overhead": m * (launch + comp.fsdp_overhead_s + (busy_slow - busy_slow / (1 + slow))) + stack.step_overhead_s,
         "fsdp_exposed": m * (fsdp_exposed + fsdp.copy_out_s) + fsdp.step_edges_s + fsdp.step_once_s
-        + fsdp.copy_out_once_s,
+        + fsdp.copy_out_once_s + reduce_once,
         "tp_exposed": m * tp.exposed_s,
         "cp_exposed": m * cp,
         "ep_all_to_all": m * comp.all_to_all_s,
@@ -102,7 +107,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         + xp.where(lay.fsdp | lay.has_tp, layers * stack.dtensor_optimizer_s_per_layer, 0.0),
     }
     step = (m * t_mb + parts["pp_bubble"] + parts["pp_p2p"] + fsdp.step_edges_s + fsdp.step_once_s + fsdp.copy_out_once_s
-            + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s + offload_acc)
+            + reduce_once + parts["dp_allreduce"] + parts["optimizer_step"] + stack.step_overhead_s + offload_acc)
     tps = lay.global_batch * lay.seq_len / (lay.world * step)
     return StepTime(parts=parts, step_s=step, microbatch_s=t_mb, tokens_per_sec_per_gpu=tps,
                     mfu=finetune.flops_per_token(model, lay, model_flops_per_token(model, lay.seq_len)) * tps
