@@ -90,7 +90,7 @@ def sequence_shards(stack, model, lay: Layout) -> np.ndarray:
     `tp_sequence_parallel_off_for`: pipeline stages, models with tied embeddings, MoE models; `model`: a ModelSpec)."""
     off = stack.tp_sequence_parallel_off_for
     if ("tied_embeddings" in off and model.tied_embeddings) or ("moe" in off and model.moe is not None):
-        return xp.where(lay.has_tp, 1.0, 1.0)  # 1 for every configuration
+        return xp.full_like(lay.tp, 1.0)
     if "pipeline" in off:
         return xp.where(lay.single_stage, lay.tp, 1.0)
     return lay.tp
