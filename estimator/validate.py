@@ -126,6 +126,7 @@ class RowResult:
             "predicted_mem_gib_interval": self.mem_interval(),
             "measured_mem_gib": self.measured_mem_gib,
             "mem_kind": self.mem_kind,
+            **({"mem_stage": self.mem_stage} if self.mem_stage is not None else {}),
             "tps_error": None if self.tps_err is None else round(self.tps_err, 4),
             "mem_error": None if self.mem_err is None else round(self.mem_err, 4),
             "status": self.status,

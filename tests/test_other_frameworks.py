@@ -491,6 +491,7 @@ def test_a_row_measured_on_the_first_stage_is_compared_with_that_stage():
                                                     abs=0.01)
     assert worst.predicted_mem_gib == pytest.approx(est["memory"]["allocated_gib"], abs=0.01)
     assert first.predicted_mem_gib < worst.predicted_mem_gib
+    assert first.as_dict()["mem_stage"] == 0 and "mem_stage" not in worst.as_dict()  # validate --json says which
 
 
 def test_the_steps_one_reduce_scatter_hides_only_in_the_overlap_its_microbatch_leaves():
