@@ -222,7 +222,7 @@ def _stage_name(k: int, pp: int) -> str:
 
 
 def per_stage(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, cfg: TrainConfig) -> list[dict]:
-    """Peak reserved memory and its breakdown (GiB) for each pipeline stage of a resolved config, with the
+    """Peak reserved and allocated memory and the breakdown (GiB) for each pipeline stage of a resolved config, with the
     transformer blocks its rank holds (torchtitan's split, physics/stages.py)."""
     import numpy as np
 
@@ -236,6 +236,7 @@ def per_stage(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, cfg: T
             "stage": k,
             "blocks": int(blocks[k]),
             "peak_gib": _r(r["peak_bytes"][k] / GIB),
+            "allocated_gib": _r(r["allocated_bytes"][k] / GIB),
             "breakdown_gib": {c: _r(r[c][k] / GIB) for c in MEMORY_CATEGORIES},
             "peak_phase": PEAK_PHASES[int(r["peak_phase"][k])],
             "saved_activations_gib": _r(r["saved_activations"][k] / GIB),

@@ -440,8 +440,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
             mem = est["memory"]["allocated_gib"] if base["mem_kind"] == "allocated" else peak
             stages = est["memory"].get("per_stage") or []
             if base["mem_stage"] is not None and base["mem_stage"] < len(stages):  # that stage's rank, not the worst
-                one = stages[base["mem_stage"]]
-                mem = one["peak_gib"] - (one["breakdown_gib"]["fragmentation"] if base["mem_kind"] == "allocated" else 0)
+                mem = stages[base["mem_stage"]]["allocated_gib" if base["mem_kind"] == "allocated" else "peak_gib"]
             results.append(RowResult(predicted_tps_per_gpu=tps, predicted_mem_gib=mem, predicted_fits=fits,
                                      predicted_tps_interval=est["throughput"]["tokens_per_sec_per_gpu_interval"],
                                      moe=bool(est["model"].get("moe")),

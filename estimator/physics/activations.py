@@ -58,11 +58,10 @@ def attention_saved(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple
     return none, sel
 
 
-def dense_mlp_saved(model: ModelSpec, lay: Layout, seq_t=None) -> tuple[np.ndarray, np.ndarray]:
+def dense_mlp_saved(model: ModelSpec, lay: Layout, seq_t) -> tuple[np.ndarray, np.ndarray]:
     """(bytes a dense MLP saves per token without AC, with op-level selective AC), its input norm included
-    (sequence-sharded `seq_t` ways: tp unless given, `layout.sequence_shards`)."""
+    (sequence-sharded `seq_t` ways: `layout.sequence_shards`)."""
     h, F, t, has_tp = float(model.hidden), float(model.ffn_hidden), lay.tp, lay.has_tp
-    seq_t = t if seq_t is None else seq_t
     gathered = xp.where(has_tp, 2 * h, 2 * h / t)
     if model.gated_mlp:
         mlp_none = 8 * F / t  # w1, w3, the activation, the product

@@ -110,7 +110,7 @@ def _gathered_qk_heads_s(model: ModelSpec, hw: HardwareProfile, stack: StackProf
     n_fwd = 1 + xp.where(lay.full_ac | lay.selective_ac, 1, 0)
     comm = layers * (n_fwd + 1) * ring_s(elements * BF16, t, bw, lat)
     fwd, bwd = bytes_per_element
-    extra = xp.where(t > 1, 1 - 1 / as_float(t), 0.0)  # the sharded plan would move 1/tp of it
+    extra = 1 - 1 / as_float(t)  # the sharded plan would move 1/tp of it
     elem_factor = xp.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
     rope = layers * elements * extra * (n_fwd * fwd + bwd) * elem_factor
     copied = xp.where((t > 1) & ~lay.compiled, (n_fwd + 1) * elements * stack.sp_copy_bytes_per_element, 0.0)

@@ -35,11 +35,10 @@ def head_microbatches(lay: Layout) -> np.ndarray:
     return xp.where(xp.logical_not(lay.single_stage) & (lay.schedule == int(Schedule.GPIPE)), lay.microbatches, 1.0)
 
 
-def receive_buffer_bytes(lay: Layout, hidden: float, first: np.ndarray, seq_shards=None) -> np.ndarray:
+def receive_buffer_bytes(lay: Layout, hidden: float, first: np.ndarray, seq_shards) -> np.ndarray:
     """Bytes of one receive buffer (micro-batch, seq / tp, hidden; bf16; the whole sequence where TP runs without
     sequence parallelism: `seq_shards`, `layout.sequence_shards`) a non-first stage's PipelineStage keeps per
     microbatch of the step (and the gradient of each once its backward ran, until the step ends)."""
-    seq_shards = lay.tp if seq_shards is None else seq_shards
     return xp.where(xp.logical_not(lay.single_stage) & xp.logical_not(first),
                     lay.tokens_mb * 2 * hidden / seq_shards, 0.0)
 
@@ -55,12 +54,11 @@ def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
     return xp.where(lay.single_stage, 0.0, microbatch_s * (p - 1 + unfilled) / v)
 
 
-def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float, seq_shards=None) -> np.ndarray:
+def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float, seq_shards) -> np.ndarray:
     """Exposed stage-to-stage time per step (s): each microbatch chunk sends its activation forward and receives
     its gradient backward (bf16, tokens x hidden / tp: the whole sequence where TP runs without sequence
     parallelism, `seq_shards`), plus the schedule's per-microbatch overhead."""
     spans_nodes = lay.world > lay.gpus_per_node
-    seq_shards = lay.tp if seq_shards is None else seq_shards
     p2p_bytes = lay.tokens_mb * hidden / seq_shards * 2.0 * 2  # activation forward + gradient backward per boundary
     bw = xp.where(spans_nodes, inter_node_bytes_per_s(hw), intra_node_bytes_per_s(hw, 2))  # one stage to the next
     per_mb = p2p_bytes / bw * stack.pp_p2p_exposed + stack.pp_overhead_s_per_microbatch

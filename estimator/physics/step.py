@@ -64,10 +64,10 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     st = finetune.stage_state(w, lay, rp, rp.most, stack)
     fsdp = fsdp_times(hw, stack, lay, rp, w)
     busy = comp.busy_s
-    fsdp_exposed = xp.maximum(0.0, fsdp.per_microbatch_s - stack.fsdp_overlap * busy)
+    hide = stack.fsdp_overlap * busy  # what FSDP's collectives can hide behind in a microbatch
+    fsdp_exposed = xp.maximum(0.0, fsdp.per_microbatch_s - hide)
     # the step's one reduce-scatter (no per-microbatch sync, no PP) runs in the last microbatch's backward beside
     # that microbatch's gathers: it hides in what overlap they leave, at most as well as the per-microbatch ones
-    hide = stack.fsdp_overlap * busy
     reduce_once = xp.maximum(fsdp.reduce_once_s * (1 - stack.fsdp_overlap),
                              xp.maximum(0.0, fsdp.per_microbatch_s + fsdp.reduce_once_s - hide) - fsdp_exposed)
     # CPU offload: each all-gather's shard comes host-to-device first and each reduce-scatter's output goes back,
@@ -75,7 +75,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     # microbatches' device-to-host copies block and add on the CPU
     gathers = xp.where(resharded(stack, lay), 2.0, 1.0)
     h2d = finetune.offload_transfer_s(hw, lay, st, gathers)
-    offload_mb = xp.maximum(0.0, fsdp.per_microbatch_s + h2d - stack.fsdp_overlap * busy) - fsdp_exposed
+    offload_mb = xp.maximum(0.0, fsdp.per_microbatch_s + h2d - hide) - fsdp_exposed
     offload_acc = (m - 1) * finetune.offload_accumulate_s(hw, stack, lay, st)
     # slow-down of compute kernels sharing the GPU with communication kernels
     hidden_comm = fsdp.per_microbatch_s + tp.total_s * tp.overlap
