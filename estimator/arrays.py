@@ -20,6 +20,7 @@ from meshplan.estimator.config import (
     FLOAT8_RECIPES,
     LORA_TARGETS,
     PP_SCHEDULES,
+    RESHARD_POLICIES,
     TrainConfig,
     lora_mask,
 )
@@ -55,12 +56,13 @@ class ConfigArrays:
     # torchtitan's pipeline split weights: the embedding / the norm + output count as this many layers (default 1)
     pp_first_stage_less_layers: np.ndarray | None = None
     pp_last_stage_less_layers: np.ndarray | None = None
+    reshard: np.ndarray | None = None  # index into RESHARD_POLICIES (0: the stack's default)
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
         for name, default in (("finetune", 0), ("lora_rank", 16), ("lora_targets", lora_mask(LORA_TARGETS)),
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
-                              ("pp_last_stage_less_layers", DEFAULT_LESS)):
+                              ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0)):
             if getattr(self, name) is None:
                 setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -103,4 +105,5 @@ def _codes(c: TrainConfig) -> dict[str, int]:
         "lora_rank": c.lora_rank, "lora_targets": lora_mask(c.lora_targets), "cpu_offload": int(c.cpu_offload),
         "bf16_state": int(c.dtype == "bfloat16"), "pp_first_stage_less_layers": c.pp_first_stage_less_layers,
         "pp_last_stage_less_layers": c.pp_last_stage_less_layers,
+        "reshard": RESHARD_POLICIES.index(c.fsdp_reshard_after_forward),
     }

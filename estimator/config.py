@@ -26,11 +26,15 @@ LRDecay = Literal["cosine", "linear", "constant"]
 FineTuneMode = Literal["none", "full", "lora", "qlora"]
 LoRATarget = Literal["q", "k", "v", "o", "w1", "w2", "w3"]
 TrainingDtype = Literal["float32", "bfloat16"]
+# torchtitan's parallelism.fsdp_reshard_after_forward: default (reshard without PP, keep a stage's parameters with
+# PP), always, never (each block's gathered parameters stay until its backward: no second all-gather, more memory)
+ReshardPolicy = Literal["default", "always", "never"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
 AC_MODES: tuple[str, ...] = get_args(ACMode)
 FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
 FINETUNE_MODES: tuple[str, ...] = get_args(FineTuneMode)
 TRAINING_DTYPES: tuple[str, ...] = get_args(TrainingDtype)
+RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
 # the linears LoRA can adapt: attention q / k / v / output (torchtune's q_proj, k_proj, v_proj, output_proj) and the
 # MLP's w1 (gate), w2 (down), w3 (up); the default is every one of them
 LORA_TARGETS: tuple[str, ...] = get_args(LoRATarget)
@@ -120,6 +124,11 @@ class TrainConfig(BaseModel):
     dtype: TrainingDtype = Field(default="float32", description="torchtitan's training.dtype: float32 keeps fp32 "
                                  "parameters, gradients and AdamW state (mixed precision computes in bf16); "
                                  "bfloat16 keeps all of them in bf16, without an fp32 master copy")
+    fsdp_reshard_after_forward: ReshardPolicy = Field(
+        default="default", description="torchtitan's parallelism.fsdp_reshard_after_forward: default (free each "
+        "block's gathered parameters after its forward without PP, keep them for the step with PP), always, or "
+        "never (keep every block's gathered bf16 parameters from its forward to its backward: one all-gather a "
+        "microbatch instead of two, the whole stage's parameters in memory)")
 
     @property
     def dp(self) -> int:

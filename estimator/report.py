@@ -271,7 +271,8 @@ def config_dict(cfg: TrainConfig) -> dict:
 
 
 def finetune_dict(cfg: TrainConfig) -> dict:
-    """The fine-tuning fields of a config (empty for pre-training without offload, so those read as before)."""
+    """The fine-tuning and memory-policy fields of a config (empty for pre-training without offload, in fp32 state,
+    with the default reshard policy, so those read as before)."""
     out: dict = {}
     if cfg.finetune != "none":
         out["finetune"] = cfg.finetune
@@ -281,4 +282,6 @@ def finetune_dict(cfg: TrainConfig) -> dict:
         out["cpu_offload"] = True
     if cfg.dtype != "float32":
         out["dtype"] = cfg.dtype
+    if cfg.fsdp_reshard_after_forward != "default":
+        out["fsdp_reshard_after_forward"] = cfg.fsdp_reshard_after_forward
     return out

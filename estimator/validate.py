@@ -37,7 +37,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from meshplan.estimator import data_files, intervals
-from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.config import RESHARD_POLICIES, TrainConfig
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
@@ -62,6 +62,9 @@ MOE_COLUMNS = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden
 # read when present: an attention head's width where it is not hidden / heads (Qwen3 32B: 64 heads of 128 over a
 # 5120-wide stream). A row without it that names a preset of its dimensions takes the preset's (and its QK-norm).
 ATTENTION_COLUMNS = ("head_dim",)
+# read when present: torchtitan's training.dtype and parallelism.fsdp_reshard_after_forward (a row without the
+# second takes it from its notes, "reshard_after_forward policy=never", else default)
+OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -281,6 +284,25 @@ def training_dtype(row: dict) -> str:
     return "bfloat16" if (row.get("precision") or "").strip().lower() in PURE_BF16 else "float32"
 
 
+# torchtitan's "fsdp_reshard_after_forward" (parallelism section) as a log or a PR states it: "reshard_after_forward
+# policy=never", "fsdp_reshard_after_forward = never", "reshard_after_forward: always"
+_RESHARD = re.compile(r"reshard_after_forward\W{0,3}(?:policy\W{0,3})?\W{0,3}(default|always|never)\b", re.IGNORECASE)
+
+
+def reshard_policy(row: dict) -> str:
+    """torchtitan's parallelism.fsdp_reshard_after_forward of a row: its `fsdp_reshard_after_forward` column when
+    present (default / always / never), else what its notes state ("reshard_after_forward policy=never"), else
+    default."""
+    cell = (row.get("fsdp_reshard_after_forward") or "").strip().lower()
+    if cell:
+        if cell not in RESHARD_POLICIES:
+            raise MeshplanError(f"row {row.get('id', '?')}: fsdp_reshard_after_forward {cell!r} is not one of "
+                                + ", ".join(RESHARD_POLICIES))
+        return cell
+    found = _RESHARD.search(row.get("notes") or "")
+    return found.group(1).lower() if found else "default"
+
+
 def data_parallel(row: dict, stack) -> tuple[int, int]:
     """(dp_replicate, dp_shard) of a row. A framework without FSDP (`fsdp: none` in its stack profile: nanotron's
     data parallelism is DDP, ZeRO-1 at most) runs every data-parallel rank as a replica, however the row's writer
@@ -323,6 +345,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
             async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),
+            fsdp_reshard_after_forward=reshard_policy(row),
         )
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -432,7 +455,9 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
                                      measured_mem_gib=None, error=f"row {base['id'] or '?'}: {exc}", **base))
             continue
         try:
-            cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS + ATTENTION_COLUMNS}
+            cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS + ATTENTION_COLUMNS
+                     + OPTION_COLUMNS}
+            cells["fsdp_reshard_after_forward"] = reshard_policy(row)  # the column, else what the notes state
             est = estimate_row(cells, base["stack"])
             tps, peak = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
             fits = peak <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib

@@ -49,6 +49,7 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "seed": t.seed,
         "checkpoint_interval": t.checkpoint_interval,
         "cpu_offload": p.cpu_offload,
+        "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward,
         "dtype": t.dtype,
     }
     ft = plan.finetune

@@ -30,6 +30,7 @@ def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int, offload:
         seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.micro_batch_size,
         ac=cfg.ac, compile=False, float8="none", async_tp=False, finetune=cfg.finetune, lora_rank=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets, cpu_offload=offload, dtype=cfg.dtype,
+        fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
     ).resolve(cfg.model, hw)
     r = estimate_arrays(cfg.model, hw, stack, ConfigArrays.from_configs([tc]), stage=pp_rank)
     return {k: float(v[0]) for k, v in r.items()}

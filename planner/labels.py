@@ -46,6 +46,8 @@ def short_config(cfg: dict) -> str:
         parts.append("async TP")
     if cfg.get("cpu_offload"):
         parts.append("CPU offload")
+    if cfg.get("fsdp_reshard_after_forward", "default") != "default":
+        parts.append(f"reshard {cfg['fsdp_reshard_after_forward']}")
     return ", ".join(parts)
 
 
@@ -84,6 +86,8 @@ def compact_config(cfg: dict) -> str:
         parts.append("+atp")
     if cfg.get("cpu_offload"):
         parts.append("+off")
+    if cfg.get("fsdp_reshard_after_forward", "default") != "default":
+        parts.append(f"rs:{cfg['fsdp_reshard_after_forward']}")
     return " ".join(parts)
 
 

@@ -26,6 +26,7 @@ from meshplan.estimator.config import (
     LoRATarget,
     LRDecay,
     PPSchedule,
+    ReshardPolicy,
     TrainConfig,
     TrainingDtype,
 )
@@ -74,6 +75,9 @@ class Parallel(BaseModel):
     async_tp: bool = False
     cpu_offload: bool = Field(default=False, description="FSDP2 CPUOffloadPolicy: sharded weights, gradients and "
                                                          "optimizer state on the host, the optimizer step on the CPU")
+    fsdp_reshard_after_forward: ReshardPolicy = Field(
+        default="default", description="torchtitan's parallelism.fsdp_reshard_after_forward: default, always or never "
+        "(keep each block's gathered weights from its forward to its backward)")
 
 
 class FineTuning(BaseModel):
@@ -191,6 +195,7 @@ class Plan(BaseModel):
             seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
             cpu_offload=p.cpu_offload, dtype=self.training.dtype, **self.finetune_fields(),
+            fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
         )
         return cfg.resolve(self.model, self.hardware)
 
@@ -232,6 +237,7 @@ def make_plan(
             pp_schedule=cfg.pp_schedule, vpp=cfg.vpp or 1, pp_first_stage_less_layers=cfg.pp_first_stage_less_layers,
             pp_last_stage_less_layers=cfg.pp_last_stage_less_layers, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
             float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp, cpu_offload=cfg.cpu_offload,
+            fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
         ),
         training=Training(
             seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens, dtype=cfg.dtype,
@@ -270,7 +276,8 @@ def plan_fingerprint(plan: Plan) -> str:
     # fields added after a plan's schema was first published count only when set, so the runs of a plan written
     # before them keep their fingerprint (and resume)
     model = _model_dump(plan.model)
-    parallel = plan.parallel.model_dump(mode="json")
+    # when FSDP frees gathered weights changes no checkpoint: a run may resume under another policy
+    parallel = plan.parallel.model_dump(mode="json", exclude={"fsdp_reshard_after_forward"})
     for field, unset in (("ep", 1), ("cpu_offload", False), *((f, DEFAULT_LESS) for f in LESS_FIELDS)):
         if parallel.get(field) == unset:
             parallel.pop(field)
@@ -345,6 +352,8 @@ def plan_yaml(plan: Plan) -> str:
         body.pop("finetune")
     if not plan.parallel.cpu_offload:
         body["parallel"].pop("cpu_offload")
+    if plan.parallel.fsdp_reshard_after_forward == "default":  # reads as before the field existed
+        body["parallel"].pop("fsdp_reshard_after_forward")
     for field in LESS_FIELDS:  # torchtitan's default split: the plan reads as it did before the fields existed
         if body["parallel"][field] == DEFAULT_LESS:
             body["parallel"].pop(field)

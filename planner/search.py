@@ -13,7 +13,7 @@ import numpy as np
 
 from meshplan.estimator import intervals, rules
 from meshplan.estimator.batch import GIB, ConfigArrays, estimate_arrays
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, TrainConfig
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, RESHARD_POLICIES, TrainConfig
 from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
@@ -95,6 +95,8 @@ class SearchResult:
             **less_fields(int(c.pp_first_stage_less_layers[i]), int(c.pp_last_stage_less_layers[i])),
             **(self.finetune or {}),
             **({"dtype": "bfloat16"} if c.bf16_state[i] else {}),  # fp32 state (the default) reads as before
+            # the default policy reads as before
+            **({"fsdp_reshard_after_forward": RESHARD_POLICIES[int(c.reshard[i])]} if c.reshard[i] else {}),
         }
 
     def train_config(self, i: int) -> TrainConfig:

@@ -31,6 +31,7 @@ from meshplan.estimator.config import (
     FLOAT8_RECIPES,
     LORA_TARGETS,
     PP_SCHEDULES,
+    RESHARD_POLICIES,
     lora_mask,
 )
 from meshplan.estimator.hardware import HardwareProfile
@@ -78,6 +79,8 @@ class SearchSpace:
     lora_targets: tuple[str, ...] = LORA_TARGETS
     # torchtitan's training.dtype, one for the whole search (no dimension of it): "float32" or "bfloat16"
     dtype: str = "float32"
+    # torchtitan's parallelism.fsdp_reshard_after_forward, one for the whole search: "default", "always" or "never"
+    fsdp_reshard_after_forward: str = "default"
 
     def finetune_fields(self) -> dict:
         """The search's fine-tuning settings as TrainConfig fields (empty for pre-training)."""
@@ -224,6 +227,7 @@ def enumerate_space(
         lora_rank=np.full(n, sp.lora_rank, dtype=np.int64),
         lora_targets=np.full(n, lora_mask(sp.lora_targets), dtype=np.int64),
         bf16_state=np.full(n, sp.dtype == "bfloat16", dtype=np.int64),
+        reshard=np.full(n, RESHARD_POLICIES.index(sp.fsdp_reshard_after_forward), dtype=np.int64),
     )
     return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
 

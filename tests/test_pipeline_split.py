@@ -58,12 +58,13 @@ def test_per_stage_holds_each_stage_its_own_blocks(pp, blocks):
 
 def test_the_heavier_middle_stage_is_what_the_default_split_costs():
     """80 layers on pp 8: the default split's second stage holds 11 blocks where the even split holds 10; the step
-    runs at the rank with the most blocks, so the even split is faster, and its middle stages peak alike."""
+    runs at the rank with the most blocks, so the even split is faster, and its second stage peaks below the default
+    split's (1F1B: an earlier stage holds more microbatches in flight, so stage 1 peaks at least as high as stage 2)."""
     default = estimate(L70, H100, TrainConfig(**PP8), TT)
     even = estimate(L70, H100, TrainConfig(**PP8, pp_first_stage_less_layers=0, pp_last_stage_less_layers=0), TT)
     d, e = default["memory"]["per_stage"], even["memory"]["per_stage"]
     assert [s["blocks"] for s in e] == [10] * 8
-    assert e[1]["peak_gib"] == e[2]["peak_gib"] < d[1]["peak_gib"]
+    assert e[2]["peak_gib"] <= e[1]["peak_gib"] < d[1]["peak_gib"]
     assert even["throughput"]["tokens_per_sec_per_gpu"] > default["throughput"]["tokens_per_sec_per_gpu"]
     assert even["config"]["pp_first_stage_less_layers"] == 0 and "pp_first_stage_less_layers" not in default["config"]
 

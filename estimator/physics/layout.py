@@ -8,7 +8,7 @@ import numpy as np
 
 from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
-from meshplan.estimator.config import AC, FineTune, Float8
+from meshplan.estimator.config import AC, RESHARD_POLICIES, FineTune, Float8
 
 
 def as_float(x) -> np.ndarray:
@@ -98,9 +98,13 @@ def sequence_shards(stack, model, lay: Layout) -> np.ndarray:
 
 def resharded(stack, lay: Layout) -> np.ndarray:
     """Whether FSDP2 frees a block's gathered parameters after its forward (and gathers them again in its backward,
-    every microbatch): without PP the stack's `reshard_after_forward`, with PP its `pp_reshard_after_forward`
-    (torchtitan keeps a stage's parameters for the step; `stack`: a StackProfile)."""
-    return xp.where(lay.single_stage, bool(stack.reshard_after_forward), bool(stack.pp_reshard_after_forward))
+    every microbatch): the configuration's `fsdp_reshard_after_forward` where it says always or never, else
+    (default) without PP the stack's `reshard_after_forward`, with PP its `pp_reshard_after_forward` (torchtitan
+    keeps a stage's parameters for the step; `stack`: a StackProfile)."""
+    policy = lay.c.reshard
+    default = xp.where(lay.single_stage, bool(stack.reshard_after_forward), bool(stack.pp_reshard_after_forward))
+    return xp.where(policy == RESHARD_POLICIES.index("always"), True,
+                    xp.where(policy == RESHARD_POLICIES.index("never"), False, default))
 
 
 def reduces_every_microbatch(stack, lay: Layout) -> np.ndarray:

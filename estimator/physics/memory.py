@@ -107,6 +107,7 @@ class Unsharded:
     backward: np.ndarray  # in a block's backward: the root, the current and the prefetched block
     loss: np.ndarray  # at the loss: the output projection (last stage)
     end: np.ndarray  # at the end of the backward: the root
+    stage: np.ndarray  # at the end of a pipeline stage's backward: the whole stage (0 without PP or FSDP)
     reduce_scatter_input: np.ndarray  # the previous block's reduce-scatter input (reduce dtype)
 
 
@@ -114,7 +115,8 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
               last) -> Unsharded:
     """Unsharded parameters of a stage holding `prank` parameters and `root` root parameters. Without PP FSDP2
     reshards after forward (the stack's policy) and gathers one block at a time; with PP it keeps the stage
-    (unless the stack reshards there too: `pp_reshard_after_forward`).
+    (unless the stack reshards there too: `pp_reshard_after_forward`); a configuration's
+    `fsdp_reshard_after_forward` always / never overrides both (`layout.resharded`).
     A block gathers in bf16 (QLoRA: its linears in NF4) with its LoRA adapters; only trainable weights have a
     reduce-scatter input (the adapters under LoRA).
     Without FSDP nothing is gathered: under autocast (DDP, one device) each matmul's bf16 weight copy is cached for
@@ -133,7 +135,13 @@ def unsharded(stack: StackProfile, lay: Layout, rp: RankParams, w: finetune.Weig
         current=xp.where(fsdp, xp.where(per_block, block + BF16 * root, whole), matmuls),
         backward=xp.where(fsdp, xp.where(per_block, stack.prefetch_blocks * block + BF16 * root, whole), cast_backward),
         loss=xp.where(fsdp, xp.where(per_block, BF16 * xp.where(last, rp.output, 0.0), whole), matmuls),
-        end=xp.where(fsdp, xp.where(per_block, BF16 * root, whole), 0.0),
+        # without PP each block's backward reshards it (FSDP2's reshard_after_backward), whatever its forward did;
+        # a pipeline stage's stay gathered until the step's gradient reduction (above)
+        end=xp.where(fsdp, xp.where(lay.single_stage, BF16 * root, whole), 0.0),
+        # torch.distributed.pipelining's stage backward sets reshard_after_backward(False) until the step's last
+        # (stage.py backward_maybe_with_nosync): a backward leaves every block it reaches gathered, so at the end of
+        # one the whole stage is, however its forward resharded (traced: `meshplan trace`)
+        stage=xp.where(fsdp & xp.logical_not(lay.single_stage), whole, 0.0),
         # with EP the block's routed experts are their own FSDP unit, reduce-scattered (and freed) inside the block's
         # backward: the block's own reduce-scatter input, held until the next one, is the rest
         reduce_scatter_input=xp.where(fsdp & (per_block | lay.single_stage),
@@ -183,7 +191,11 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     trains_root = xp.logical_not(lay.lora)
     root_grads = xp.where(trains_root, BF16 * root + xp.where(first, BF16 * model.vocab * model.hidden
                                                                - BF16 * rp.embedding, 0.0), 0.0)
-    end = Phase(grads_fp32=gf, unsharded_params=up.end,
+    # with PP the step's one reduction turns the accumulated unsharded gradients into sharded ones a block at a
+    # time (the sharded ones were freed by the last zero_grad): the two are never both whole, the block's shard
+    # beside the rest of `acc` at most
+    end_grads = xp.where(xp.logical_not(single) & (acc > 0), xp.minimum(gf, block_grads), gf)
+    end = Phase(grads_fp32=end_grads, unsharded_params=up.end,
                 unsharded_grads=acc + up.reduce_scatter_input + root_grads, activations=recv_all,
                 logits_loss=xp.zeros_like(p),
                 transient=xp.where(first & trains_root, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0)
@@ -210,7 +222,7 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
         + recv * microbatches_in_flight(lay, stage) + head,
         grads_after_backward_bytes=gf,
         peak_phase=xp.as_float(phase),
-        unsharded_params_max_bytes=up.backward,
+        unsharded_params_max_bytes=xp.maximum(up.backward, up.stage),
     )
 
 
@@ -249,13 +261,18 @@ def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded,
     in_last = g_first + up_last + acc + acts_blocks + temp
     in_prev = g_prev + up_prev + acc + acts_blocks - act.block_bytes + up.reduce_scatter_input + temp
     prev = (rp.layers >= 2) & (in_prev > in_last)
+    # a pipeline stage at the end of a microbatch's backward: that microbatch's activations (one chunk's blocks)
+    # freed, every block gathered (Unsharded.stage)
+    one_mb = act.block_bytes * rp.layers / lay.vpp
+    in_end = up.stage + acc + acts_blocks - one_mb
+    end = pp_nosync & (in_end > xp.where(prev, in_prev, in_last))
     return Phase(
-        grads_fp32=xp.where(prev, g_prev, g_first),
-        unsharded_params=xp.where(prev, up_prev, up_last),
-        unsharded_grads=acc + xp.where(prev, up.reduce_scatter_input, 0.0),
-        activations=acts_blocks - xp.where(prev, act.block_bytes, 0.0),
+        grads_fp32=xp.where(end, 0.0, xp.where(prev, g_prev, g_first)),
+        unsharded_params=xp.where(end, up.stage, xp.where(prev, up_prev, up_last)),
+        unsharded_grads=acc + xp.where(prev & xp.logical_not(end), up.reduce_scatter_input, 0.0),
+        activations=acts_blocks - xp.where(end, one_mb, xp.where(prev, act.block_bytes, 0.0)),
         logits_loss=xp.zeros_like(gf),
-        transient=temp + xp.zeros_like(gf),
+        transient=xp.where(end, 0.0, temp) + xp.zeros_like(gf),
     )
 
 

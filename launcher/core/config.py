@@ -21,6 +21,7 @@ from meshplan.estimator.config import (
     LoRATarget,
     LRDecay,
     PPSchedule,
+    ReshardPolicy,
     TrainingDtype,
 )
 from meshplan.estimator.model_spec import ModelSpec, load_model
@@ -87,6 +88,9 @@ class RunConfig(BaseModel):
     lora_targets: tuple[LoRATarget, ...] = Field(LORA_TARGETS, min_length=1)
     cpu_offload: bool = Field(False, description="FSDP2 CPUOffloadPolicy (GPU runs; on CPU the state is on the host "
                                                  "already)")
+    fsdp_reshard_after_forward: ReshardPolicy = Field(
+        "default", description="torchtitan's parallelism.fsdp_reshard_after_forward: default (reshard without PP, "
+        "keep a stage's weights with PP), always, never")
     fsdp_one_rank: bool = Field(False, description="wrap FSDP2 even where nothing shards (dp_replicate x dp_shard x "
                                 "cp = 1): measures FSDP2's own per-block cost on one GPU "
                                 "(benchmarks/measure_gpu.py); plans never set it")

@@ -300,11 +300,12 @@ def parallelize_part(
             quantize_block_linears(block, value_of, f"layers.{key}", par.device)
     mesh = par.fsdp_mesh
     emesh = par.expert_fsdp_mesh
+    reshard = reshard_after_forward(cfg)
     if emesh is not None:  # the routed experts first: their own FSDP unit on the expert mesh
-        apply_expert_fsdp(model, emesh, cuda=mixed, reshard_after_forward=cfg.pp == 1)
+        apply_expert_fsdp(model, emesh, cuda=mixed, reshard_after_forward=reshard)
     offload = cfg.cpu_offload and materialize is None
     if mesh is not None:
-        apply_fsdp(model, mesh, cuda=mixed, reshard_after_forward=cfg.pp == 1,
+        apply_fsdp(model, mesh, cuda=mixed, reshard_after_forward=reshard,
                    offload=offload, pin_memory=par.device.type == "cuda")
     if materialize is not None:
         materialize(model)
@@ -498,6 +499,13 @@ def apply_ep(model: Transformer, ep_mesh: DeviceMesh, tp: int) -> None:
                 pname, nn.Parameter(distribute_tensor(p, ep_mesh, [Shard(0)], src_data_rank=None)))
         moe.ep_group, moe.ep_size, moe.ep_rank = ep_mesh.get_group(), ep_mesh.size(), ep_mesh.get_local_rank()
         moe.experts.grad_scale = tp / ep_mesh.size()
+
+
+def reshard_after_forward(cfg) -> bool:
+    """FSDP2's reshard_after_forward for a run (`cfg`: a RunConfig), as torchtitan's fsdp_reshard_after_forward
+    policy sets it: default frees each block's gathered weights after its forward without PP and keeps a stage's
+    for the step with PP; always and never say so."""
+    return {"always": True, "never": False}.get(cfg.fsdp_reshard_after_forward, cfg.pp == 1)
 
 
 def apply_expert_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_after_forward: bool) -> None:

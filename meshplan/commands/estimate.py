@@ -75,6 +75,7 @@ def estimate_cmd(
     lora_targets: str = ft.LORA_TARGETS_OPT,
     cpu_offload: bool = ft.CPU_OFFLOAD,
     dtype: ft.TrainingDtype = ft.DTYPE,
+    fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
     init_from: str = typer.Option(None, "--init-from", help="with -o: the Hugging Face checkpoint folder the plan "
                                   "starts from (recorded in the plan; `meshplan launch --init-from` sets it too)"),
     stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan (current release), torchtitan-2024, llm-foundry, or a YAML path"),
@@ -115,6 +116,7 @@ def estimate_cmd(
         pp_last_stage_less_layers=pp_last_stage_less_layers, seq_len=seq_len, global_batch_size=global_batch_size or 0,
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
+        fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
     )
     result = estimate(spec, hw, cfg, load_stack(stack))
     if output is not None or trace:
@@ -164,6 +166,8 @@ def render(result: dict, console: Console | None = None) -> None:
         f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {'on' if c['compile'] else 'off'}, "
         f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "") + (", CPU offload" if c.get("cpu_offload") else "")
         + (f", training dtype {c['dtype']}" if c.get("dtype") else "")
+        + (f", FSDP reshard after forward: {c['fsdp_reshard_after_forward']}"
+           if c.get("fsdp_reshard_after_forward") else "")
     )
     if c.get("finetune"):
         what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[c["finetune"]]

@@ -41,6 +41,17 @@ class TrainingDtype(StrEnum):
 DTYPE = typer.Option(TrainingDtype.float32, "--dtype", help="training dtype (torchtitan's training.dtype): float32 = "
                      "fp32 parameters, gradients and AdamW state with bf16 compute; bfloat16 = all of them in bf16, no "
                      "fp32 master copy (RoPE and the loss stay fp32)")
+class ReshardPolicy(StrEnum):
+    default = "default"
+    always = "always"
+    never = "never"
+
+
+RESHARD = typer.Option(ReshardPolicy.default, "--fsdp-reshard-after-forward",
+                       help="torchtitan's parallelism.fsdp_reshard_after_forward: default (free each block's gathered "
+                       "weights after its forward without PP, keep them with PP), always, or never (keep every "
+                       "block's gathered bf16 weights until its backward: one all-gather a microbatch instead of two, "
+                       "the whole model's bf16 weights on each GPU)")
 CPU_OFFLOAD = typer.Option(False, "--cpu-offload/--no-cpu-offload",
                            help="FSDP2 CPU offload: weights, gradients and AdamW state in host RAM, the optimizer "
                                 "step on the CPU (FSDP alone: tp, pp and ep 1)")

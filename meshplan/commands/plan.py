@@ -134,6 +134,7 @@ def plan_cmd(
     lora_alpha: float = ft.LORA_ALPHA,
     lora_targets: str = ft.LORA_TARGETS_OPT,
     dtype: ft.TrainingDtype = ft.DTYPE,
+    fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
     cpu_offload: str = typer.Option(None, "--cpu-offload", help="pin CPU offload: on, off or on,off [default: both "
                                     "where FSDP shards alone]"),
     init_from: str = typer.Option(None, "--init-from", help="the Hugging Face checkpoint folder the plan starts "
@@ -175,6 +176,7 @@ def plan_cmd(
         float8=_str_list(float8, "float8", ("none", "tensorwise", "rowwise", "mxfp8")),
         cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
         allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance, dtype=dtype.value,
+        fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
     )
     ftf = ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, False)
     space.finetune, space.lora_rank, space.lora_alpha = ftf["finetune"], ftf["lora_rank"], ftf["lora_alpha"]
@@ -228,9 +230,12 @@ def batch_span(res: SearchResult) -> str:
 
 
 def dtype_note(res: SearchResult) -> str:
-    """', training dtype bfloat16' when the search plans bf16 state; '' for fp32 state (the default)."""
+    """', training dtype bfloat16' when the search plans bf16 state, and the FSDP reshard policy when it is not the
+    default; '' for fp32 state with the default policy."""
     dtype = res.space.dtype if res.space is not None else "float32"
-    return f", training dtype {dtype}" if dtype != "float32" else ""
+    note = f", training dtype {dtype}" if dtype != "float32" else ""
+    policy = res.space.fsdp_reshard_after_forward if res.space is not None else "default"
+    return note + (f", FSDP reshard after forward: {policy}" if policy != "default" else "")
 
 
 def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float | None, output: Path | None) -> None:

@@ -43,6 +43,9 @@ def validate_cmd(
     expert_ffn_hidden, shared_ffn_hidden, first_dense_layers (a mixture of
     experts); head_dim (a head's width where it is not hidden / heads). A row
     without them that names a preset of its dimensions takes the preset's.
+    dtype (torchtitan's training.dtype: bfloat16 or float32) and
+    fsdp_reshard_after_forward (default, always, never; a row without the
+    column takes what its notes say, e.g. "reshard_after_forward policy=never").
 
     A CSV's documented corrections sit beside it, never in it: runs.csv reads
     runs.corrections.yaml (each entry: rows, column, the value it replaces

@@ -30,6 +30,14 @@ class TitanModel:
         return self.name if self.config else None
 
 
+# what torchtitan's parallelism.fsdp_reshard_after_forward does, for the export's comments
+RESHARD_NOTES = {
+    "always": "free each block's gathered weights after its forward, pipeline stages too (a second all-gather in "
+              "the backward)",
+    "never": "keep each block's gathered weights from its forward to its backward: one all-gather a microbatch, "
+             "the model's bf16 weights on every GPU",
+}
+
 TITAN_MODELS = {
     "llama3-8b": TitanModel("llama3", "8B", "llama3_8b", "./assets/hf/Llama-3.1-8B"),
     "llama3-70b": TitanModel("llama3", "70B", "llama3_70b", "./assets/hf/Llama-3.1-70B"),
@@ -132,6 +140,8 @@ def describe(plan: Plan) -> list[str]:
         lines.insert(-1, ft)
     if p.cpu_offload:
         lines[3] += ", FSDP2 CPU offload"
+    if p.fsdp_reshard_after_forward != "default":
+        lines[3] += f", FSDP reshard after forward: {p.fsdp_reshard_after_forward}"
     return lines
 
 

@@ -20,6 +20,7 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.physics.stages import less_fields
 from meshplan.estimator.rules import titan_layers_per_stage
 from meshplan.planner.export._common import (
+    RESHARD_NOTES,
     TITAN_MODELS,
     check_batch,
     comment,
@@ -221,6 +222,8 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ("pipeline_parallel_schedule", p.pp_schedule, ""),
         ("context_parallel_degree", p.cp, ""),
     ]
+    if p.fsdp_reshard_after_forward != "default":
+        par.append(("fsdp_reshard_after_forward", p.fsdp_reshard_after_forward, RESHARD_NOTES[p.fsdp_reshard_after_forward]))
     if moe:  # torchtitan 0.2.2 carves EP from dp_shard x cp (x tp with expert_tensor_parallel_degree 1, as planned)
         par += [("expert_parallel_degree", p.ep, f"{plan.model.moe.experts // p.ep} of {plan.model.moe.experts} "
                  "routed experts per GPU"),

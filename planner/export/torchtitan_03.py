@@ -133,6 +133,8 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
         "tensor_parallel_degree": p.tp, "pipeline_parallel_degree": p.pp, "context_parallel_degree": p.cp,
         "pipeline_parallel_schedule": p.pp_schedule,
     }
+    if p.fsdp_reshard_after_forward != "default":
+        parallelism["fsdp_reshard_after_forward"] = p.fsdp_reshard_after_forward
     if pp_mbs is not None:
         training["disable_cuda_graphs"] = True  # 0.3.0: CUDA graphs do not support pipeline parallelism
         parallelism["pipeline_parallel_microbatch_size"] = pp_mbs

@@ -66,6 +66,10 @@ CASES = {
     "bf16-fsdp-selective": cfg(4, ac="selective", dtype="bfloat16"),
     "bf16-tp-sp-none": cfg(2, tp=2, ac="none", dtype="bfloat16"),
     "bf16-pp-1f1b-selective": cfg(2, pp=2, ac="selective", dtype="bfloat16"),
+    # torchtitan's fsdp_reshard_after_forward: never (every block's gathered weights kept until its backward) and
+    # always on a pipeline (stages reshard after forward; torch's pipelining keeps them gathered after backward)
+    "fsdp-never-selective": cfg(4, ac="selective", fsdp_reshard_after_forward="never"),
+    "pp-always-selective": cfg(2, pp=2, ac="selective", fsdp_reshard_after_forward="always"),
 }
 _CACHE: dict[str, object] = {}
 
@@ -119,6 +123,24 @@ def test_ac_ordering_and_tp_sharding():
     assert traced("tp-sp-none").ranks[0].saved_activations < act["fsdp-none"]
     pp = traced("pp-1f1b-selective").ranks
     assert pp[0].saved_activations > pp[1].saved_activations  # 1F1B: stage 0 holds 2 microbatches
+
+
+def test_reshard_policy_moves_the_gathered_weights_as_fsdp2_does():
+    """fsdp_reshard_after_forward never: FSDP2 keeps every block's gathered weights from its forward to its
+    backward, so the traced peak holds the whole model's bf16 weights, as the model says, where the default policy's
+    peak holds a block's. always on a pipeline: the stage's forward reshards, but its backward (torch's pipelining
+    sets reshard_after_backward False) leaves the whole stage gathered, and the model has that too."""
+    default, never = traced("fsdp-selective").ranks[0], traced("fsdp-never-selective").ranks[0]
+    whole = 2 * SPEC.params  # bf16, every rank
+    assert never.peak["unsharded_params"] == whole
+    assert default.peak["unsharded_params"] < 0.7 * whole
+    (row,) = compare(traced("fsdp-never-selective"), HW, STACK)
+    assert row["analytical"]["unsharded_params"] == whole
+    for r, row in zip(traced("pp-always-selective").ranks, compare(traced("pp-always-selective"), HW, STACK),
+                      strict=True):
+        stage_whole = row["traced"]["params"]  # the stage's fp32 shard over dp_shard 2: its bf16 weights' bytes
+        assert r.peak["unsharded_params"] == pytest.approx(stage_whole, rel=0.01)
+        assert row["analytical"]["unsharded_params"] >= stage_whole
 
 
 def test_moe_trace_routes_round_robin_and_ep_shards_the_experts():
