@@ -92,6 +92,8 @@ LAYOUTS_2 = {
     "gpt_tied_fsdp2": {"dp_shard": 2, "model": {**GPT_STYLE, "tied_embeddings": True}},
     "gemma_tp2": {"tp": 2, "model": GEMMA_STYLE},
     "gemma_fsdp2": {"dp_shard": 2, "model": GEMMA_STYLE},
+    # torchtitan's fsdp_reshard_after_forward never: the gathered weights kept until the backward, the same math
+    "fsdp2_never": {"dp_shard": 2, "fsdp_reshard_after_forward": "never"},
 }
 FEATURES_2 = {
     "ac_selective_fsdp2": {"dp_shard": 2, "ac": "selective"},
@@ -106,6 +108,8 @@ LAYOUTS_4 = {
     "hsdp2x2": {"dp_replicate": 2, "dp_shard": 2},
     "cp2_tp2": {"cp": 2, "tp": 2},
     "pp2_fsdp2_interleaved": {"pp": 2, "vpp": 2, "pp_schedule": "Interleaved1F1B", "dp_shard": 2},
+    # pipeline stages that reshard after forward (fsdp_reshard_after_forward always)
+    "pp2_fsdp2_1f1b_always": {"pp": 2, "pp_schedule": "1F1B", "dp_shard": 2, "fsdp_reshard_after_forward": "always"},
 }
 LAYOUTS_8 = {"fsdp2_tp2_pp2": {"dp_shard": 2, "tp": 2, "pp": 2}}
 
