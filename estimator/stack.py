@@ -120,6 +120,14 @@ class StackProfile(BaseModel):
         default=None, gt=0,
         description="logits bytes per element when compile also compiles the (non-parallel) loss; none: never",
     )
+    loss_saved_bytes_per_element: float = Field(
+        default=4.0, ge=0,
+        description="bytes per logit element the loss keeps from its forward to its backward (an eager cross-entropy: "
+        "its fp32 log-softmax; vocab-sharded under loss parallelism): what a pipeline's last stage holds for each "
+        "microbatch whose backward has not run (GPipe: all of them)")
+    compiled_loss_saved_bytes_per_element: float = Field(
+        default=2.0, ge=0,
+        description="the same for a compiled (non-parallel) loss, which saves its bf16 input and a log-sum-exp per row")
     fragmentation: float = Field(ge=0, description="reserved / allocated - 1 of the caching allocator")
     fragmentation_one_stream: float | None = Field(
         default=None, ge=0,

@@ -129,7 +129,9 @@ def trace_plan(plan: Any, progress: Progress | None = None) -> dict[str, Any]:
         "config": {**{k: result.config[k] for k in (
             "dp_replicate", "dp_shard", "cp", "tp", "pp", "pp_schedule", "micro_batch_size",
             "global_batch_size", "seq_len", "ac", "finetune")}, "cpu_offload": result.offload,
-            **({"dtype": result.config["dtype"]} if result.config["dtype"] != "float32" else {})},
+            **({"dtype": result.config["dtype"]} if result.config["dtype"] != "float32" else {}),
+            **({"fsdp_reshard_after_forward": result.config["fsdp_reshard_after_forward"]}
+               if result.config.get("fsdp_reshard_after_forward", "default") != "default" else {})},
         "traced_ranks": [{"rank": r["rank"], "pp_rank": r["pp_rank"]} for r in rows],
         "worst_rank": worst["rank"],
         "ranks": rows,

@@ -145,3 +145,16 @@ def test_plan_cli_writes_the_policy(tmp_path):
     assert r.returncode == 0, r.stderr
     assert all(p["config"]["fsdp_reshard_after_forward"] == "never" for p in json.loads(r.stdout)["plans"])
     assert load_plan(tmp_path / "p.yaml").parallel.fsdp_reshard_after_forward == "never"
+
+
+def test_trace_report_names_the_policy():
+    """`meshplan trace` traces the plan's policy and says so (its --json config, its header line)."""
+    from meshplan.estimator.model_spec import ModelSpec
+    from meshplan.launcher.trace_compare import trace_plan
+
+    tiny = ModelSpec(name="rs-2l", layers=2, hidden=256, heads=4, kv_heads=2, ffn_hidden=512, vocab=1024)
+    cfg = TrainConfig(gpus=4, seq_len=256, global_batch_size=4, fsdp_reshard_after_forward="never")
+    report = trace_plan(make_plan(tiny, "rs-2l", H100, cfg, steps=10))
+    assert report["config"]["fsdp_reshard_after_forward"] == "never"
+    (rank,) = report["ranks"]
+    assert rank["traced"]["unsharded_params"] >= 2 * tiny.params  # every bf16 weight gathered at once

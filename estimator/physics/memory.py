@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.estimator import xp
+from meshplan.estimator.config import Schedule
 from meshplan.estimator.hardware import GIB, HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune
@@ -172,7 +173,10 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     acts_blocks = act.block_bytes * layers_in_flight(lay, rp.layers, stage) + recv_all \
         - xp.where(first, act.first_block_unsaved_per_token * lay.tokens_mb, 0.0)
     acc = acc + recv_all
-    head = xp.where(last, act.head_per_token * lay.tokens_mb * head_microbatches(lay), 0.0)
+    # the last stage: the head's saved inputs of every microbatch in flight (GPipe: all), and the saved loss of each
+    # one but the microbatch at its loss (whose buffers are logits_loss)
+    in_flight = head_microbatches(lay)
+    head = xp.where(last, act.head_per_token * lay.tokens_mb * in_flight + act.loss_saved_bytes * (in_flight - 1), 0.0)
 
     loss = Phase(grads_fp32=xp.where(single & (m > 1), gf, 0.0), unsharded_params=up.loss, unsharded_grads=acc,
                  activations=acts_blocks + head, logits_loss=xp.where(last, act.logits_bytes, 0.0),
@@ -182,7 +186,12 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     block_grads = xp.where(lay.offload, 0.0, grad_bytes * rp.sharded_block(lay))
     block_grads = xp.where(lay.lora, xp.where(lay.offload, 0.0, grad_bytes * w.adapters_block / lay.fsdp_ranks),
                            block_grads)
-    backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks, block_grads, w.dequant_bf16_bytes)
+    # GPipe runs every forward before the first backward, whose first blocks therefore meet all the activations but
+    # no accumulated gradient yet (the unsharded fp32 gradients and the received inputs' gradients appear with it);
+    # 1F1B's later backwards meet both (its microbatches in flight stay in flight)
+    gpipe = xp.logical_not(single) & (lay.schedule == int(Schedule.GPIPE))
+    acc_first = xp.where(gpipe, 0.0, acc)
+    backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks, block_grads, w.dequant_bf16_bytes, acc_first)
     # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight gradients
     # (under TP the embedding's is a Partial of the whole vocabulary: DTensor has no vocab-sharded embedding
     # backward), the first block's reduce-scatter input, and the gradient arriving at the embedding output
@@ -245,11 +254,14 @@ def optimizer_temporary_bytes(stack: StackProfile, optimizer_bytes):
 
 
 def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded, gf, acc, acts_blocks,
-                   block_grads, dequant) -> Phase:
+                   block_grads, dequant, acc_first=None) -> Phase:
     """A block's backward: in the first block to run (every activation, the next block prefetched, no
     reduce-scatter yet) or in the second (its predecessor's activations freed, that block's reduce-scatter
-    input held, the one after it prefetched if the stage has three or more), whichever holds more.
+    input held, the one after it prefetched if the stage has three or more), or, on a pipeline stage, at the end
+    of a microbatch's backward, whichever holds more. `acc`: the accumulated unsharded bytes (gradients, received
+    inputs' gradients); `acc_first`: what of them the backward's first blocks meet (default `acc`);
     `block_grads`: the sharded gradients of one block on the GPU; `dequant`: QLoRA's dequantized bf16 weight."""
+    acc_first = acc if acc_first is None else acc_first
     m, pp_nosync = lay.microbatches, xp.logical_not(lay.single_stage)
     # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
     # (the schedule's microbatches accumulate unsharded until the last one)
@@ -258,8 +270,8 @@ def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded,
     up_last = xp.where(rp.layers >= 2, up.backward, up.current)
     up_prev = xp.where(rp.layers >= 3, up.backward, up.current)
     temp = act.backward_temp_bytes + dequant
-    in_last = g_first + up_last + acc + acts_blocks + temp
-    in_prev = g_prev + up_prev + acc + acts_blocks - act.block_bytes + up.reduce_scatter_input + temp
+    in_last = g_first + up_last + acc_first + acts_blocks + temp
+    in_prev = g_prev + up_prev + acc_first + acts_blocks - act.block_bytes + up.reduce_scatter_input + temp
     prev = (rp.layers >= 2) & (in_prev > in_last)
     # a pipeline stage at the end of a microbatch's backward: that microbatch's activations (one chunk's blocks)
     # freed, every block gathered (Unsharded.stage)
@@ -269,7 +281,7 @@ def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded,
     return Phase(
         grads_fp32=xp.where(end, 0.0, xp.where(prev, g_prev, g_first)),
         unsharded_params=xp.where(end, up.stage, xp.where(prev, up_prev, up_last)),
-        unsharded_grads=acc + xp.where(prev & xp.logical_not(end), up.reduce_scatter_input, 0.0),
+        unsharded_grads=xp.where(end, acc, acc_first + xp.where(prev, up.reduce_scatter_input, 0.0)),
         activations=acts_blocks - xp.where(end, one_mb, xp.where(prev, act.block_bytes, 0.0)),
         logits_loss=xp.zeros_like(gf),
         transient=xp.where(end, 0.0, temp) + xp.zeros_like(gf),

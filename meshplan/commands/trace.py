@@ -67,6 +67,8 @@ def render(report: dict, console: Console | None = None) -> None:
         f"x tp {c['tp']} x pp {c['pp']}" + (f" ({c['pp_schedule']})" if c["pp"] > 1 else "")
         + f" | seq {c['seq_len']}, micro-batch {c['micro_batch_size']}, global batch {c['global_batch_size']}"
         f" | AC {c['ac']}" + (f" | training dtype {c['dtype']}" if c.get("dtype") else "")
+        + (f" | FSDP reshard after forward: {c['fsdp_reshard_after_forward']}"
+           if c.get("fsdp_reshard_after_forward") else "")
         + f" | traced in {report['seconds']:.1f} s, {report['max_rss_mib']:.0f} MiB RAM"
     )
     # small models (smoke tests) read better in MiB

@@ -46,6 +46,8 @@ CASES = {
     "tp-sp-full": cfg(2, tp=2, ac="full"),
     "pp-1f1b-none": cfg(2, pp=2, ac="none"),
     "pp-1f1b-selective": cfg(2, pp=2, ac="selective"),
+    # GPipe: the last stage holds every microbatch's head inputs and saved loss (fp32 log-softmax) until the backwards
+    "pp-gpipe-none": cfg(2, pp=2, ac="none", pp_schedule="GPipe"),
     # mixture of experts (routed round-robin in the trace): FSDP only, EP 4 (no expert FSDP), EP 2 (experts
     # FSDP-sharded over the other 2 ranks), EP with TP (ep carved from dp_shard x tp), every AC mode
     "moe-fsdp-none": cfg(4, ac="none", model=MOE_SPEC),
