@@ -200,10 +200,10 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     trains_root = xp.logical_not(lay.lora)
     root_grads = xp.where(trains_root, BF16 * root + xp.where(first, BF16 * model.vocab * model.hidden
                                                                - BF16 * rp.embedding, 0.0), 0.0)
-    # with PP the step's one reduction turns the accumulated unsharded gradients into sharded ones a block at a
-    # time (the sharded ones were freed by the last zero_grad): the two are never both whole, the block's shard
-    # beside the rest of `acc` at most
-    end_grads = xp.where(xp.logical_not(single) & (acc > 0), xp.minimum(gf, block_grads), gf)
+    # FSDP under PP: the step's one reduction turns the unsharded gradients into sharded ones a block at a time
+    # (the sharded ones were freed by the last zero_grad): the two are never both whole, the block's shard beside
+    # the rest of `acc` at most (without FSDP the gradients are the parameters' own, whole at the end)
+    end_grads = xp.where(xp.logical_not(single) & lay.fsdp, xp.minimum(gf, block_grads), gf)
     end = Phase(grads_fp32=end_grads, unsharded_params=up.end,
                 unsharded_grads=acc + up.reduce_scatter_input + root_grads, activations=recv_all,
                 logits_loss=xp.zeros_like(p),
@@ -254,14 +254,13 @@ def optimizer_temporary_bytes(stack: StackProfile, optimizer_bytes):
 
 
 def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded, gf, acc, acts_blocks,
-                   block_grads, dequant, acc_first=None) -> Phase:
+                   block_grads, dequant, acc_first) -> Phase:
     """A block's backward: in the first block to run (every activation, the next block prefetched, no
     reduce-scatter yet) or in the second (its predecessor's activations freed, that block's reduce-scatter
     input held, the one after it prefetched if the stage has three or more), or, on a pipeline stage, at the end
     of a microbatch's backward, whichever holds more. `acc`: the accumulated unsharded bytes (gradients, received
-    inputs' gradients); `acc_first`: what of them the backward's first blocks meet (default `acc`);
+    inputs' gradients); `acc_first`: what of them the backward's first blocks meet (GPipe: none yet);
     `block_grads`: the sharded gradients of one block on the GPU; `dequant`: QLoRA's dequantized bf16 weight."""
-    acc_first = acc if acc_first is None else acc_first
     m, pp_nosync = lay.microbatches, xp.logical_not(lay.single_stage)
     # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
     # (the schedule's microbatches accumulate unsharded until the last one)
