@@ -286,7 +286,7 @@ def training_dtype(row: dict) -> str:
 
 # torchtitan's "fsdp_reshard_after_forward" (parallelism section) as a log or a PR states it: "reshard_after_forward
 # policy=never", "fsdp_reshard_after_forward = never", "reshard_after_forward: always"
-_RESHARD = re.compile(r"reshard_after_forward\W{0,3}(?:policy\W{0,3})?\W{0,3}(default|always|never)\b", re.IGNORECASE)
+_RESHARD = re.compile(r"reshard_after_forward\W{0,4}(?:policy\W{0,4})?(default|always|never)\b", re.IGNORECASE)
 
 
 def reshard_policy(row: dict) -> str:

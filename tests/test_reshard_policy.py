@@ -158,3 +158,15 @@ def test_trace_report_names_the_policy():
     assert report["config"]["fsdp_reshard_after_forward"] == "never"
     (rank,) = report["ranks"]
     assert rank["traced"]["unsharded_params"] >= 2 * tiny.params  # every bf16 weight gathered at once
+
+
+def test_a_plan_file_with_an_unknown_policy_is_one_line(tmp_path):
+    plan = make_plan(M8, "llama3-8b", H100, TrainConfig(**FSDP8, fsdp_reshard_after_forward="never"), steps=10)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(plan_yaml(plan).replace("fsdp_reshard_after_forward: never", "fsdp_reshard_after_forward: sometimes"))
+    for args in (("estimate", "--plan", str(bad)), ("export", str(bad), "-f", "torchtitan-toml", "-o",
+                                                      str(tmp_path / "job.toml"))):
+        r = run_cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.strip().count("\n") == 0 and "fsdp_reshard_after_forward" in r.stderr
+    assert not (tmp_path / "job.toml").exists()

@@ -112,27 +112,22 @@ def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> n
     return (grad_tok + ac_tok) * lay.tokens_mb + xp.where(lay.lora, 0.0, 2 * mlp_w)
 
 
-def loss_saved(model: ModelSpec, stack: StackProfile, lay: Layout, vocab_rank) -> np.ndarray:
-    """Bytes the loss of one microbatch keeps from its forward to its backward: the stack's bytes per logit element
-    (eager: the fp32 log-softmax cross-entropy saves; a compiled loss its bf16 input), on the rank's vocabulary
-    (`vocab_rank`: sharded under loss parallelism). Traced on the training core (eager, GPipe on 4 stages): the
-    last stage held 3.95 bytes per element for each microbatch still waiting for its backward."""
-    loss_par = lay.has_tp & bool(stack.loss_parallel)
-    compiled = stack.compiled_loss_bytes_per_element is not None
-    per_el = xp.where(lay.compiled & xp.logical_not(loss_par) & compiled, stack.compiled_loss_saved_bytes_per_element,
-                      stack.loss_saved_bytes_per_element)
-    return per_el * lay.tokens_mb * vocab_rank
-
-
-def loss_buffers(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes of the loss's logits buffers for one microbatch, vocabulary entries per rank): the stack's bytes
-    per logit element, loss-parallel under TP (vocab-sharded) or, with compile, the compiled loss's."""
+def loss_buffers(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes of the loss's logits buffers for one microbatch, bytes of them the loss keeps from its forward to its
+    backward, vocabulary entries per rank): the stack's bytes per logit element, loss-parallel under TP
+    (vocab-sharded) or, with compile, the compiled loss's. What it keeps is an eager cross-entropy's fp32
+    log-softmax (a compiled loss: its bf16 input); traced on the training core (eager, GPipe on 4 stages), the last
+    stage held 3.95 bytes per element for each microbatch still waiting for its backward."""
     loss_par = lay.has_tp & bool(stack.loss_parallel)
     vocab_rank = float(model.vocab) / xp.where(loss_par, lay.tp, 1.0)
     per_el = xp.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
+    saved_el = stack.loss_saved_bytes_per_element
     if stack.compiled_loss_bytes_per_element is not None:  # compile also compiles the loss (not loss-parallel)
-        per_el = xp.where(lay.compiled & xp.logical_not(loss_par), stack.compiled_loss_bytes_per_element, per_el)
-    return per_el * lay.tokens_mb * vocab_rank, vocab_rank
+        compiled = lay.compiled & xp.logical_not(loss_par)
+        per_el = xp.where(compiled, stack.compiled_loss_bytes_per_element, per_el)
+        saved_el = xp.where(compiled, stack.compiled_loss_saved_bytes_per_element, saved_el)
+    elements = lay.tokens_mb * vocab_rank
+    return per_el * elements, saved_el * elements, vocab_rank
 
 
 def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankParams) -> Activations:
@@ -146,7 +141,7 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
         attn_none, _ = attention_saved(model, stack, lay)
         moe_temp = moe.backward_temp_bytes(model, routed, lay, rp.routed_block, attn_none + moe_none)
         temp = xp.where(rp.moe_layers > 0, xp.maximum(temp, moe_temp), temp)
-    logits, vocab_rank = loss_buffers(model, stack, lay)
+    logits, loss_saved, vocab_rank = loss_buffers(model, stack, lay)
     h = float(model.hidden)
     # the head's saved inputs on the last stage: the final norm's input (sequence-sharded under TP) and the
     # output projection's input (all-gathered under TP; not saved when LoRA freezes the projection), bf16
@@ -158,7 +153,7 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
     act, temp, head = act * wide, temp * wide, head * wide
     return Activations(
         saved_per_token_layer=act, block_bytes=act * lay.tokens_mb,
-        backward_temp_bytes=temp, logits_bytes=logits, loss_saved_bytes=loss_saved(model, stack, lay, vocab_rank),
+        backward_temp_bytes=temp, logits_bytes=logits, loss_saved_bytes=loss_saved,
         head_per_token=head, vocab_rank=vocab_rank,
         first_block_unsaved_per_token=finetune.first_block_unsaved(model, lay, attn_lora),
     )

@@ -229,7 +229,7 @@ def batch_span(res: SearchResult) -> str:
     return f" (a target: each layout takes the nearest it divides, within ±{tol:.0%})" if tol > 0 else ""
 
 
-def dtype_note(res: SearchResult) -> str:
+def training_note(res: SearchResult) -> str:
     """', training dtype bfloat16' when the search plans bf16 state, and the FSDP reshard policy when it is not the
     default; '' for fp32 state with the default policy."""
     dtype = res.space.dtype if res.space is not None else "float32"
@@ -243,7 +243,7 @@ def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float
     console.print(
         f"[bold]{res.model.name}[/] on {res.world // res.gpus_per_node} x {res.gpus_per_node} {res.hw.id}, "
         f"seq {res.seq_len}, global batch {res.global_batch} sequences ({res.global_batch * res.seq_len:,} tokens)"
-        f"{batch_span(res)}{dtype_note(res)}: "
+        f"{batch_span(res)}{training_note(res)}: "
         f"{res.evaluated:,} configurations, {len(res.ranked):,} fit, {res.rejected:,} rejected "
         f"({', '.join(f'{k} {v:,}' for k, v in res.reason_counts().items())})"
     )
