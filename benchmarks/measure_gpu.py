@@ -12,7 +12,8 @@ that runs out of GPU memory is recorded with status `oom`. Probe runs (FSDP2 wra
 DIR/probes.csv instead. Also measured: the bf16 GEMM throughput of the shapes
 these models run (DIR/gemm.json), and the device (DIR/env.txt). Everything each run printed goes to DIR/logs.txt.
 
-The grid is one GPU (world size 1), so it checks the compute, activation-memory, compile and Float8 terms of the
+Runs take the allocator settings the launch scripts export (expandable segments, `launch_env`) unless the
+environment sets its own. The grid is one GPU (world size 1), so it checks the compute, activation-memory, compile and Float8 terms of the
 estimate, not the collectives. New runs stop once --budget-s has passed, so a lease with a time limit returns
 whatever was measured. Needs a CUDA GPU; refuses to start without one.
 """
@@ -46,6 +47,21 @@ GRID: dict[str, tuple] = {
     # attention wider than the residual stream (32 heads x 128 over 2560) with QK-norm: the head_dim path
     "qwen3-4b-s4k-sel-compile-bf16": ("qwen3-4b", 4096, 1, 1, "selective", True, "none", "bfloat16"),
     "qwen3-4b-s4k-none-compile-bf16": ("qwen3-4b", 4096, 1, 1, "none", True, "none", "bfloat16"),
+    # mixture of experts, cut in depth so one GPU holds them (every other dimension the published model's): the
+    # router, the dropless permutation and the grouped expert GEMMs of the core's MoE (torchtitan's layout), ep 1.
+    # DeepSeek-V3 16B as torchtitan's published 8-GPU runs train it (fp32 master, selective AC, eager, 4k tokens)
+    "dsv3-16b-5l-s4k-mbs2-sel-eager": ("deepseek-v3-16b-5l", 4096, 2, 2, "selective", False, "none", "float32"),
+    "qwen3-30b-6l-s4k-mbs2-sel-eager-bf16": ("qwen3-30b-a3b-6l", 4096, 2, 2, "selective", False, "none", "bfloat16"),
+    "dsv3-16b-5l-s4k-mbs4-sel-eager": ("deepseek-v3-16b-5l", 4096, 4, 4, "selective", False, "none", "float32"),
+    "dsv3-16b-5l-s4k-mbs2-none-eager": ("deepseek-v3-16b-5l", 4096, 2, 2, "none", False, "none", "float32"),
+    "dsv3-16b-5l-s4k-mbs2-sel-compile": ("deepseek-v3-16b-5l", 4096, 2, 2, "selective", True, "none", "float32"),
+    # held out from the MoE constants the runs above set (permute_passes, measured 2026-11-27): other batch sizes,
+    # AC modes, sequence lengths and training dtypes of the same two models
+    "qwen3-30b-6l-s4k-mbs2-none-eager-bf16": ("qwen3-30b-a3b-6l", 4096, 2, 2, "none", False, "none", "bfloat16"),
+    "qwen3-30b-6l-s4k-mbs4-sel-compile-bf16": ("qwen3-30b-a3b-6l", 4096, 4, 4, "selective", True, "none", "bfloat16"),
+    "dsv3-16b-5l-s4k-mbs4-sel-eager-bf16": ("deepseek-v3-16b-5l", 4096, 4, 4, "selective", False, "none", "bfloat16"),
+    "dsv3-16b-5l-s8k-mbs1-full-eager-bf16": ("deepseek-v3-16b-5l", 8192, 1, 1, "full", False, "none", "bfloat16"),
+    "dsv3-16b-5l-s4k-mbs8-sel-eager-bf16": ("deepseek-v3-16b-5l", 4096, 8, 8, "selective", False, "none", "bfloat16"),
     # probes (an eighth field: run-config fields the plan does not have): FSDP2 wrapped on one rank, beside the same
     # runs without it, to measure FSDP2's own per-block cost (the estimator's fsdp_overhead_s_per_layer, fitted to
     # multi-GPU runs). Their rows go to probes.csv, not measured.csv: `meshplan validate` would predict them without
@@ -57,6 +73,13 @@ GRID: dict[str, tuple] = {
     "8b-s4k-full-compile-bf16-fsdp1": ("llama3-8b", 4096, 1, 1, "full", True, "none", "bfloat16",
                                        {"fsdp_one_rank": True}),
 }
+# grouped expert GEMMs (torch._grouped_mm, bf16, forward): (experts, rows per expert, K, N), the routed experts'
+# up / gate (K hidden, N expert width) and down (K expert width, N hidden) projections of DeepSeek-V3 16B and Qwen3
+# 30B-A3B at the row counts the grid's MoE runs give an expert (tokens x top_k / experts)
+GROUPED_SHAPES = [
+    (64, 768, 2048, 1408), (64, 768, 1408, 2048), (64, 1536, 2048, 1408), (64, 1536, 1408, 2048),
+    (128, 512, 2048, 768), (128, 512, 768, 2048), (8, 3072, 2048, 1408),
+]
 GEMM_SHAPES = [  # (M tokens, K, N): square reference, then the 1B / 8B projections at 8192 tokens
     (8192, 8192, 8192), (8192, 2048, 2048), (8192, 2048, 512), (8192, 2048, 8192), (8192, 8192, 2048),
     (8192, 2048, 128256), (4096, 4096, 4096), (4096, 4096, 14336), (4096, 14336, 4096), (4096, 4096, 1024),
@@ -113,11 +136,22 @@ def oom_row(name: str, plan: Path) -> dict:
             "notes": f"torch.OutOfMemoryError; training dtype {p.training.dtype}"}
 
 
+def launch_env() -> dict[str, str]:
+    """The allocator settings `meshplan launch`'s torchrun scripts export (data/launch/env.yaml: expandable
+    segments), so a measured run reserves what a launched one does; the environment's own values win. Runs measured
+    before 2026-11-28 ran without them (torch's default allocator)."""
+    sys.path.insert(0, str(ROOT))
+    from meshplan.planner.export.env import load_env_defaults
+
+    return {e.name: e.value for e in load_env_defaults().for_backend("torchrun") if "ALLOC_CONF" in e.name}
+
+
 def run_one_rank(target: list[str], timeout_s: float, logs, name: str) -> tuple[int, str]:
     """(exit code, output) of `torchrun --standalone --nproc-per-node 1 TARGET...` run from the repository root with
     it on PYTHONPATH (124: killed after `timeout_s`); the output goes to `logs` under a header naming the run."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", *target]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**launch_env(), **os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s, env=env)
         rc, text = r.returncode, r.stdout + r.stderr
@@ -153,6 +187,45 @@ def gemm_bench(out: Path) -> None:
                                "gemm_bf16": res}, indent=1))
 
 
+def grouped_gemm_bench(out: Path) -> None:
+    """bf16 torch._grouped_mm throughput on GROUPED_SHAPES (equal rows per expert) beside one dense GEMM of the
+    same FLOPs ([experts x rows, K] @ [K, N]), written to `out`."""
+    import torch
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        reps = 20
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+
+    res = []
+    for e, rows, k, n in GROUPED_SHAPES:
+        x = torch.randn(e * rows, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16)
+        offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * rows
+        dense_w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        try:
+            s = timed(lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs))
+        except (RuntimeError, AttributeError) as err:
+            res.append({"experts": e, "rows": rows, "k": k, "n": n, "error": str(err)[:300]})
+            continue
+        d = timed(lambda x=x, dw=dense_w: x @ dw)
+        flops = 2 * e * rows * k * n
+        res.append({"experts": e, "rows": rows, "k": k, "n": n, "seconds": s, "tflops": flops / s / 1e12,
+                    "dense_same_flops_tflops": flops / d / 1e12})
+        print(f"grouped gemm {e} x {rows}x{k}x{n}: {res[-1]['tflops']:.0f} TFLOP/s "
+              f"(dense {res[-1]['dense_same_flops_tflops']:.0f})", flush=True)
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                               "grouped_mm_bf16": res}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="folder for measured.csv, probes.csv, summary.json, gemm.json, env.txt, "
@@ -164,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=480, help="start no new run after this many seconds")
     ap.add_argument("--run-timeout-s", type=float, default=150, help="kill a run after this many seconds")
     ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM throughput measurement")
+    ap.add_argument("--grouped-gemm", action="store_true",
+                    help="also measure grouped expert GEMMs (torch._grouped_mm) to DIR/grouped_gemm.json")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a smoke run of the script itself (no GEMM figures; the CPU's memory is RSS)")
     ap.add_argument("--list", action="store_true", help="print the grid and exit")
@@ -192,9 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     runs.mkdir(parents=True, exist_ok=True)
     smi = subprocess.run(["true"], capture_output=True, text=True) if a.device == "cpu" else subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version",
                           "--format=csv"], capture_output=True, text=True)
-    (a.out / "env.txt").write_text(f"torch {torch.__version__}\n{smi.stdout}{smi.stderr}")
+    alloc = {k: v for k, v in {**launch_env(), **os.environ}.items() if "ALLOC_CONF" in k}
+    (a.out / "env.txt").write_text(f"torch {torch.__version__}\n{alloc}\n{smi.stdout}{smi.stderr}")
     if not a.no_gemm and a.device == "cuda":
         gemm_bench(a.out / "gemm.json")
+    if a.grouped_gemm and a.device == "cuda":
+        grouped_gemm_bench(a.out / "grouped_gemm.json")
     csv_path, logs = a.out / "measured.csv", (a.out / "logs.txt").open("a")
     summary = {}
     for name in names:

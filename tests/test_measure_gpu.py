@@ -137,3 +137,21 @@ def test_grad_accumulation_benchmark_runs_its_three_modes_and_refuses_cuda_witho
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "no CUDA GPU here" in r.stdout and r.stdout.count("\n") == 1
+
+
+def test_a_measured_run_takes_the_launch_scripts_allocator_settings(tmp_path, monkeypatch):
+    """A run measured here reserves what a launched one does: torchrun's rank sees the allocator settings of
+    data/launch/env.yaml (expandable segments) that `meshplan launch` scripts export, unless the environment sets
+    its own (which wins, as in the scripts)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import measure_gpu
+
+    script = tmp_path / "show_env.py"
+    script.write_text("import os\nprint('ALLOC', os.environ.get('PYTORCH_CUDA_ALLOC_CONF'))\n")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with (tmp_path / "log.txt").open("w") as logs:
+        rc, text = measure_gpu.run_one_rank([str(script)], 120, logs, "env")
+        assert rc == 0 and "ALLOC expandable_segments:True" in text
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native")
+        rc, text = measure_gpu.run_one_rank([str(script)], 120, logs, "env-own")
+        assert rc == 0 and "ALLOC backend:native" in text
