@@ -31,7 +31,7 @@ class MoEBehaviour(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     grouped_gemm_factor: float = Field(gt=0, le=1, description="grouped-GEMM throughput / dense GEMM of the "
-                                                                "same per-expert shape")
+                                                                "same total shape")
     all_to_all_efficiency: float = Field(gt=0, le=1, description="all-to-all bandwidth / ring-collective bandwidth")
     load_imbalance: float = Field(ge=1, description="routed rows on the busiest EP rank / the mean")
     sync_s_per_layer: float = Field(ge=0, description="device-to-host sync of the split sizes, per MoE layer "
@@ -262,7 +262,7 @@ def _builtin(name: str) -> StackProfile:
 
 
 def _extends(raw: dict, label: str) -> dict:
-    """The YAML mapping with the profile it `extends:` filled in underneath (float8 and sources merged)."""
+    """The YAML mapping with the profile it `extends:` filled in underneath (float8, moe and sources merged)."""
     base_id = raw.pop("extends", None)
     if base_id is None:
         return raw
@@ -270,7 +270,7 @@ def _extends(raw: dict, label: str) -> dict:
         raise MeshplanError(f"stack profile {label}: 'extends' must name another stack profile")
     base = _builtin(base_id).model_dump()
     base.update(family=base.get("family") or base["id"], until=None)
-    return data_files.over_base(raw, base, ("float8", "sources"))
+    return data_files.over_base(raw, base, ("float8", "moe", "sources"))
 
 
 _SOURCE_MONTH = re.compile(r"(?<!\d)(20\d\d)[-_]?(0[1-9]|1[0-2])(?!\d)")

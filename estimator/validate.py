@@ -60,8 +60,12 @@ CONFIG_COLUMNS = (
 RELEASE_COLUMNS = ("source",)
 MOE_COLUMNS = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden", "first_dense_layers")
 # read when present: an attention head's width where it is not hidden / heads (Qwen3 32B: 64 heads of 128 over a
-# 5120-wide stream). A row without it that names a preset of its dimensions takes the preset's (and its QK-norm).
-ATTENTION_COLUMNS = ("head_dim",)
+# 5120-wide stream) and QK-norm (true / false). A row without them that names a preset of its dimensions takes the
+# preset's.
+ATTENTION_COLUMNS = ("head_dim", "qk_norm")
+# read when present: multi-head latent attention (DeepSeek-V2/V3) by its ranks and head widths; a row without them
+# whose name and dimensions are an MLA preset's takes the preset's
+MLA_COLUMNS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 # read when present: torchtitan's training.dtype and parallelism.fsdp_reshard_after_forward (a row without the
 # second takes it from its notes, "reshard_after_forward policy=never", else default)
 OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward")
@@ -456,7 +460,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
             continue
         try:
             cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS + ATTENTION_COLUMNS
-                     + OPTION_COLUMNS}
+                     + MLA_COLUMNS + OPTION_COLUMNS}
             cells["fsdp_reshard_after_forward"] = reshard_policy(row)  # the column, else what the notes state
             est = estimate_row(cells, base["stack"])
             tps, peak = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]

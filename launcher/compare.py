@@ -19,7 +19,13 @@ from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
-from meshplan.estimator.validate import ATTENTION_COLUMNS, CONFIG_COLUMNS, MEASURED_COLUMNS
+from meshplan.estimator.validate import (
+    ATTENTION_COLUMNS,
+    CONFIG_COLUMNS,
+    MEASURED_COLUMNS,
+    MLA_COLUMNS,
+    MOE_COLUMNS,
+)
 from meshplan.planner.plan_file import Plan, load_plan
 
 WARMUP_STEPS = 2  # the first steps include compilation and allocator warm-up; medians skip them
@@ -32,7 +38,7 @@ GROUND_TRUTH_COLUMNS = (
 )
 assert set(CONFIG_COLUMNS) | set(MEASURED_COLUMNS) <= set(GROUND_TRUTH_COLUMNS)
 # after the schema's columns, where a run needs them: an attention head's width that is not hidden / heads (Qwen3)
-OPTIONAL_COLUMNS = ATTENTION_COLUMNS
+OPTIONAL_COLUMNS = ATTENTION_COLUMNS + MOE_COLUMNS + MLA_COLUMNS
 
 
 @dataclass
@@ -182,6 +188,11 @@ def config_row(plan: Plan, hardware: str) -> dict:
         "precision": _precision(p.float8, plan.training.dtype), "float8_recipe": "" if p.float8 == "none" else p.float8,
         "compile": str(p.compile).lower(), "ac": p.ac, "async_tp": str(p.async_tp).lower(),
         **({"head_dim": m.head_dim} if m.head_dim is not None and m.head_dim * m.heads != m.hidden else {}),
+        **({"qk_norm": "true"} if m.qk_norm else {}),
+        **({"ep": p.ep, "experts": m.moe.experts, "top_k": m.moe.top_k, "expert_ffn_hidden": m.moe.expert_ffn_hidden,
+            "shared_ffn_hidden": m.moe.shared_ffn_hidden, "first_dense_layers": m.moe.first_dense_layers}
+           if m.moe else {}),
+        **({c: getattr(m.mla, c) for c in MLA_COLUMNS} if m.mla else {}),
     }
 
 
@@ -205,8 +216,7 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
             + (f"; forward + backward {1e3 * s.measured_phases_s['fwd_bwd_s']:.1f} ms, optimizer phase (clip, AdamW, "
                f"per-step) {1e3 * s.measured_phases_s['optimizer_s']:.1f} ms (medians)" if s.measured_phases_s else "")
             + (f"; mixture of experts: {m.moe.experts} experts (width {m.moe.expert_ffn_hidden}), top-{m.moe.top_k}, "
-               f"ep {p.ep} (the schema has no MoE columns: `meshplan validate` reads a MoE preset's name, or "
-               "add ep / experts / top_k columns)" if m.moe else "")
+               f"ep {p.ep}" if m.moe else "")
         ),
     }
 

@@ -4,6 +4,7 @@ tests/launcher runs the real core)."""
 import csv
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.validate import read_rows, validate_rows
 from meshplan.launcher.compare import GROUND_TRUTH_COLUMNS
 from meshplan.planner.plan_file import make_plan, save_plan
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -173,6 +176,31 @@ def test_appended_row_notes_keep_the_measured_phases(cli, plan_path, tmp_path):
     assert "forward + backward 104.5 ms, optimizer phase (clip, AdamW, per-step) 20.0 ms (medians)" in row["notes"]
 
 
+def test_a_mixture_of_experts_run_with_latent_attention_reads_back_as_it_ran(tmp_path):
+    """A measured MoE run whose model is no preset (DeepSeek-V3 16B cut to 5 blocks, as benchmarks/measure_gpu.py
+    runs it) appends its experts and its multi-head latent attention as columns, and `meshplan validate` predicts
+    the row exactly as the plan's own estimate: nothing of the model is lost between the run and the check."""
+    from meshplan.launcher.compare import append_measurement, config_row
+
+    model_path = str(ROOT / "data" / "measurements" / "deepseek-v3-16b-5l.yaml")
+    m, hw = load_model(model_path), load_hardware("h100-sxm")
+    cfg = TrainConfig(gpus=1, gpus_per_node=1, seq_len=4096, global_batch_size=2, micro_batch_size=2,
+                      ac="selective")
+    est = estimate(m, hw, cfg)
+    plan = make_plan(m, model_path, hw, cfg, est)
+    row = {"id": "m1", "source": "test", **config_row(plan, "h100-sxm"), "measured_tps_per_gpu": 40000,
+           "measured_mem_gib": 48, "status": "ok"}
+    assert (row["kv_lora_rank"], row["qk_rope_head_dim"], row["experts"], row["first_dense_layers"]) == (512, 64, 64, 1)
+    [res] = validate_rows(read_rows(append_measurement(tmp_path / "m.csv", row)))
+    assert res.error is None
+    assert res.predicted_tps_per_gpu == pytest.approx(est["throughput"]["tokens_per_sec_per_gpu"], rel=1e-9)
+    assert res.predicted_mem_gib == pytest.approx(est["memory"]["peak_gib"], rel=1e-9)
+    plain = {k: v for k, v in row.items() if k not in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+                                                        "qk_rope_head_dim", "v_head_dim")}
+    [gqa] = validate_rows(read_rows(append_measurement(tmp_path / "plain.csv", plain)))
+    assert gqa.predicted_mem_gib != pytest.approx(res.predicted_mem_gib, rel=1e-3)  # without them: another model
+
+
 def test_a_run_whose_heads_are_not_hidden_over_heads_appends_its_head_dim(tmp_path):
     """The schema's columns cannot say Qwen3's 128-wide heads over a narrower stream: the row carries `head_dim`
     after the schema's columns. A file without that column gains it (empty for the rows before it), a file with it
@@ -193,8 +221,10 @@ def test_a_run_whose_heads_are_not_hidden_over_heads_appends_its_head_dim(tmp_pa
     append_measurement(path, {**llama, "id": "l2"})
     with path.open() as fh:
         rows = list(csv.DictReader(fh))
-    assert tuple(rows[0]) == GROUND_TRUTH_COLUMNS + ("head_dim",)
-    assert [(r["id"], r["head_dim"]) for r in rows] == [("l1", ""), ("q1", "128"), ("l2", "")]
+    moe = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden", "first_dense_layers")
+    assert tuple(rows[0]) == GROUND_TRUTH_COLUMNS + ("head_dim", "qk_norm") + moe  # Qwen3 30B-A3B is a MoE too
+    assert [(r["id"], r["head_dim"], r["qk_norm"], r["experts"]) for r in rows] == [
+        ("l1", "", "", ""), ("q1", "128", "true", "128"), ("l2", "", "", "")]
     assert [r.error for r in validate_rows(read_rows(path))] == [None] * 3
     other = tmp_path / "other.csv"
     other.write_text("id,model,head_dim\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from meshplan.estimator.validate import read_rows, row_inputs, validate_rows
 from meshplan.planner.search import plan_search
 from meshplan.planner.tree import decision_tree
 
+ROOT = Path(__file__).resolve().parents[1]
 H100 = load_hardware("h100-sxm")
 TT = load_stack("torchtitan")
 DS16 = load_model("deepseek-v3-16b")
@@ -212,3 +214,44 @@ def test_local_attention_counts_fewer_scores_in_time_not_in_mfu():
     local, dense = estimate(scout, H100, cfg), estimate(full, H100, cfg)
     assert local["throughput"]["step_time_s"] < dense["throughput"]["step_time_s"]
     assert local["model"]["flops_per_token"] == dense["model"]["flops_per_token"]  # torchtitan's MFU convention
+
+
+def test_a_grouped_gemm_runs_near_the_dense_gemm_of_its_whole_shape_as_measured():
+    """One grouped kernel fills the GPU with every group's tiles: measured on one H100, torch._grouped_mm ran at
+    0.81-0.94 of the dense GEMM of the same total shape (data/measurements/h100-sxm-grouped-gemm-2026-11-27.json),
+    not at the throughput of one group's GEMM alone (0.2-0.45 of it at these shapes, as the estimator had it)."""
+    from meshplan.estimator.physics.compute import gemm_s
+
+    measured = json.loads((ROOT / "data" / "measurements" / "h100-sxm-grouped-gemm-2026-11-27.json").read_text())
+    layout = lay(DS16, gpus=1, seq_len=4096)
+    for m in measured["grouped_mm_bf16"]:
+        rows = np.array([float(m["experts"] * m["rows"])])
+        grouped, _ = gemm_s(H100, TT, layout, float(m["k"]), float(m["n"]), tokens=rows,
+                            groups=np.array([float(m["experts"])]))
+        dense, _ = gemm_s(H100, TT, layout, float(m["k"]), float(m["n"]), tokens=rows)
+        ratio = dense[0] / (grouped[0] / TT.moe.grouped_gemm_factor)
+        assert ratio == pytest.approx(m["tflops"] / m["dense_same_flops_tflops"], abs=0.12), m
+
+
+def test_checkpointing_runs_the_permutes_forward_again():
+    """Activation checkpointing re-runs the routed rows' gather, fp32 score multiply and scatter-add forward: a
+    third more of the permutes' passes (measured on one H100: ~102 effective passes without AC, 120-144 with it)."""
+    from meshplan.estimator.physics.compute import gemm_s, hbm_bytes_per_s
+
+    def elem(ac: str) -> float:
+        layout = lay(DS16, gpus=1, seq_len=4096, ac=ac)
+        r = moe.routing(DS16, TT, layout)
+        return moe.moe_times(DS16, H100, TT, r, layout, gemm_s, hbm_bytes_per_s(H100), 1.0).elementwise_s[0]
+
+    rows = 6 * 4096
+    permute = rows * TT.moe.permute_passes * 2 * DS16.hidden / hbm_bytes_per_s(H100)
+    assert elem("selective") - elem("none") == pytest.approx(permute / 3, rel=1e-9)
+    assert elem("full") == pytest.approx(elem("selective"), rel=1e-12)
+
+
+def test_an_older_release_states_only_what_differs_in_its_moe():
+    """A dated stack's `moe` section merges over the current release's key by key: torchtitan up to Aug 2025
+    differs only in recomputing the all-to-all under op-SAC."""
+    old = load_stack("torchtitan-2025-08")
+    assert old.moe.selective_ac_saves_all_to_all is False and TT.moe.selective_ac_saves_all_to_all is True
+    assert old.moe.model_copy(update={"selective_ac_saves_all_to_all": True}) == TT.moe

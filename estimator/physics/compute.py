@@ -93,15 +93,16 @@ def gemm_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, k_in, n_out, c
     """(forward + backward seconds of a linear with k_in x n_out weights, already TP-sharded, per microbatch in
     the configuration's precision, the same in bf16). Efficiency falls for small and skinny GEMMs. `recipe`: the
     Float8 recipes' GEMM factors (`by_recipe(..., "gemm_factor", 1.0)`), computed here when not given.
-    `tokens`: rows other than the microbatch's tokens; `groups`: a grouped GEMM of that many equal groups, whose
-    size (and rows per group, a narrow dimension too) sets the efficiency."""
+    `tokens`: rows other than the microbatch's tokens; `groups`: a grouped GEMM of that many equal groups. One
+    grouped kernel fills the GPU with the tiles of every group, so the whole GEMM's FLOPs set the size term, and the
+    rows per group count as a narrow dimension (a group's last tile runs part empty). Measured on one H100: a
+    grouped GEMM runs at 0.81-0.94 of the dense GEMM of the same total shape from 8 groups of 3072 rows to 128 of
+    512 (data/measurements/h100-sxm-grouped-gemm-2026-11-27.json), not at the throughput of one group alone."""
     fl = 2.0 * (lay.tokens_mb if tokens is None else tokens) * k_in * n_out
     narrow = xp.minimum(k_in, n_out)  # skinny GEMMs (TP-sharded K/V, small heads) run below peak
-    fl_one = fl
     if groups is not None:
-        fl_one = fl / groups
         narrow = xp.minimum(narrow, tokens / groups)
-    size = fl_one / (fl_one + stack.gemm_half_gflop * 1e9) * narrow / (narrow + stack.gemm_half_dim)
+    size = fl / (fl + stack.gemm_half_gflop * 1e9) * narrow / (narrow + stack.gemm_half_dim)
     t16 = FWD_BWD_GEMM * fl / (peak_flops(hw) * hw.efficiency.gemm_bf16 * stack.gemm_efficiency * size)
     if hw.peak_tflops_fp8 is None:
         return count * t16, count * t16

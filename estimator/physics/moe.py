@@ -165,7 +165,9 @@ def moe_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, r: Rou
     sel = (routed + shared_up / 2 + gate) / 3.0
     recompute = xp.where(lay.full_ac, gemm / 3.0, xp.where(lay.selective_ac, sel, 0.0))
     rows = r.expert_rows * lay.tokens_mb
-    elem = (rows * b.permute_passes * BF16 * h + r.router_tokens * lay.tokens_mb * b.router_passes * FP32 * E) \
+    # activation checkpointing runs the permutes' forward (a third of their passes) again in the backward
+    permute = b.permute_passes * xp.where(lay.full_ac | lay.selective_ac, 4.0 / 3.0, 1.0)
+    elem = (rows * permute * BF16 * h + r.router_tokens * lay.tokens_mb * b.router_passes * FP32 * E) \
         / hbm_bytes_per_s
     a2a_bytes = rows * h * BF16
     again = xp.where(lay.full_ac | (lay.selective_ac & (not b.selective_ac_saves_all_to_all)), 2.0, 0.0)

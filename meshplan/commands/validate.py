@@ -41,8 +41,10 @@ def validate_cmd(
 
     Columns read beyond the schema when present: ep, experts, top_k,
     expert_ffn_hidden, shared_ffn_hidden, first_dense_layers (a mixture of
-    experts); head_dim (a head's width where it is not hidden / heads). A row
-    without them that names a preset of its dimensions takes the preset's.
+    experts); head_dim (a head's width where it is not hidden / heads) and
+    qk_norm; q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+    v_head_dim (multi-head latent attention). A row without them that names a
+    preset of its dimensions takes the preset's.
     dtype (torchtitan's training.dtype: bfloat16 or float32) and
     fsdp_reshard_after_forward (default, always, never; a row without the
     column takes what its notes say, e.g. "reshard_after_forward policy=never").
