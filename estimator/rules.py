@@ -218,8 +218,9 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: (c.cpu_offload > 0) & ((c.tp > 1) | (c.pp > 1) | (c.ep > 1))),
     Rule(27, "offload_fsdp", "CPU offload is FSDP2's: it needs dp_shard x cp > 1 (got {shard})",
          lambda m, c, hw: (c.cpu_offload > 0) & (c.dp_shard * c.cp < 2)),
-    Rule(29, "fp32_without_fsdp", "tp {tp} x pp {pp} without FSDP (dp_shard x cp = 1): torchtitan trains it in "
-         "fp32 (mixed precision needs FSDP, HSDP or CP; TF32 stays off): use dp_shard >= 2 or training dtype bfloat16",
+    Rule(29, "fp32_without_fsdp", "tp {tp} x pp {pp} without FSDP (dp_shard x cp = 1): torchtitan 0.2.2 trains it "
+         "in fp32 (mixed precision needs FSDP, HSDP or CP; TF32 stays off; 0.3.0 wraps FSDP2 with one shard and "
+         "trains it in bf16, which is not modelled): use dp_shard >= 2 or training dtype bfloat16",
          lambda m, c, hw: ((c.tp > 1) | (c.pp > 1)) & (c.dp_shard * c.cp == 1) & (c.bf16_state == 0),
          predicted=True, ranking=True),
     Rule(26, "offload_float8", "CPU offload with Float8 is not supported (torchao's Float8 all-gather expects GPU "

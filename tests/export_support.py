@@ -42,7 +42,8 @@ CLI = "import sys\nfrom meshplan import cli\ncli.main(sys.argv[1:])\n"
 def make(model: str, gpus: int, **kw) -> Plan:
     est = kw.pop("estimate", EST)
     name = kw.pop("name", None)
-    cfg = TrainConfig(gpus=gpus, gpus_per_node=kw.pop("gpus_per_node", 8), dp_shard=-1, seq_len=8192, **kw)
+    cfg = TrainConfig(gpus=gpus, gpus_per_node=kw.pop("gpus_per_node", 8), dp_shard=kw.pop("dp_shard", -1),
+                      seq_len=8192, **kw)
     return make_plan(load_model(model), model, load_hardware("h100-sxm"), cfg, estimate=est, steps=1000, name=name)
 
 

@@ -405,3 +405,28 @@ def test_meshplan_export_is_registered(plan_file):
                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          timeout=120)
     assert out.returncode == 0 and "meshplan.launcher.run_plan" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"tp": 8, "dp_shard": 1}, "fp32 compute for TP or PP"),
+    ({"dp_replicate": 8, "dp_shard": 1}, "autocast and DDP"),
+    ({"tp": 8, "dp_shard": 1, "dtype": "bfloat16"}, "in bf16 throughout"),
+])
+def test_a_torchtitan_030_export_of_a_plan_without_fsdp_says_what_030_runs_instead(kw, needle, tmp_path):
+    """torchtitan 0.3.0 wraps FSDP2 on every layout (one shard where dp_shard x cp = 1), where the estimate models
+    0.2.2's rules for a layout without FSDP: both 0.3.0 exports say so in their header and `meshplan export` in a
+    one-line note on stderr; a plan with FSDP gets neither, and the 0.2.2 TOML (which runs it as estimated) no note."""
+    plan = make("llama3-8b", 8, global_batch_size=8, **kw)
+    for fmt in ("torchtitan-cli", "torchtitan-py"):
+        text = render(plan, fmt, "p.yaml")
+        assert "# Note: torchtitan 0.3.0 wraps FSDP2 on every layout" in text and needle in " ".join(
+            line.lstrip("# ") for line in text.splitlines()), fmt
+    fsdp = make("llama3-8b", 8, global_batch_size=8)
+    assert "wraps FSDP2" not in render(fsdp, "torchtitan-cli", "p.yaml")
+    path = tmp_path / "plan.yaml"
+    save_plan(plan, path)
+    out = cli("export", str(path), "-f", "torchtitan-py", "-o", str(tmp_path / "job.py"))
+    assert out.returncode == 0 and out.stderr.startswith("note: torchtitan 0.3.0 wraps FSDP2"), out.stderr
+    assert len([line for line in out.stderr.splitlines() if line.startswith("note:")]) == 1
+    out = cli("export", str(path), "-f", "torchtitan-toml", "-o", str(tmp_path / "job.toml"))
+    assert out.returncode == 0 and "note:" not in out.stderr

@@ -104,6 +104,28 @@ def converter(plan: Plan, what: str) -> tuple[str, dict] | None:
     )
 
 
+def layout_note(plan: Plan) -> str | None:
+    """What torchtitan 0.3.0 runs differently from the estimate for a plan without FSDP (dp_shard x cp = 1), else
+    None. 0.3.0 wraps FSDP2 on every layout (models/llama3/parallelize.py: "Always run apply_fsdp_to_decoder --
+    with shard_degree=1 it is a no-op for the all-gather but still installs the MixedPrecisionPolicy"; the DDP of
+    0.2.2's apply_ddp went 2026-03), so its one-device, replicate-only, TP-only and PP-only jobs train bf16
+    parameters over fp32 state, each block's bf16 copy gathered and freed as under FSDP; the estimate models
+    0.2.2's rules for such a layout (autocast, or fp32 compute with TP or PP)."""
+    p = plan.parallel
+    if p.dp_shard * p.cp > 1:
+        return None
+    if plan.training.dtype == "bfloat16":
+        what = "in bf16 throughout"
+    elif p.tp > 1 or p.pp > 1:
+        what = "in bf16 under FSDP2's MixedPrecisionPolicy (the estimate assumed 0.2.2's fp32 compute for TP or PP " \
+               "without FSDP: slower than 0.3.0 runs)"
+    else:
+        what = "under FSDP2's MixedPrecisionPolicy, not autocast (the estimate's memory and step time are 0.2.2's " \
+               "autocast" + (" and DDP" if p.dp_replicate > 1 else "") + ")"
+    return (f"torchtitan {RELEASE} wraps FSDP2 on every layout: this plan has no FSDP (dp_shard x cp = 1), so "
+            f"{RELEASE} runs it with one shard {what}; torchtitan 0.2.2 (-f torchtitan-toml) runs it as estimated")
+
+
 def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = False,
         model: bool = True) -> Job03:
     """The plan's torchtitan 0.3.0 values; MeshplanError when 0.3.0 cannot run this plan as planned.

@@ -19,7 +19,14 @@ from __future__ import annotations
 from meshplan.planner.export._common import comment, env_lines, q
 from meshplan.planner.export.env import EnvDefaults
 from meshplan.planner.export.scripts import continued, header, rendezvous_block, torchrun_args
-from meshplan.planner.export.torchtitan_03 import CONFIG_FLAVOR, RELEASE, Job03, cli_float8_problem, job
+from meshplan.planner.export.torchtitan_03 import (
+    CONFIG_FLAVOR,
+    RELEASE,
+    Job03,
+    cli_float8_problem,
+    job,
+    layout_note,
+)
 from meshplan.planner.plan_file import Plan
 
 CLI_VERSION = f"torchtitan {RELEASE}"
@@ -97,6 +104,9 @@ def render_cli(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int =
     lines = header(plan, f"{CLI_VERSION} ({plan.cluster.nodes} x {plan.cluster.gpus_per_node} GPUs)", plan_path, usage)
     if problem:
         lines += ["#"] + comment(f"STOPS unless TT_CONFIG is set: {problem}.")
+    note = layout_note(plan)
+    if note:
+        lines += ["#"] + comment(f"Note: {note}.")
     lines += ["set -euo pipefail", ""]
     lines += env_lines(env.for_backend("torchrun")) + [""]
     lines.append(f'tt_module="${{TT_MODULE:-{j.module}}}"')

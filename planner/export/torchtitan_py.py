@@ -33,6 +33,7 @@ from meshplan.planner.export.torchtitan_03 import (
     RELEASE,
     Job03,
     job,
+    layout_note,
     titan_lora_params,
 )
 from meshplan.planner.plan_file import Plan
@@ -138,6 +139,9 @@ def render_py(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: o
     for line in describe(plan):
         out += comment(line)
     out += comment(f"plan file: {plan_path}")
+    note = layout_note(plan)
+    if note:
+        out += ["#"] + comment(f"Note: {note}.")
     out += ["#"]
     out += comment(
         f"Launch on every node, with this file's folder on PYTHONPATH (keep only this module there) and the file "
