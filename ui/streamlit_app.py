@@ -18,7 +18,14 @@ try:
 except ImportError:  # started from a checkout that was not pip-installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, LORA_TARGETS, PP_SCHEDULES  # noqa: E402
+from meshplan.estimator.config import (  # noqa: E402
+    AC_MODES,
+    FLOAT8_RECIPES,
+    LORA_TARGETS,
+    PP_SCHEDULES,
+    RESHARD_POLICIES,
+    TRAINING_DTYPES,
+)
 from meshplan.estimator.errors import MeshplanError  # noqa: E402
 from meshplan.estimator.limits import MAX_TOKENS  # noqa: E402
 from meshplan.planner.search import OBJECTIVES, explain_empty  # noqa: E402
@@ -32,6 +39,7 @@ from meshplan.ui.web.inputs import (  # noqa: E402
     finetune_pins,
     global_batch_sequences,
     parse_model_upload,
+    training_pins,
 )
 from meshplan.ui.web.text import hardware_facts, model_facts  # noqa: E402
 from meshplan.ui.web.url import Url  # noqa: E402
@@ -50,7 +58,7 @@ DEFAULTS = {
     "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
     "margin": 0.9, "objective": "throughput", "rows": 50, "hw_custom": False,
     "ft_mode": "none", "lora_rank": 16, "lora_alpha": 32.0, "lora_targets": list(LORA_TARGETS), "offload": "auto",
-    "deadline_days": 0.0, "budget_usd": 0.0,
+    "dtype": "float32", "reshard": "default", "deadline_days": 0.0, "budget_usd": 0.0,
 }
 VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision tree": views_tree,
                 "Time & cost": views_time_cost, "Capacity": views_capacity, "Compare": views_compare, "Export": views_export,
@@ -219,10 +227,20 @@ sb.radio("FSDP CPU offload", ["auto", "off", "on"], key="offload", horizontal=Tr
          help="params, grads and AdamW state on the host, the optimizer step on the CPU (FSDP2 CPUOffloadPolicy). "
               "auto: the planner tries it for fine-tuning where FSDP shards alone, and takes it only where it pays")
 
+c1, c2 = sb.columns(2)
+c1.radio("Training dtype", list(TRAINING_DTYPES), key="dtype",
+         help="torchtitan's training.dtype: float32 keeps fp32 weights, gradients and AdamW state under bf16 compute "
+              "(16 bytes a parameter); bfloat16 keeps all three in bf16 (8 bytes), no fp32 master copy")
+c2.selectbox("FSDP reshard after forward", list(RESHARD_POLICIES), key="reshard",
+             help="torchtitan's parallelism.fsdp_reshard_after_forward: default frees each block's gathered weights "
+                  "after its forward (not on pipeline stages); always frees them on stages too; never keeps them to "
+                  "the backward (one all-gather a microbatch, more memory)")
+
 pins: dict = {}
 try:
     pins |= finetune_pins(st.session_state["ft_mode"], st.session_state["lora_rank"],
                           st.session_state["lora_alpha"], st.session_state["lora_targets"], st.session_state["offload"])
+    pins |= training_pins(st.session_state["dtype"], st.session_state["reshard"])
 except MeshplanError as exc:
     input_error = input_error or ("training", str(exc))
 slots["training"] = sb.empty()

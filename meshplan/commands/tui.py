@@ -26,7 +26,7 @@ def check_terminal() -> None:
 def form_values(model: str, hardware: str, nodes: int, gpus_per_node: int | None, seq_len: int,
                 global_batch_size: int | None, global_batch_tokens: int | None, tokens: str | None,
                 memory_margin: float, objective: str, finetune: str = "none", cpu_offload: str = "auto",
-                lora_rank: int = 16) -> dict[str, str]:
+                lora_rank: int = 16, dtype: str = "float32", reshard: str = "default") -> dict[str, str]:
     """The command's options as the text of the TUI's form fields (the form checks them, inline)."""
     if global_batch_size and global_batch_tokens:
         raise MeshplanError("give either --global-batch-size (sequences) or --global-batch-tokens, not both")
@@ -42,6 +42,7 @@ def form_values(model: str, hardware: str, nodes: int, gpus_per_node: int | None
         "tokens": "" if tokens is None or tokens.strip().lower() in ("", "0", "none") else tokens.strip(),
         "margin": f"{memory_margin:g}",
         "train": "pretrain" if finetune == "none" else finetune, "offload": cpu_offload, "lora_rank": str(lora_rank),
+        "dtype": dtype, "reshard": reshard,
     }
 
 
@@ -63,6 +64,10 @@ def tui_cmd(
     lora_rank: int = typer.Option(16, "--lora-rank", help="LoRA / QLoRA adapter rank"),
     cpu_offload: str = typer.Option("auto", "--cpu-offload", help="auto | on | off: FSDP2 CPU offload (auto: the "
                                     "planner's choice, tried for fine-tuning)"),
+    dtype: str = typer.Option("float32", "--dtype", help="torchtitan's training.dtype: float32 (fp32 state, bf16 "
+                              "compute) | bfloat16 (bf16 state: 8 bytes a parameter, not 16); the form's dtype field"),
+    reshard: str = typer.Option("default", "--fsdp-reshard-after-forward", help="torchtitan's parallelism."
+                                "fsdp_reshard_after_forward: default | always | never; the form's reshard field"),
     theme: str = typer.Option("dark", "--theme", help="dark | light (d toggles it in the app)"),
 ) -> None:
     """Plan in the terminal: the form, ranked plans with memory bars (per pipeline stage), throughput,
@@ -83,7 +88,7 @@ def tui_cmd(
     if importlib.util.find_spec("textual") is None:
         raise MeshplanError("the terminal UI needs textual: pip install 'meshplan[ui]'")
     values = form_values(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
-                         tokens, memory_margin, objective, finetune, cpu_offload, lora_rank)
+                         tokens, memory_margin, objective, finetune, cpu_offload, lora_rank, dtype, reshard)
     check_terminal()
     from meshplan.ui.tui.app import MeshplanApp
 

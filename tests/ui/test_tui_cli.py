@@ -153,6 +153,10 @@ def test_tui_cmd_fills_the_form(monkeypatch):
     v = seen["values"]
     assert (v["model"], v["nodes"], v["batch"], v["tokens"], v["gpus_per_node"]) == ("llama3-8b", "2",
                                                                                       "1048576 tok", "", "")
+    assert (v["dtype"], v["reshard"]) == ("float32", "default")
+    result = CliRunner().invoke(_cli(), ["tui", "--dtype", "bfloat16", "--fsdp-reshard-after-forward", "never"])
+    assert result.exit_code == 0, result.output
+    assert (seen["values"]["dtype"], seen["values"]["reshard"]) == ("bfloat16", "never")
 
 
 def test_tui_cmd_rejects_bad_options():

@@ -43,7 +43,7 @@ async def set_field(pilot, name: str, value: str, typed: bool = False) -> None:
     if typed:
         await pilot.press("escape", "f")
         order = ["model", "hardware", "objective", "nodes", "gpus_per_node", "seq_len", "batch", "tokens", "margin",
-                 "train", "offload", "lora_rank"]
+                 "train", "dtype", "offload", "reshard", "lora_rank"]  # the training row, left to right
         for _ in range(order.index(name)):
             await pilot.press("tab")
         assert pilot.app.focused is field
@@ -409,3 +409,45 @@ async def _test_fine_tuning_from_the_form(tmp_path):
 
 def test_fine_tuning_from_the_form(tmp_path):
     asyncio.run(_test_fine_tuning_from_the_form(tmp_path))
+
+
+async def _test_training_dtype_and_reshard_policy_from_the_form(tmp_path):
+    app = MeshplanApp({"model": "llama3-8b", "nodes": "1", "seq_len": "4096", "batch": "32", "tokens": ""})
+    async with app.run_test(size=(100, 34)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        fp32 = screen.result.res
+        fp32_peak = float(fp32.peak_gib[fp32.ranked].min())
+        # the dtype field, reached as a user would: f into the form, tab past the training mode, the select's keys
+        await pilot.press("escape", "f")
+        for _ in range(10):
+            await pilot.press("tab")
+        dtype = screen.query_one("#f-dtype", Select)
+        assert app.focused is dtype
+        await pilot.press("enter", "down", "enter")  # float32 -> bfloat16
+        await settle(pilot)
+        res = screen.result.res
+        assert dtype.value == "bfloat16"
+        assert all(res.config(int(i)).get("dtype") == "bfloat16" for i in res.ranked[:20])
+        assert float(res.peak_gib[res.ranked].min()) < fp32_peak  # 8 bytes of state a parameter instead of 16
+        screen.query_one("#f-reshard", Select).value = "never"
+        await settle(pilot)
+        res = screen.result.res
+        assert all(res.config(int(i)).get("fsdp_reshard_after_forward") == "never" for i in res.ranked[:20])
+        table = screen.query_one("#table", DataTable)  # what every row shares goes to the column's header once
+        header = " ".join(str(c.label) for c in table.columns.values())
+        assert "dt:b16" in header and "rs:never" in header, header
+        await pilot.press("escape", "p", "e")
+        out = tmp_path / "bf16"
+        app.focused.value = str(out)
+        await pilot.press("enter")
+        await pilot.pause()
+        from meshplan.planner.plan_file import load_plan
+
+        plan = load_plan(next(out.glob("*.yaml")))
+        assert plan.training.dtype == "bfloat16" and plan.parallel.fsdp_reshard_after_forward == "never"
+        assert 'fsdp_reshard_after_forward = "never"' in next(out.glob("*.toml")).read_text()
+
+
+def test_training_dtype_and_reshard_policy_from_the_form(tmp_path):
+    asyncio.run(_test_training_dtype_and_reshard_policy_from_the_form(tmp_path))

@@ -279,3 +279,29 @@ def test_lora_targets_cannot_be_empty(web_app):
     at = web_app(model="llama3-8b", nodes=1, ft_mode="lora", lora_targets=[])
     assert any("at least one target linear" in e.value for e in at.error)
     assert not at.exception
+
+
+def test_training_dtype_and_reshard_policy_drive_the_search_labels_and_exports(web_app, web_downloads):
+    """A person's path: Llama 3 8B on one node; bfloat16 training halves the state, so the best plan's peak falls
+    and every ranked plan says "dtype bf16"; reshard never labels the plans and reaches the plan file and the
+    torchtitan TOML; a link carries both."""
+    at = web_app(model="llama3-8b", nodes=1, seq_len=4096, batch_unit="sequences", batch_seqs=32)
+    no_errors(at)
+    fp32 = ranked(at)
+    at.radio(key="dtype").set_value("bfloat16").run()
+    no_errors(at)
+    bf16 = ranked(at)
+    assert bf16.configuration.str.contains("dtype bf16").all() and not fp32.configuration.str.contains("dtype").any()
+    assert bf16.peak_gib.min() < fp32.peak_gib.min()
+    at.selectbox(key="reshard").set_value("never").run()
+    no_errors(at)
+    assert ranked(at).configuration.str.endswith("reshard never").all()
+    assert at.query_params["dtype"] == "bfloat16" and at.query_params["reshard"] == "never"
+    at.session_state["view"] = "Export"
+    at.run()
+    no_errors(at)
+    name = next(n for n in web_downloads if n.endswith(".yaml"))
+    plan = Plan.model_validate(yaml.safe_load(web_downloads[name]))
+    assert plan.training.dtype == "bfloat16" and plan.parallel.fsdp_reshard_after_forward == "never"
+    toml = next(v for n, v in web_downloads.items() if n.endswith(".toml")).decode()
+    assert 'dtype = "bfloat16"' in toml and 'fsdp_reshard_after_forward = "never"' in toml

@@ -44,12 +44,22 @@ def test_a_link_reproduces_the_view_and_the_url_follows_the_inputs():
     ({"nodes": "two"}, "nodes must be a number"),
     ({"model": "llama9"}, "not a known model preset"),
     ({"colour": "red"}, "'colour' is not an input of this page"),
+    ({"dtype": "fp16"}, "training dtype"),
+    ({"reshard": "sometimes"}, "FSDP reshard after forward"),
 ])
 def test_a_bad_link_value_is_a_message_and_the_default_stays(query, needle):
     at = link_app(**query)
     assert not at.exception and not at.error
     assert any(needle in w.value for w in at.sidebar.warning), [w.value for w in at.sidebar.warning]
     assert at.title[0].value.startswith("llama3-70b on 8 × 8")  # the defaults ran
+
+
+def test_a_link_sets_the_training_dtype_and_reshard_policy():
+    at = link_app(model="llama3-8b", nodes="1", dtype="bfloat16", reshard="always")
+    assert not at.exception and not at.error
+    assert at.sidebar.radio(key="dtype").value == "bfloat16" and at.sidebar.selectbox(key="reshard").value == "always"
+    df = next(d for d in at.dataframe if "configuration" in getattr(d.value, "columns", [])).value
+    assert df.configuration.str.contains("dtype bf16").all() and df.configuration.str.contains("reshard always").all()
 
 
 def test_capacity_view_answers_deadline_budget_and_add_nodes(web_app):

@@ -92,6 +92,21 @@ def test_training_inputs_as_pins():
             finetune_pins(bad[0], 16, 32.0, bad[1], "auto")
 
 
+def test_training_dtype_and_reshard_policy_as_pins():
+    """The page's training dtype and FSDP reshard policy: nothing pinned at the defaults (a default page's search
+    and cache key stay as they were), one value each for the whole search otherwise; a bad value is one line."""
+    from meshplan.ui.web.inputs import training_pins
+
+    assert training_pins("float32", "default") == {}
+    sp = search_space(training_pins("bfloat16", "never"))
+    assert (sp.dtype, sp.fsdp_reshard_after_forward) == ("bfloat16", "never")
+    assert search_space(json.loads(json.dumps(training_pins("float32", "always")))).fsdp_reshard_after_forward == "always"
+    for args, needle in ((("fp16", "default"), "training dtype is float32 or bfloat16"),
+                         (("float32", "sometimes"), "default, always, never")):
+        with pytest.raises(MeshplanError, match=needle):
+            training_pins(*args)
+
+
 def test_custom_hardware_overrides():
     hw = load_hardware("h100-sxm")
     assert custom_hardware(hw, {"hbm_total_gib": hw.hbm_total_gib}) is hw

@@ -7,6 +7,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from meshplan.estimator.config import RESHARD_POLICIES, TRAINING_DTYPES
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SEQ_LEN, MAX_TOKENS
 from meshplan.planner.labels import OBJECTIVES
 
@@ -24,6 +25,8 @@ FIELDS = {
     "train": ("train", "pretrain"),
     "offload": ("offload", "auto"),
     "lora_rank": ("LoRA r", "16"),
+    "dtype": ("dtype", "float32"),
+    "reshard": ("reshard", "default"),
 }
 # the training field: pre-training, or fine-tuning a pretrained checkpoint (TrainConfig's `finetune` names)
 TRAIN_MODES = {"pretrain": "none", "full": "full", "lora": "lora", "qlora": "qlora"}
@@ -102,10 +105,13 @@ class Inputs:
     train: str = "pretrain"  # a TRAIN_MODES key
     offload: str = "auto"  # an OFFLOAD_CHOICES value
     lora_rank: int = 16
+    dtype: str = "float32"  # torchtitan's training.dtype: a TRAINING_DTYPES value
+    reshard: str = "default"  # torchtitan's parallelism.fsdp_reshard_after_forward: a RESHARD_POLICIES value
 
     def space_fields(self) -> dict:
         """The training inputs as SearchSpace fields (pre-training with the planner's offload choice: none)."""
-        out: dict = {"finetune": TRAIN_MODES[self.train], "lora_rank": self.lora_rank}
+        out: dict = {"finetune": TRAIN_MODES[self.train], "lora_rank": self.lora_rank, "dtype": self.dtype,
+                     "fsdp_reshard_after_forward": self.reshard}
         if self.offload != "auto":
             out["cpu_offload"] = [self.offload == "on"]
         return out
@@ -193,6 +199,8 @@ def parse_form(raw: dict[str, str]) -> tuple[Inputs | None, dict[str, str]]:
     take("train", choice("train", tuple(TRAIN_MODES)))
     take("offload", choice("offload", OFFLOAD_CHOICES))
     take("lora_rank", lambda t: _int(t, "lora_rank", 1, 4096))
+    take("dtype", choice("dtype", TRAINING_DTYPES))
+    take("reshard", choice("reshard", RESHARD_POLICIES))
     if errors:
         return None, errors
     inp = Inputs(**out)

@@ -21,7 +21,9 @@ from meshplan.ui.tui.form import (
     DEFAULTS,
     FIELDS,
     OFFLOAD_CHOICES,
+    RESHARD_POLICIES,
     TRAIN_MODES,
+    TRAINING_DTYPES,
     Inputs,
     fmt_days,
     fmt_money,
@@ -242,9 +244,9 @@ class FormPane(Vertical):
     """The form: model, hardware, nodes, ... in three columns (FIELDS); it parses nothing itself (the screen
     runs parse_form on `values()`) and loads the preset and profile names in a thread after the first frame."""
 
-    # FIELDS by block and column: the planning inputs in three columns, then the training row (tab goes through
-    # the first block column by column, then along the training row)
-    BLOCKS = (((0, 1, 2), (3, 4, 5), (6, 7, 8)), ((9,), (10,), (11,)))
+    # FIELDS by block and column: the planning inputs in three columns, then the training row (train, dtype,
+    # offload, reshard, LoRA r: tab goes through the first block column by column, then along the training row)
+    BLOCKS = (((0, 1, 2), (3, 4, 5), (6, 7, 8)), ((9,), (12,), (10,), (13,), (11,)))
 
     def __init__(self, initial: dict[str, str], **kwargs):
         super().__init__(**kwargs)
@@ -269,9 +271,11 @@ class FormPane(Vertical):
 
     def _field(self, name: str):
         value = self.initial.get(name, DEFAULTS[name])
-        choices = {"objective": OBJECTIVES, "train": tuple(TRAIN_MODES), "offload": OFFLOAD_CHOICES}.get(name)
+        choices = {"objective": OBJECTIVES, "train": tuple(TRAIN_MODES), "offload": OFFLOAD_CHOICES,
+                   "dtype": TRAINING_DTYPES, "reshard": RESHARD_POLICIES}.get(name)
         if choices:
-            return Select([(o, o) for o in choices], value=value if value in choices else choices[0],
+            shown = {"float32": "fp32", "bfloat16": "bf16"}  # dtype's short forms, to fit the training row at 80
+            return Select([(shown.get(o, o), o) for o in choices], value=value if value in choices else choices[0],
                           allow_blank=False, id=f"f-{name}", compact=True, classes="field")
         placeholder = {"gpus_per_node": "profile's", "tokens": "none", "batch": "sequences"}.get(name, "")
         return Input(value, placeholder=placeholder, id=f"f-{name}", compact=True, classes="field")

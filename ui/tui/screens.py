@@ -74,6 +74,8 @@ HELP = (
         ("AC:", "activation checkpointing: no, sel (selective, per op), full (every block)"),
         ("fp8:", "Float8 training (torchao): ten = tensorwise, row = rowwise, mxf = MXFP8"),
         ("+c +atp +off", "torch.compile · async tensor parallel · FSDP2 CPU offload"),
+        ("dt:b16 rs:", "training dtype bfloat16 (bf16 weights, gradients and AdamW state: the form's dtype) · FSDP "
+                       "reshard after forward always / never (the form's reshard; default: not shown)"),
     ]),
     ("Actions", [
         ("e", "export the chosen plan to a directory: plan YAML, torchtitan TOML and 0.3 command line, "

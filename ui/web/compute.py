@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from meshplan.estimator import rules
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES
+from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, RESHARD_POLICIES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import HardwareProfile, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
@@ -127,6 +127,8 @@ def config_columns(res: SearchResult, idx: np.ndarray) -> pd.DataFrame:
         "pp_first_stage_less_layers": c.pp_first_stage_less_layers[idx],
         "pp_last_stage_less_layers": c.pp_last_stage_less_layers[idx],
         "dtype": np.where(c.bf16_state[idx] > 0, "bfloat16", "float32").astype(object),
+        "fsdp_reshard_after_forward": np.asarray(RESHARD_POLICIES, dtype=object)[
+            c.reshard[idx] if c.reshard is not None else np.zeros(len(idx), dtype=np.int64)],
     })
 
 
@@ -145,7 +147,8 @@ def summaries(cols: pd.DataFrame) -> pd.Series:
     s = s + np.where(cols.float8 != "none", ", fp8 " + cols.float8, "")
     s = s + np.where(cols.dtype != "float32", ", dtype bf16", "")
     s = s + np.where(cols.compile, ", compile", "") + np.where(cols.async_tp, ", async TP", "")
-    return s + np.where(cols.cpu_offload, ", CPU offload", "")
+    s = s + np.where(cols.cpu_offload, ", CPU offload", "")
+    return s + np.where(cols.fsdp_reshard_after_forward != "default", ", reshard " + cols.fsdp_reshard_after_forward, "")
 
 
 def ranked_frame(res: SearchResult, top: int, tokens: float | None, price: float | None) -> pd.DataFrame:

@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from meshplan.estimator import data_files
+from meshplan.estimator.config import RESHARD_POLICIES, TRAINING_DTYPES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.hf_config import from_hf_config
@@ -108,9 +109,22 @@ def finetune_pins(mode: str, rank: int, alpha: float, targets: list[str], offloa
     return pins
 
 
+def training_pins(dtype: str, reshard: str) -> dict:
+    """The page's training dtype and FSDP reshard policy as search pins (one each for the whole search; nothing
+    at the defaults, float32 and default, so a default page keeps its pins)."""
+    if dtype not in TRAINING_DTYPES:
+        raise MeshplanError(f"training dtype is {' or '.join(TRAINING_DTYPES)}, not '{dtype}'")
+    if reshard not in RESHARD_POLICIES:
+        raise MeshplanError(f"FSDP reshard after forward is {', '.join(RESHARD_POLICIES)}, not '{reshard}'")
+    fields = {k: v for k, v, default in (("dtype", dtype, "float32"), ("fsdp_reshard_after_forward", reshard,
+                                                                         "default")) if v != default}
+    return {"training": fields} if fields else {}
+
+
 def search_space(pins: dict) -> SearchSpace:
     """A SearchSpace from the page's pins: each key maps to a list of allowed values (empty: any); `finetune`
-    holds the training mode and its LoRA settings (see `finetune_pins`)."""
+    holds the training mode and its LoRA settings (see `finetune_pins`), `training` the dtype and reshard policy
+    (see `training_pins`)."""
     allowed = {
         "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule", "vpp", "micro_batch_size", "ac", "float8", "compile",
         "async_tp", "cpu_offload",
@@ -122,6 +136,10 @@ def search_space(pins: dict) -> SearchSpace:
             continue
         if key == "finetune":
             kwargs |= {k: tuple(v) if k == "lora_targets" else v for k, v in values.items()}
+            continue
+        if key == "training":
+            kwargs |= training_pins(values.get("dtype", "float32"),
+                                    values.get("fsdp_reshard_after_forward", "default")).get("training", {})
             continue
         if key not in allowed:
             raise MeshplanError(f"unknown search pin '{key}'")

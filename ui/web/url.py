@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from meshplan.estimator.config import RESHARD_POLICIES, TRAINING_DTYPES
+
 
 @dataclass(frozen=True)
 class Param:
@@ -45,6 +47,8 @@ def _params(presets: Callable[[], Iterable[str]], hardware: Callable[[], Iterabl
         Param("lora_rank", int, 1, 4096, what="LoRA rank"),
         Param("lora_alpha", float, 0, 1e6, what="LoRA alpha"),
         Param("offload", str, choices=lambda: ("auto", "off", "on"), what="CPU offload"),
+        Param("dtype", str, choices=lambda: TRAINING_DTYPES, what="training dtype"),
+        Param("reshard", str, choices=lambda: RESHARD_POLICIES, what="FSDP reshard after forward"),
     ]
     return {p.key: p for p in ps}
 
