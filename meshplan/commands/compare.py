@@ -33,7 +33,10 @@ def compare_cmd(
         return
     d = s.as_dict()
     console = Console()
-    table = Table(title=f"{run_dir}: {s.steps} steps on {s.device}; predicted for {s.plan.hardware.id}")
+    # the run as a line of its own: a long run path as the table's title wrapped mid-sentence into the table's width
+    console.print(f"[bold]{run_dir}[/]: {s.steps} steps on {s.device}; predicted for {s.plan.hardware.id}",
+                  highlight=False)
+    table = Table()
     for col in ("", "predicted", "measured", "error"):
         table.add_column(col, justify="left" if not col else "right")
     p, m = d["predicted"], d["measured"]
@@ -47,7 +50,8 @@ def compare_cmd(
     console.print(table)
     terms = s.terms()
     if terms:
-        parts = Table(title="which terms of the estimate were furthest off (largest share of the error first)")
+        console.print("which terms of the estimate were furthest off (largest share of the error first)")
+        parts = Table()
         for col in ("term", "predicted", "measured", "error", "share of the whole"):
             parts.add_column(col, justify="left" if col == "term" else "right")
         for t in terms:
