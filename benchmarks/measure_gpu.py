@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ROOT / "data" / "measurements"  # the Llama 3.2 and Qwen3 4B model YAMLs the grid names
+MODELS = ROOT / "data" / "measurements"  # the model YAMLs the grid names (Llama 3.2, Qwen3 4B, the cut-down MoEs)
 
 # name: (model, seq_len, micro_batch_size, global_batch_size, ac, compile, float8, dtype), most informative first.
 GRID: dict[str, tuple] = {
