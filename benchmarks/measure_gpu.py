@@ -163,6 +163,22 @@ def run_one_rank(target: list[str], timeout_s: float, logs, name: str) -> tuple[
     return rc, text
 
 
+def cuda_seconds(fn, reps: int = 20) -> float:
+    """Seconds one call of `fn` takes on the GPU: three warm-up calls, then the mean of `reps` between CUDA events."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
 def gemm_bench(out: Path) -> None:
     import torch
 
@@ -170,17 +186,7 @@ def gemm_bench(out: Path) -> None:
     for m, k, n in GEMM_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        for _ in range(3):
-            a @ b
-        torch.cuda.synchronize()
-        reps = 20
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        s = start.elapsed_time(end) / 1e3 / reps
+        s = cuda_seconds(lambda a=a, b=b: a @ b)
         res.append({"m": m, "k": k, "n": n, "seconds": s, "tflops": 2 * m * k * n / s / 1e12})
         print(f"gemm {m}x{k}x{n}: {res[-1]['tflops']:.0f} TFLOP/s", flush=True)
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -192,19 +198,6 @@ def grouped_gemm_bench(out: Path) -> None:
     same FLOPs ([experts x rows, K] @ [K, N]), written to `out`."""
     import torch
 
-    def timed(fn) -> float:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        reps = 20
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
-
     res = []
     for e, rows, k, n in GROUPED_SHAPES:
         x = torch.randn(e * rows, k, device="cuda", dtype=torch.bfloat16)
@@ -212,11 +205,11 @@ def grouped_gemm_bench(out: Path) -> None:
         offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * rows
         dense_w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         try:
-            s = timed(lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs))
+            s = cuda_seconds(lambda x=x, w=w, offs=offs: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs))
         except (RuntimeError, AttributeError) as err:
             res.append({"experts": e, "rows": rows, "k": k, "n": n, "error": str(err)[:300]})
             continue
-        d = timed(lambda x=x, dw=dense_w: x @ dw)
+        d = cuda_seconds(lambda x=x, dw=dense_w: x @ dw)
         flops = 2 * e * rows * k * n
         res.append({"experts": e, "rows": rows, "k": k, "n": n, "seconds": s, "tflops": flops / s / 1e12,
                     "dense_same_flops_tflops": flops / d / 1e12})

@@ -11,13 +11,12 @@ from functools import lru_cache
 from pydantic import ValidationError
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.model_spec import MLASpec, ModelSpec
 from meshplan.estimator.row_cells import cell_bool, cell_given, cell_int, squash
 
-# a row's multi-head latent attention columns (estimator.validate.MLA_COLUMNS), the MLASpec fields they fill
-MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
 DIMENSION_COLUMNS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+# multi-head latent attention as a row's columns: the MLASpec fields, by their names
+MLA_COLUMNS = tuple(MLASpec.model_fields)
 
 
 @lru_cache(maxsize=1)
@@ -90,17 +89,17 @@ def _with_preset_details(row: dict, dense: ModelSpec) -> ModelSpec:
     if cell_given(row, "qk_norm"):
         columns["qk_norm"] = bool(cell_bool(row, "qk_norm"))
     if cell_given(row, "kv_lora_rank"):
-        columns["mla"] = {c: cell_int(row, c, 0) for c in MLA_FIELDS if cell_given(row, c)}
+        columns["mla"] = {c: cell_int(row, c, 0) for c in MLA_COLUMNS if cell_given(row, c)}
     experts = cell_int(row, "experts", 1) if cell_given(row, "experts") else 1
     if experts > 1:
         columns["moe"] = {"experts": experts, "top_k": cell_int(row, "top_k", 1),
                           "expert_ffn_hidden": cell_int(row, "expert_ffn_hidden", dense.ffn_hidden),
                           "shared_ffn_hidden": cell_int(row, "shared_ffn_hidden", 0),
                           "first_dense_layers": cell_int(row, "first_dense_layers", 0)}
-    if "moe" in columns or "mla" in columns:
-        return ModelSpec.model_validate({**dense.model_dump(), **columns})
     if columns:
         dense = ModelSpec.model_validate({**dense.model_dump(), **columns})
+    if "moe" in columns:
+        return dense
     if preset is not None and (preset.moe is not None or preset.mla is not None) \
             and (preset.layers, preset.hidden) == (dense.layers, dense.hidden):
         given = {} if dense.head_dim is None else {"head_dim": dense.head_dim}

@@ -44,7 +44,7 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
 from meshplan.estimator.row_cells import FALSE, TRUE, cell_bool, cell_float, cell_int, squash
 from meshplan.estimator.row_corrections import CORRECTED, apply_corrections
-from meshplan.estimator.row_model import DIMENSION_COLUMNS, row_model
+from meshplan.estimator.row_model import DIMENSION_COLUMNS, MLA_COLUMNS, row_model
 from meshplan.estimator.run_dates import documented_month, notes_month
 from meshplan.estimator.stack import load_stack, source_month, stack_for_run, stack_names
 
@@ -63,9 +63,8 @@ MOE_COLUMNS = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden
 # 5120-wide stream) and QK-norm (true / false). A row without them that names a preset of its dimensions takes the
 # preset's.
 ATTENTION_COLUMNS = ("head_dim", "qk_norm")
-# read when present: multi-head latent attention (DeepSeek-V2/V3) by its ranks and head widths; a row without them
-# whose name and dimensions are an MLA preset's takes the preset's
-MLA_COLUMNS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+# read when present: multi-head latent attention (DeepSeek-V2/V3) by its ranks and head widths (row_model's
+# MLA_COLUMNS); a row without them whose name and dimensions are an MLA preset's takes the preset's
 # read when present: torchtitan's training.dtype and parallelism.fsdp_reshard_after_forward (a row without the
 # second takes it from its notes, "reshard_after_forward policy=never", else default)
 OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward")

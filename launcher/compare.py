@@ -189,9 +189,7 @@ def config_row(plan: Plan, hardware: str) -> dict:
         "compile": str(p.compile).lower(), "ac": p.ac, "async_tp": str(p.async_tp).lower(),
         **({"head_dim": m.head_dim} if m.head_dim is not None and m.head_dim * m.heads != m.hidden else {}),
         **({"qk_norm": "true"} if m.qk_norm else {}),
-        **({"ep": p.ep, "experts": m.moe.experts, "top_k": m.moe.top_k, "expert_ffn_hidden": m.moe.expert_ffn_hidden,
-            "shared_ffn_hidden": m.moe.shared_ffn_hidden, "first_dense_layers": m.moe.first_dense_layers}
-           if m.moe else {}),
+        **({"ep": p.ep, **{c: getattr(m.moe, c) for c in MOE_COLUMNS if c != "ep"}} if m.moe else {}),
         **({c: getattr(m.mla, c) for c in MLA_COLUMNS} if m.mla else {}),
     }
 
