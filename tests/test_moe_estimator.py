@@ -195,6 +195,20 @@ def test_a_moe_row_named_after_its_checkpoint_keeps_its_experts(ground_truth):
     assert preset_is_none("Qwen3 8B") and preset_is_none("v0.1")  # no preset: the row's own columns, dense
 
 
+def test_a_row_with_latent_attention_columns_but_no_expert_columns_keeps_its_presets_experts(ground_truth):
+    """MLA columns alone describe the attention, not the MLP: a row naming DeepSeek-V3 16B with its dimensions and
+    MLA columns but no expert columns is still the preset's MoE; a row not naming a preset is dense with MLA."""
+    from meshplan.estimator.row_model import MLA_COLUMNS
+
+    dense = read_rows(ground_truth)[0]
+    mla = {c: str(getattr(DS16.mla, c)) for c in MLA_COLUMNS}
+    dims = {"layers": "27", "hidden": "2048", "heads": "16", "kv_heads": "16", "ffn_hidden": "10944", "vocab": "102400"}
+    model = row_inputs({**dense, **dims, **mla, "model": "DeepSeek-V3 16B", "gpus": "8", "dp_shard": "8"})[0]
+    assert model.moe == DS16.moe and model.mla == DS16.mla
+    mine = row_inputs({**dense, **dims, **mla, "model": "my-mla-model", "gpus": "8", "dp_shard": "8"})[0]
+    assert mine.moe is None and mine.mla == DS16.mla
+
+
 def preset_is_none(cell: str) -> bool:
     from meshplan.estimator.row_model import preset_of
 
