@@ -55,7 +55,7 @@ def estimate_arrays(
     `overhead`). Each stage's rank holds the blocks torchtitan's split gives it (physics/stages.py); the
     step is timed on the rank holding the most (`shapes.rank_params`).
     """
-    lay = layout_of(c)
+    lay = layout_of(c, stack)
     rp = rank_params(model, lay, stack.tp_shards_embedding, sequence_shards(stack, model, lay))
     act = activations(model, stack, lay, rp)
     mem, worst_stage = worst_stage_memory(model, stack, lay, rp, act, stage)

@@ -219,8 +219,8 @@ RULES: tuple[Rule, ...] = (
     Rule(27, "offload_fsdp", "CPU offload is FSDP2's: it needs dp_shard x cp > 1 (got {shard})",
          lambda m, c, hw: (c.cpu_offload > 0) & (c.dp_shard * c.cp < 2)),
     Rule(29, "fp32_without_fsdp", "tp {tp} x pp {pp} without FSDP (dp_shard x cp = 1): torchtitan 0.2.2 trains it "
-         "in fp32 (mixed precision needs FSDP, HSDP or CP; TF32 stays off; 0.3.0 wraps FSDP2 with one shard and "
-         "trains it in bf16, which is not modelled): use dp_shard >= 2 or training dtype bfloat16",
+         "in fp32 (mixed precision needs FSDP, HSDP or CP; TF32 stays off): use dp_shard >= 2, training dtype "
+         "bfloat16, or --stack torchtitan (0.3.0 wraps FSDP2 with one shard and trains it in bf16)",
          lambda m, c, hw: ((c.tp > 1) | (c.pp > 1)) & (c.dp_shard * c.cp == 1) & (c.bf16_state == 0),
          predicted=True, ranking=True),
     Rule(26, "offload_float8", "CPU offload with Float8 is not supported (torchao's Float8 all-gather expects GPU "
@@ -265,13 +265,15 @@ def _violations_of_arrays(model: ModelSpec, c: ConfigArrays, hw: HardwareProfile
 
 def stack_skips(stack) -> frozenset[str]:
     """Keys of the rules that describe torchtitan's behaviour and do not hold for `stack` (a StackProfile): without
-    FSDP a stack whose mixed precision does not need it trains TP and PP in bf16, not fp32; a stack that splits tied
+    FSDP a stack whose mixed precision does not need it (or that wraps FSDP2 on every layout) trains TP and PP in
+    bf16, not fp32; a stack that splits tied
     embeddings runs a tied model with TP or PP; a stack whose TP linears overlap their own collectives runs async
     TP eager; a stack that pads the vocabulary runs any tp over it; a stack with its own virtual-stage split runs
     any pp x vpp its layers fill."""
     if stack is None:
         return frozenset()
-    return frozenset(key for key, lifted in (("fp32_without_fsdp", not stack.mixed_precision_needs_fsdp),
+    return frozenset(key for key, lifted in (("fp32_without_fsdp", not stack.mixed_precision_needs_fsdp
+                                                                     or stack.fsdp_every_layout),
                                              ("tied_embeddings", stack.splits_tied_embeddings),
                                              ("async_tp_compile", not stack.async_tp_needs_compile),
                                              ("tp_vocab", stack.pads_vocab),

@@ -142,6 +142,10 @@ class StackProfile(BaseModel):
                                               "microbatch, fwd+bwd, eager; exposed only beyond the GPU's work")
     fsdp_overhead_s_per_layer: float = Field(default=0.0, ge=0, description="seconds per block per microbatch, "
                                              "fwd+bwd, that runs with FSDP add beyond compute and exposed collectives")
+    fsdp_one_rank_hooks_s_per_layer: float = Field(
+        default=0.0, ge=0, description="CPU seconds per block per microbatch, fwd+bwd, of FSDP2's hooks where it wraps "
+        "a mesh of one shard (`fsdp_every_layout`): exposed, as the kernel launches are, only beyond the GPU's work "
+        "(where FSDP shards, `fsdp_overhead_s_per_layer` stands for them)")
     fsdp_overhead_calibrated_share: float | None = Field(
         default=None, ge=0, lt=1,
         description="the largest share of a step `fsdp_overhead_s_per_layer` takes in the runs it was fitted to; "
@@ -202,6 +206,10 @@ class StackProfile(BaseModel):
     process_host_gib: float = Field(ge=0, description="host RAM per training process, GiB")
     mixed_precision_needs_fsdp: bool = Field(
         default=False, description="TP or PP without FSDP/HSDP/CP trains in fp32 (torchtitan's maybe_enable_amp)")
+    fsdp_every_layout: bool = Field(
+        default=False, description="FSDP2 wraps the model on every layout, on a mesh of one shard where dp_shard x cp "
+        "is 1 (one GPU, DDP-style dp_replicate, TP or PP alone): its MixedPrecisionPolicy trains them in bf16, no "
+        "autocast, no fp32 compute (torchtitan since 2026-04-09, 0.3.0)")
     splits_tied_embeddings: bool = Field(
         default=False, description="TP and PP split a model whose embedding and output share weights (Megatron, "
         "nanotron: vocab-parallel, a copy on the first and last stage); torchtitan cannot")

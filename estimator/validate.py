@@ -159,6 +159,9 @@ FALLBACK_STACK = "generic"  # a framework without a profile
 # frameworks that run another's semantics: meshplan's own training core (launcher/) follows torchtitan's FSDP2 /
 # TP / pipelining and writes `framework=meshplan` in the rows `meshplan compare --append-csv` adds
 FRAMEWORK_STACKS = {"meshplan": "torchtitan"}
+# a measured run's notes naming the stack profile whose rules it ran (`meshplan compare --append-csv` writes it: the
+# training core follows its plan's stack), e.g. "ran as stack torchtitan-2026-03"
+_RAN_AS = re.compile(r"\bran as stack ([A-Za-z0-9][\w.-]*)")
 _ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1\b|\bdistributed[-_ ]optimizer\b")
 
 
@@ -167,8 +170,12 @@ def row_stack(row: dict) -> str:
     `source` names, e.g. a benchmark file dated 202412, or the month `data/provenance/run_dates.yaml` documents
     for the source's table on that hardware, or the month the notes give: a date, a nightly's stamp or the torch
     release they name; else the current release), or its ZeRO-1 variant when the
-    notes say so. meshplan's own runs are predicted with torchtitan's (FRAMEWORK_STACKS). A framework without a
+    notes say so. meshplan's own runs are predicted with torchtitan's (FRAMEWORK_STACKS), or with the stack their
+    notes say they ran as ("ran as stack torchtitan-2026-03": the core follows its plan's stack). A framework without a
     profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so."""
+    ran_as = _RAN_AS.search(row.get("notes") or "")
+    if ran_as and ran_as.group(1).rstrip(".") in stack_names():
+        return ran_as.group(1).rstrip(".")
     framework = (row.get("framework") or DEFAULT_STACK).strip()
     framework = FRAMEWORK_STACKS.get(framework, framework)
     if framework not in stack_names():  # the framework as a log spells it: TorchTitan, Nanotron, llm_foundry

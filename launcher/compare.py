@@ -18,7 +18,7 @@ from pathlib import Path
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.report import estimate
-from meshplan.estimator.stack import load_stack
+from meshplan.estimator.stack import load_stack, stack_names
 from meshplan.estimator.validate import (
     ATTENTION_COLUMNS,
     CONFIG_COLUMNS,
@@ -211,6 +211,7 @@ def measurement_row(s: RunSummary, run_id: str | None = None) -> dict:
             + f"; predicted {s.predicted['throughput']['tokens_per_sec_per_gpu']:.1f} tok/s/GPU and "
             f"{s.predicted['memory']['peak_gib']:.2f} GiB for {plan.hardware.id}"
             + ("; training dtype bfloat16 (no fp32 master)" if plan.training.dtype == "bfloat16" else "")
+            + (f"; ran as stack {plan.stack}" if plan.stack in stack_names() else "")
             + (f"; forward + backward {1e3 * s.measured_phases_s['fwd_bwd_s']:.1f} ms, optimizer phase (clip, AdamW, "
                f"per-step) {1e3 * s.measured_phases_s['optimizer_s']:.1f} ms (medians)" if s.measured_phases_s else "")
             + (f"; mixture of experts: {m.moe.experts} experts (width {m.moe.expert_ffn_hidden}), top-{m.moe.top_k}, "

@@ -151,7 +151,7 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
             "training dtype bfloat16: the model is built in bf16, so params, grads, AdamW state and activations "
             "are bf16 in this trace (no fp32 master copy)"
         )
-    elif cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1:
+    elif cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1 and not cfg.fsdp_one_rank:
         notes.append(
             "no FSDP: the training core then trains in fp32 (no mixed-precision policy), so params, "
             "activations and grads are fp32 in this trace"
@@ -288,7 +288,7 @@ def trace_rank(cfg: RunConfig, rank: int, progress: Progress | None = None) -> R
                 part.to_empty(device=device)
                 part.init_rope(device)
 
-        fsdp = cfg.dp_replicate * cfg.dp_shard * cfg.cp > 1
+        fsdp = cfg.dp_replicate * cfg.dp_shard * cfg.cp > 1 or cfg.fsdp_one_rank  # FSDP2's MixedPrecisionPolicy
         say(f"rank {rank}: building and sharding the model")
         trainer = Trainer(cfg, device, materialize=materialize, mixed_precision=fsdp)
         part, opt = trainer.parts[0], trainer.optimizers[0]

@@ -58,10 +58,15 @@ def test_70b_plans_on_clusters_that_are_not_powers_of_two(nodes):
 
 
 def test_pp_and_hsdp_degrees_that_are_not_powers_of_two():
-    # 5 nodes: the issue's --pp 5 --tp 8 layout is searched; with no GPU left for FSDP torchtitan would train it in
-    # fp32 (its mixed precision comes from FSDP), so it is predicted but not ranked, and the reason says so
-    res = plan_search(L70, H100, TT, 40, 8, 8192, 512, space=SearchSpace(tp=[8], pp=[5], compile=[True]))
+    # 5 nodes: the issue's --pp 5 --tp 8 layout is searched; with no GPU left for FSDP torchtitan 0.2.2 would train it
+    # in fp32 (its mixed precision came from FSDP), so it is predicted but not ranked, and the reason says so
+    old = load_stack("torchtitan-2026-03")
+    res = plan_search(L70, H100, old, 40, 8, 8192, 512, space=SearchSpace(tp=[8], pp=[5], compile=[True]))
     assert len(res.ranked) == 0 and res.reason_counts().get("fp32_without_fsdp", 0) > 0
+    # the current release wraps FSDP2 with one shard there and trains it in bf16: ranked, none refused for fp32
+    res = plan_search(L70, H100, TT, 40, 8, 8192, 512, space=SearchSpace(tp=[8], pp=[5], compile=[True]))
+    assert len(res.ranked) > 0 and res.reason_counts().get("fp32_without_fsdp", 0) == 0
+    assert {res.config(int(i))["dp_shard"] for i in res.ranked} == {1}
     # 10 nodes: pp 5 x tp 8 x dp_shard 2 (80 layers + embedding and output in 5 stages) is ranked
     res = plan_search(L70, H100, TT, 80, 8, 8192, 512, space=SearchSpace(tp=[8], pp=[5], compile=[True]))
     assert len(res.ranked) > 0

@@ -407,26 +407,38 @@ def test_meshplan_export_is_registered(plan_file):
     assert out.returncode == 0 and "meshplan.launcher.run_plan" in out.stdout, out.stderr
 
 
-@pytest.mark.parametrize("kw, needle", [
-    ({"tp": 8, "dp_shard": 1}, "fp32 compute for TP or PP"),
-    ({"dp_replicate": 8, "dp_shard": 1}, "autocast and DDP"),
-    ({"tp": 8, "dp_shard": 1, "dtype": "bfloat16"}, "in bf16 throughout"),
+@pytest.mark.parametrize("kw, needle, needle_022", [
+    ({"tp": 8, "dp_shard": 1}, "fp32 compute for TP or PP", "runs it in fp32"),
+    ({"dp_replicate": 8, "dp_shard": 1}, "autocast and DDP", "under torch.autocast with DDP"),
+    ({"tp": 8, "dp_shard": 1, "dtype": "bfloat16"}, "in bf16 throughout", "in bf16 without FSDP"),
 ])
-def test_a_torchtitan_030_export_of_a_plan_without_fsdp_says_what_030_runs_instead(kw, needle, tmp_path):
-    """torchtitan 0.3.0 wraps FSDP2 on every layout (one shard where dp_shard x cp = 1), where the estimate models
-    0.2.2's rules for a layout without FSDP: both 0.3.0 exports say so in their header and `meshplan export` in a
-    one-line note on stderr; a plan with FSDP gets neither, and the 0.2.2 TOML (which runs it as estimated) no note."""
-    plan = make("llama3-8b", 8, global_batch_size=8, **kw)
+def test_an_export_to_the_other_release_of_a_plan_without_fsdp_says_what_it_runs_instead(kw, needle, needle_022,
+                                                                                      tmp_path):
+    """torchtitan 0.3.0 wraps FSDP2 on every layout (one shard where dp_shard x cp = 1); 0.2.2 only where it shards,
+    with autocast or fp32 elsewhere. A plan without FSDP estimated with 0.2.2's rules (stack torchtitan-2026-03) gets a
+    note in both 0.3.0 exports' headers and one `note:` line from `meshplan export`; estimated with the current
+    stack (0.3.0's rules), the 0.2.2 TOML gets it instead. A plan with FSDP gets none."""
+    old = make_plan(load_model("llama3-8b"), "llama3-8b", load_hardware("h100-sxm"),
+                    TrainConfig(gpus=8, seq_len=8192, global_batch_size=8, **kw), stack="torchtitan-2026-03")
+    current = make("llama3-8b", 8, global_batch_size=8, **kw)
     for fmt in ("torchtitan-cli", "torchtitan-py"):
-        text = render(plan, fmt, "p.yaml")
+        text = render(old, fmt, "p.yaml")
         assert "# Note: torchtitan 0.3.0 wraps FSDP2 on every layout" in text and needle in " ".join(
             line.lstrip("# ") for line in text.splitlines()), fmt
+        assert "wraps FSDP2" not in render(current, fmt, "p.yaml")
+    toml = render(current, "torchtitan-toml", "p.yaml")
+    assert "# Note: this plan has no FSDP" in toml and needle_022 in " ".join(
+        line.lstrip("# ") for line in toml.splitlines())
+    assert "Note:" not in render(old, "torchtitan-toml", "p.yaml")
     fsdp = make("llama3-8b", 8, global_batch_size=8)
     assert "wraps FSDP2" not in render(fsdp, "torchtitan-cli", "p.yaml")
-    path = tmp_path / "plan.yaml"
-    save_plan(plan, path)
+    assert "Note:" not in render(fsdp, "torchtitan-toml", "p.yaml")
+    for plan, fmt, start in ((old, "torchtitan-py", "note: torchtitan 0.3.0 wraps FSDP2"),
+                             (current, "torchtitan-toml", "note: this plan has no FSDP")):
+        path = tmp_path / "plan.yaml"
+        save_plan(plan, path)
+        out = cli("export", str(path), "-f", fmt, "-o", str(tmp_path / "job.out"))
+        assert out.returncode == 0 and out.stderr.startswith(start), out.stderr
+        assert len([line for line in out.stderr.splitlines() if line.startswith("note:")]) == 1
     out = cli("export", str(path), "-f", "torchtitan-py", "-o", str(tmp_path / "job.py"))
-    assert out.returncode == 0 and out.stderr.startswith("note: torchtitan 0.3.0 wraps FSDP2"), out.stderr
-    assert len([line for line in out.stderr.splitlines() if line.startswith("note:")]) == 1
-    out = cli("export", str(path), "-f", "torchtitan-toml", "-o", str(tmp_path / "job.toml"))
     assert out.returncode == 0 and "note:" not in out.stderr

@@ -123,10 +123,19 @@ def test_compare_appends_ground_truth_rows_that_validate_reads(cli, plan_path, t
     # the allocator's reserve above the allocated peak (what fragmentation_one_stream is fitted from) stays readable
     assert "memory = max reserved (max allocated 42.00 GiB)" in rows[0]["notes"]
     res = validate_rows(read_rows(csv_path))
-    # meshplan's own core has no stack profile of its own: validate predicts its rows with torchtitan's
-    # (the core follows torchtitan's FSDP2 / TP / pipelining semantics) and says so in `stack`
+    # meshplan's own core has no stack profile of its own: it follows its plan's torchtitan stack (FSDP2 / TP /
+    # pipelining semantics, FSDP2 on every layout or not), the row's notes say which, validate predicts it with that
+    # stack and says so in `stack`
+    assert "; ran as stack torchtitan" in rows[0]["notes"]
     assert [r.error for r in res] == [None, None] and res[0].stack == "torchtitan"
     assert res[0].predicted_tps_per_gpu > 0 and res[0].predicted_mem_gib > 0
+    old_plan = tmp_path / "old.yaml"
+    old_plan.write_text(plan_path.read_text().replace("\nstack: torchtitan\n", "\nstack: torchtitan-2026-03\n"))
+    assert "stack: torchtitan-2026-03" in old_plan.read_text()
+    _fake_run(tmp_path / "run-old", old_plan)
+    assert cli("compare", str(tmp_path / "run-old"), "--append-csv", str(csv_path), "--id", "a3").returncode == 0
+    (old,) = [r for r in validate_rows(read_rows(csv_path)) if r.id == "a3"]
+    assert old.error is None and old.stack == "torchtitan-2026-03"
 
 
 def test_pure_bf16_run_reads_back_as_pure_bf16(cli, tmp_path):

@@ -8,6 +8,7 @@ from meshplan.estimator.batch import MEMORY_CATEGORIES, PEAK_PHASES, ConfigArray
 M8 = load_model("llama3-8b")
 H100 = load_hardware("h100-sxm")
 TT = load_stack("torchtitan")
+OLD = load_stack("torchtitan-2026-03")  # torchtitan 0.2.2's rules: FSDP only where it shards
 
 
 def raw(cfg: TrainConfig, model=M8, hw=H100, stack=TT) -> dict:
@@ -64,16 +65,31 @@ def test_logits_buffer_scales_with_vocab_and_tokens():
 
 
 def test_one_gpu_trains_under_autocast():
-    """On one GPU torchtitan applies no FSDP: fp32 weights under torch.autocast. At the loss autocast's bf16 copy of
-    every matmul weight (not the embedding's) is cached; at the end of the backward every fp32 gradient (4 bytes a
-    parameter) is live and no activation; the peak is the larger."""
-    r = raw(TrainConfig(gpus=1, seq_len=4096, micro_batch_size=1, ac="full"))
+    """On one GPU torchtitan 0.2.2 applied no FSDP: fp32 weights under torch.autocast. At the loss autocast's bf16
+    copy of every matmul weight (not the embedding's) is cached; at the end of the backward every fp32 gradient (4
+    bytes a parameter) is live and no activation; the peak is the larger."""
+    r = raw(TrainConfig(gpus=1, seq_len=4096, micro_batch_size=1, ac="full"), stack=OLD)
     assert PEAK_PHASES[int(r["peak_phase"])] == "end of backward"
     assert r["grads_fp32"] == pytest.approx(4 * M8.params) and r["activations"] == 0 and r["logits_loss"] == 0
-    loss = raw(TrainConfig(gpus=1, seq_len=8192, micro_batch_size=4, ac="none"))
+    loss = raw(TrainConfig(gpus=1, seq_len=8192, micro_batch_size=4, ac="none"), stack=OLD)
     assert PEAK_PHASES[int(loss["peak_phase"])] == "loss"
     # 8,030,261,248 parameters - 525,336,576 embedding = 7,504,924,672 matmul (and norm) weights, 2 bytes each
     assert loss["unsharded_params"] == 2 * 7_504_924_672
+
+
+def test_one_gpu_trains_under_fsdp2_on_one_shard():
+    """Since 2026-04-09 torchtitan wraps FSDP2 on one GPU too (a mesh of one shard): no autocast copies; at the loss
+    only the output head's bf16 copy is gathered (each block's was freed after its forward), the fp32 state is
+    whole (4 + 8 bytes a parameter for weights and moments), and the allocator keeps the multi-stream headroom FSDP's
+    streams cost, not the one-stream one (the one-rank probes of data/measurements/: 0.13-0.34 above allocated)."""
+    cfg = TrainConfig(gpus=1, seq_len=8192, micro_batch_size=4, ac="none")
+    old, new = raw(cfg, stack=OLD), raw(cfg)
+    assert PEAK_PHASES[int(new["peak_phase"])] == "loss"
+    assert new["unsharded_params"] == 2 * (M8.vocab + 1) * M8.hidden  # the output projection and final norm, bf16
+    assert new["unsharded_params"] < old["unsharded_params"] / 10
+    assert new["params_fp32"] == pytest.approx(4 * M8.params) and new["optimizer_states"] == pytest.approx(8 * M8.params)
+    assert new["fragmentation"] == pytest.approx(TT.fragmentation * new["allocated_bytes"], rel=0.02)
+    assert old["fragmentation"] == pytest.approx(TT.fragmentation_one_stream * old["allocated_bytes"], rel=0.02)
 
 
 def test_foreach_adamw_step_holds_a_moment_sized_temporary():
@@ -81,8 +97,8 @@ def test_foreach_adamw_step_holds_a_moment_sized_temporary():
     parameter at once: at the step every fp32 gradient, the state and one more fp32 moment are live. On one GPU with
     full AC that outweighs the end of the backward; fused AdamW (torchtitan's default now) adds nothing."""
     cfg = TrainConfig(gpus=1, seq_len=4096, micro_batch_size=1, ac="full")
-    fused = raw(cfg)
-    foreach = raw(cfg, stack=TT.model_copy(update={"optimizer_implementation": "foreach"}))
+    fused = raw(cfg, stack=OLD)
+    foreach = raw(cfg, stack=OLD.model_copy(update={"optimizer_implementation": "foreach"}))
     assert PEAK_PHASES[int(fused["peak_phase"])] == "end of backward"
     assert PEAK_PHASES[int(foreach["peak_phase"])] == "optimizer step"
     # fp32 weights (4) + moments (8) + gradients (4) + sqrt(exp_avg_sq) (4) = 20 bytes a parameter, nothing else

@@ -226,3 +226,22 @@ def test_eager_torchao_casts_move_what_their_separate_kernels_move():
     assert TT.eager_float8_cast_factor * 6 == pytest.approx(35, abs=0.5)  # 5.8 x 6 B = 34.8 B
     generic = load_stack("generic")
     assert casts(generic, False) == pytest.approx(casts(generic, True), rel=1e-9)
+
+
+def test_fsdp2_on_one_rank_moves_its_parameters_and_gradients_through_hbm():
+    """FSDP2 on a mesh of one shard (torch's world_size == 1 paths): an unshard casts the fp32 parameter to bf16
+    (read 4, write 2) and copies it into the unsharded parameter (2 + 2) = 10 bytes; a reduction copies the bf16
+    gradient into an fp32 buffer (2 + 4), that into the output (4 + 4) = 14. In training dtype bfloat16 the cast goes
+    (4) and the reduction casts back to bf16 (4 + 2 more: 20). Only the current stack wraps one GPU."""
+    cfg = TrainConfig(gpus=1, seq_len=2048).resolve(M8, H100)
+    one = layout_of(ConfigArrays.from_configs([cfg]), TT)
+    assert bool(one.fsdp[0]) and bool(one.fsdp_one_rank[0])
+    unshard, reduce = comms.one_rank_copy_bytes(TT, one)
+    assert (float(unshard[0]), float(reduce[0])) == (10.0, 14.0)
+    bf16 = layout_of(ConfigArrays.from_configs([TrainConfig(gpus=1, seq_len=2048, dtype="bfloat16").resolve(M8, H100)]),
+                     TT)
+    assert tuple(float(x[0]) for x in comms.one_rank_copy_bytes(TT, bf16)) == (4.0, 20.0)
+    old = layout_of(ConfigArrays.from_configs([cfg]), load_stack("torchtitan-2026-03"))
+    assert not bool(old.fsdp[0]) and not bool(old.fsdp_one_rank[0])
+    sharded = layout_of(ConfigArrays.from_configs([TrainConfig(gpus=8, seq_len=2048).resolve(M8, H100)]), TT)
+    assert bool(sharded.fsdp[0]) and not bool(sharded.fsdp_one_rank[0])

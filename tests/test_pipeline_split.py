@@ -175,11 +175,12 @@ def test_core_runs_the_plan_with_the_split_it_was_estimated_with():
 
 
 def test_stage_gradients_at_the_end_of_the_step():
-    """Without FSDP (pp 2 alone, fp32) a stage's gradients are the parameters' own, all of them there at the end of
-    its backward (with FSDP the one reduction turns the unsharded gradients into sharded ones a block at a time:
-    the traced pipelines of tests/launcher/test_trace.py hold that)."""
+    """Without FSDP (pp 2 alone under torchtitan 0.2.2's rules, fp32) a stage's gradients are the parameters' own,
+    all of them there at the end of its backward (with FSDP the one reduction turns the unsharded gradients into
+    sharded ones a block at a time: the traced pipelines of tests/launcher/test_trace.py hold that)."""
     m8 = load_model("llama3-8b")
-    plain = estimate(m8, H100, TrainConfig(gpus=2, pp=2, dp_shard=1, seq_len=1024, global_batch_size=4), TT)
+    plain = estimate(m8, H100, TrainConfig(gpus=2, pp=2, dp_shard=1, seq_len=1024, global_batch_size=4),
+                     load_stack("torchtitan-2026-03"))
     for s in plain["memory"]["per_stage"]:
         assert s["peak_phase"] == "end of backward"
         assert s["breakdown_gib"]["grads_fp32"] == s["breakdown_gib"]["params_fp32"]  # fp32 grads, every one

@@ -1,6 +1,7 @@
 """Training precision as torchtitan runs it: FSDP's mixed precision over fp32 state, training.dtype bfloat16 (no fp32
-master copy), autocast under DDP and on one device, and fp32 when TP or PP run without FSDP. Hand-worked numbers
-for Llama 3 8B (8,030,261,248 parameters, 525,336,576 of them the embedding)."""
+master copy); until 2026-04 (0.2.2) autocast under DDP and on one device and fp32 when TP or PP ran without FSDP,
+since then FSDP2 on every layout. Hand-worked numbers for Llama 3 8B (8,030,261,248 parameters, 525,336,576 of them
+the embedding)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from meshplan.planner.search import plan_search
 from meshplan.planner.space import SearchSpace
 
 M8, H100, TT = load_model("llama3-8b"), load_hardware("h100-sxm"), load_stack("torchtitan")
+OLD = load_stack("torchtitan-2026-03")  # 0.2.2's rules: FSDP only where it shards
 PARAMS, EMBEDDING = 8_030_261_248, 525_336_576
 
 
-def raw(**kw) -> dict:
+def raw(stack=TT, **kw) -> dict:
     c = TrainConfig(**kw).resolve(M8, H100)
-    return {k: float(v) for k, v in estimate_arrays(M8, H100, TT, ConfigArrays.single(c)).items()}
+    return {k: float(v) for k, v in estimate_arrays(M8, H100, stack, ConfigArrays.single(c)).items()}
 
 
 def test_bf16_training_dtype_halves_the_state():
@@ -36,22 +38,42 @@ def test_bf16_training_dtype_halves_the_state():
 
 
 def test_ddp_keeps_buckets_and_autocast_copies():
-    """dp_replicate 8, no FSDP: every rank holds the fp32 model, its fp32 gradients and DDP's flat buckets (a
-    second copy), AdamW's moments, and at the loss autocast's bf16 copy of every matmul weight."""
-    r = raw(gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, micro_batch_size=1, ac="none")
+    """dp_replicate 8, no FSDP (0.2.2's DDP): every rank holds the fp32 model, its fp32 gradients and DDP's flat
+    buckets (a second copy), AdamW's moments, and at the loss autocast's bf16 copy of every matmul weight."""
+    r = raw(OLD, gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, micro_batch_size=1, ac="none")
     assert r["params_fp32"] == 4 * PARAMS and r["optimizer_states"] == 8 * PARAMS
     assert r["grads_after_backward"] == 2 * 4 * PARAMS
     assert r["unsharded_params_max"] == 2 * (PARAMS - EMBEDDING)  # saved for backward without AC
-    hsdp = raw(gpus=16, dp_replicate=2, dp_shard=8, seq_len=4096)
+    hsdp = raw(OLD, gpus=16, dp_replicate=2, dp_shard=8, seq_len=4096)
     assert hsdp["grads_after_backward"] == 4 * PARAMS / 8  # FSDP (HSDP): no buckets, no autocast copies
 
 
+def test_replicas_run_fsdp2_with_one_shard_since_2026_04():
+    """The current release replicates through FSDP2 (HSDP with one shard): no DDP buckets, no autocast copies (a
+    block's bf16 parameters are gathered for its forward and freed), and the gradient all-reduce in the reduce
+    dtype after every microbatch, as HSDP's."""
+    r = raw(gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, micro_batch_size=1, ac="none", global_batch_size=16)
+    assert r["params_fp32"] == 4 * PARAMS and r["grads_after_backward"] == 4 * PARAMS
+    assert r["unsharded_params_max"] < 2 * (PARAMS - EMBEDDING) / 4  # the root and two blocks, not every weight
+    old = raw(OLD, gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, micro_batch_size=1, ac="none",
+              global_batch_size=16)
+    # two microbatches a rank: FSDP2 all-reduces fp32 gradients after each, as torchtitan's DDP did
+    assert r["microbatches"] == 2 and r["dp_allreduce"] == pytest.approx(old["dp_allreduce"], rel=1e-6)
+    # FSDP2 spans ranks (a per-block all-reduce each microbatch): its fitted per-block cost, which DDP did not have
+    assert r["fsdp_overhead_s"] == pytest.approx(2 * M8.layers * TT.fsdp_overhead_s_per_layer)
+
+
 def test_tp_without_fsdp_trains_in_fp32_and_is_not_planned():
+    """torchtitan 0.2.2: TP without FSDP ran in fp32 (no mixed precision without FSDP). The current release wraps
+    FSDP2 with one shard there: bf16, no warning, planned."""
     cfg = TrainConfig(gpus=8, tp=8, seq_len=4096, global_batch_size=64)
-    report = estimate(M8, H100, cfg, TT)
+    current = estimate(M8, H100, cfg, TT)
+    assert not any("fp32" in w for w in current["warnings"])
+    assert len(plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(tp=[8], cp=[1], pp=[1])).ranked) > 0
+    report = estimate(M8, H100, cfg, OLD)
     (warning,) = [w for w in report["warnings"] if "fp32" in w]
     assert "tp 8 x pp 1 without FSDP" in warning and "MFU" in warning
-    bf16 = estimate(M8, H100, cfg.model_copy(update={"dtype": "bfloat16"}), TT)
+    bf16 = estimate(M8, H100, cfg.model_copy(update={"dtype": "bfloat16"}), OLD)
     assert not any("fp32" in w for w in bf16["warnings"])
     # fp32 matmuls at the fp32 peak (67 of 989 TFLOP/s on an H100) and activations twice as wide
     assert report["throughput"]["breakdown_s"]["compute"] == pytest.approx(
@@ -62,7 +84,7 @@ def test_tp_without_fsdp_trains_in_fp32_and_is_not_planned():
     # the rule is the planner's (ranking) and the estimator's warning; a plan file and the core accept the layout
     fields = cfg.resolve(M8, H100).rule_fields()
     assert rules.check(M8, H100, fields) is None
-    res = plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(tp=[8], cp=[1], pp=[1]))
+    res = plan_search(M8, H100, OLD, 8, 8, 4096, 64, space=SearchSpace(tp=[8], cp=[1], pp=[1]))
     assert len(res.ranked) == 0 and res.reason_counts().get("fp32_without_fsdp", 0) > 0
 
 

@@ -62,12 +62,16 @@ def test_plan_file_refuses_an_unknown_dtype_in_one_line(tmp_path):
 
 
 def test_planner_plans_the_dtype_asked_for():
-    """No dtype dimension: every configuration gets the user's. bf16 state lifts rule 29 (TP without FSDP trains in
-    fp32), so tp 8 on one node is ranked; the search result hands the dtype on to the plan."""
+    """No dtype dimension: every configuration gets the user's. Under torchtitan 0.2.2's rules bf16 state lifts rule
+    29 (TP without FSDP trains in fp32), so tp 8 on one node is ranked; the current release (FSDP2 on every layout)
+    ranks it either way; the search result hands the dtype on to the plan."""
     space = dict(tp=[8], cp=[1], pp=[1], ac=["full"], float8=["none"], compile=[False])
+    old = load_stack("torchtitan-2026-03")
+    assert len(plan_search(M8, H100, old, 8, 8, 4096, 64, space=SearchSpace(**space)).ranked) == 0
+    assert len(plan_search(M8, H100, old, 8, 8, 4096, 64, space=SearchSpace(**space, dtype="bfloat16")).ranked) > 0
     fp32 = plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(**space))
     bf16 = plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(**space, dtype="bfloat16"))
-    assert len(fp32.ranked) == 0 and len(bf16.ranked) > 0
+    assert len(fp32.ranked) > 0 and len(bf16.ranked) > 0
     assert (bf16.configs.bf16_state == 1).all() and (fp32.configs.bf16_state == 0).all()
     best = bf16.train_config(int(bf16.ranked[0]))
     assert best.dtype == "bfloat16" and "dtype" not in fp32.config(0)
@@ -121,6 +125,18 @@ def test_torchtitan_exports_write_the_dtype_only_for_bf16():
     assert "dtype='bfloat16'" in render(bf16, "torchtitan-py", "plan.yaml")
     for fmt in ("torchtitan-cli", "torchtitan-py"):
         assert "dtype" not in render(fp32, fmt, "plan.yaml")
+
+
+def test_the_core_wraps_fsdp2_where_the_plans_stack_does():
+    """A plan without FSDP (one GPU here) runs on the core as its stack says torchtitan runs it: FSDP2 with one shard
+    (the current release, stack torchtitan), or 0.2.2's autocast (stack torchtitan-2026-03)."""
+    from meshplan.launcher.core.config import RunConfig
+    from meshplan.launcher.plan_run import run_config_fields
+
+    one = dict(gpus=1, dp_shard=1, global_batch_size=2)
+    assert RunConfig.from_dict(run_config_fields(_plan(**one))).fsdp_one_rank is True
+    old = _plan(**one).model_copy(update={"stack": "torchtitan-2026-03"})
+    assert RunConfig.from_dict(run_config_fields(old)).fsdp_one_rank is False
 
 
 def test_plan_maps_the_dtype_onto_the_core():

@@ -334,7 +334,8 @@ def test_cells_logs_leave_empty_or_write_their_own_way(ground_truth):
         ("PyTorch blog, March 2025", "2025-03", "torchtitan-2024"),  # the loss is compiled from 2025-04-02
         ("PyTorch blog, April 2025", "2025-04", "torchtitan-2025-08"),
         ("pytorch/torchtitan PR #1690, 2025-09", "2025-09", "torchtitan-2025-09"),  # cuDNN attention from 2025-10
-        ("pytorch/torchtitan PR #2107, 2025-11", "2025-11", "torchtitan"),
+        ("pytorch/torchtitan PR #2107, 2025-11", "2025-11", "torchtitan-2026-03"),  # FSDP only where it shards
+        ("pytorch/torchtitan PR #3000, 2026-04", "2026-04", "torchtitan"),  # FSDP2 on every layout from 2026-04-09
         ("pytorch/ao docs/source/workflows/training.md @36027d8", None, "torchtitan"),
         ("", None, "torchtitan"),
     ],
@@ -352,7 +353,7 @@ def test_a_dated_source_selects_the_release_that_ran_it(source, month, stack):
         ("pytorch version: 2.7.0a0+gitb98af95, torchtitan version: 0.0.2", "2025-03", "torchtitan-2024"),  # pre-release
         ("torch==2.7.0", "2025-04", "torchtitan-2025-08"),
         ("pytorch version: 2.9.0.dev20250815+cu128", "2025-08", "torchtitan-2025-08"),  # the nightly's own stamp
-        ("PyTorch 2.9", "2025-10", "torchtitan"),
+        ("PyTorch 2.9", "2025-10", "torchtitan-2026-03"),
         ("logged 2024-12-03 at step 100", "2024-12", "torchtitan-2024"),
         ("torch 2.11.0+cu130", None, "torchtitan"),  # newer than the table: the current release
         ("torchtitan 0.0.2; TPS at step 90", None, "torchtitan"),  # torchtitan's own version is not torch's
@@ -421,6 +422,17 @@ def test_stack_profile_extends_a_builtin(tmp_path):
         load_stack(str(a))
 
 
+def test_a_measured_run_is_predicted_with_the_stack_its_notes_say_it_ran_as():
+    """`meshplan compare --append-csv` writes the plan's stack into the notes (the core follows it): validate predicts
+    the row with it, whatever the row's date says; a name that is no stack profile is ignored."""
+    row = {"framework": "meshplan", "source": "meshplan run x (2026-11-27)", "hardware": "h100-sxm",
+           "notes": "10 steps on cuda; ran as stack torchtitan-2026-03 (the core ...)"}
+    assert row_stack(row) == "torchtitan-2026-03"
+    assert row_stack({**row, "notes": "10 steps on cuda; ran as stack torchtitan-2026-03."}) == "torchtitan-2026-03"
+    assert row_stack({**row, "notes": "ran as stack no-such-release"}) == "torchtitan"
+    assert row_stack({**row, "notes": ""}) == "torchtitan"
+
+
 def test_a_framework_without_a_profile_is_predicted_with_the_generic_profile(ground_truth):
     """FSDP rows of an unknown framework are predicted as torchtitan's current release would run them (same
     constants, same memory) but for torchtitan's own per-block FSDP cost: only FSDP2's hooks (~1 ms a block), so
@@ -433,10 +445,14 @@ def test_a_framework_without_a_profile_is_predicted_with_the_generic_profile(gro
     for mine, titan in zip([predict_row(r) for r in other], [predict_row(r, "torchtitan") for r in rows], strict=True):
         assert mine[1] == titan[1] and 1.05 < mine[0] / titan[0] < 1.4
     assert summarize(got)["by_framework"]["megatron-lm"]["rows"] == 2
-    # 8 x TP 8, no FSDP: torchtitan trains it in fp32; the generic profile and nanotron in bf16
+    # 8 x TP 8, no FSDP: torchtitan 0.2.2 trained it in fp32; the generic profile and nanotron in bf16, as torchtitan
+    # does since 2026-04 through FSDP2 on one shard (slower than generic: the one-rank path's parameter and gradient
+    # copies every microbatch, its hooks' CPU time on top of eager DTensor launches, DTensor's sequence-parallel copies)
     tp8 = {**rows[0], "dp_shard": "1", "tp": "8", "global_batch_size": "8", "micro_batch_size": "1"}
-    titan, generic = predict_row(tp8, "torchtitan"), predict_row({**tp8, "framework": "megatron-lm"})
-    assert generic[0] > 3 * titan[0] and generic[1] < titan[1]
+    old, generic = predict_row(tp8, "torchtitan-2026-03"), predict_row({**tp8, "framework": "megatron-lm"})
+    assert generic[0] > 3 * old[0] and generic[1] < old[1]
+    titan = predict_row(tp8, "torchtitan")
+    assert 0.7 < titan[0] / generic[0] < 0.95
 
 
 @pytest.mark.parametrize("notes,stack", [("ZeRO-1, DP 4", "nanotron-zero1"), ("zero_stage=1", "nanotron-zero1"),

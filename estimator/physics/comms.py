@@ -25,7 +25,7 @@ from meshplan.estimator.physics.layout import (
 )
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.shapes import RankParams
-from meshplan.estimator.physics.state import BF16, GRAD_BYTES, state_scale
+from meshplan.estimator.physics.state import BF16, GRAD_BYTES, PARAM_BYTES, state_scale
 from meshplan.estimator.stack import StackProfile
 
 
@@ -196,11 +196,18 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     # hide it behind
     once = xp.logical_not(per_mb_sync)
     # FSDP2 splits each all-gather's output into the unsharded parameters on the compute stream (copy-out: read and
-    # write, the stack's bytes per parameter), before the block can run
-    copy = xp.where(lay.fsdp, stack.fsdp_copy_bytes_per_param * dense / hbm_bytes_per_s(hw), 0.0)
+    # write, the stack's bytes per parameter), before the block can run; on a mesh of one shard its own path casts
+    # and copies every parameter and gradient instead (one_rank_copy_bytes)
+    hbm = hbm_bytes_per_s(hw)
+    copy = xp.where(lay.fsdp, stack.fsdp_copy_bytes_per_param * dense / hbm, 0.0)
+    unshard_b, reduce_b = one_rank_copy_bytes(stack, lay)
+    one = lay.fsdp_one_rank
+    copy = xp.where(one, unshard_b * rp.most / hbm, copy)
+    reduce_copy = xp.where(one, reduce_b * w.trainable(lay, rp.most) / hbm, 0.0)
     return FSDPTimes(
-        copy_out_s=xp.where(gathers_mb, copy * xp.where(reshard, 2.0, 1.0), 0.0),
-        copy_out_once_s=xp.where(gathers_mb, 0.0, copy),
+        copy_out_s=xp.where(gathers_mb, copy * xp.where(reshard, 2.0, 1.0), 0.0)
+        + xp.where(per_mb_sync, reduce_copy, 0.0),
+        copy_out_once_s=xp.where(gathers_mb, 0.0, copy) + xp.where(per_mb_sync, 0.0, reduce_copy),
         per_microbatch_s=per_mb,
         # once per microbatch when gradients are reduced every microbatch, else once per step
         # (with PP the last block's reduce-scatter is part of the stage's exposed one below)
@@ -208,6 +215,23 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
         step_once_s=xp.where(gathers_mb, 0.0, ag * hidden) + xp.where(once & ~single, rs, 0.0),
         reduce_once_s=xp.where(once & single, rs, 0.0),
     )
+
+
+def one_rank_copy_bytes(stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """HBM bytes per parameter that FSDP2 moves on a mesh of one shard (torch's world_size == 1 paths, counted from
+    torch/distributed/fsdp/_fully_shard, 2.9-2.13), per unshard and per gradient reduction. An unshard casts the
+    sharded parameter to the bf16 param dtype (FSDPParam.all_gather_inputs: read 4, write 2; none where the
+    parameters are bf16 already, training dtype bfloat16) and copies it into the unsharded parameter
+    (FSDPParamGroup.wait_for_unshard: read 2, write 2). A reduction copies the bf16 gradient into a reduce-dtype
+    buffer (foreach_reduce_scatter_copy_in: 2 + R), that into the output (reduce_output.copy_: 2R) and casts it back
+    where the parameters are not in the reduce dtype (R + P). Checked on one H100 (data/measurements/
+    h100-sxm-fsdp-probes-2026-11-27.csv): the compiled 1B probe's 15.7 ms of copies predicted a step where its
+    forward + backward took 8.8 ms longer wrapped, the 8B bf16 one's 84 ms where it took 72.7 ms longer."""
+    p = PARAM_BYTES * state_scale(lay)
+    r = float(stack.reduce_bytes)
+    unshard = xp.where(p > BF16, p + BF16, 0.0) + 2 * BF16
+    reduce = BF16 + r + 2 * r + xp.where(p != r, r + p, 0.0)
+    return unshard, reduce
 
 
 def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, trainable_sharded: np.ndarray) -> np.ndarray:

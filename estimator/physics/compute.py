@@ -175,7 +175,11 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
     fewer_launches = xp.where(lay.compiled, stack.compile_overhead_factor, 1.0)
     overhead = layers * stack.launch_overhead_s_per_layer * fewer_launches
-    fsdp_overhead = xp.where(lay.fsdp, layers * stack.fsdp_overhead_s_per_layer * fewer_launches, 0.0)
+    # where FSDP2 spans ranks (it shards, or all-reduces each block's gradients over dp_replicate), its fitted
+    # per-block cost, most of which needs more than one rank; on one GPU alone its hooks' CPU time, added to the
+    # launches below (the one-rank probes of data/measurements/ show nothing more while the GPU is busy)
+    alone = lay.fsdp_one_rank & (lay.dp_replicate <= 1)
+    fsdp_overhead = xp.where(lay.fsdp & ~alone, layers * stack.fsdp_overhead_s_per_layer * fewer_launches, 0.0)
     # LoRA: the frozen base linears (and the frozen output projection) skip their weight gradients; the adapters'
     # skinny GEMMs run forward and backward (and again in a full-AC recompute, half of them under op-SAC)
     frozen = xp.where(lay.lora, FROZEN_GEMM, 1.0)
@@ -189,7 +193,8 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     a2a = xp.zeros_like(t)
     # a full-AC recompute launches the block's forward kernels again; FSDP2 does no work in it (its pre-forward hook
     # returns once the pre-backward hook has unsharded the block: _fsdp_state.py _pre_forward), so its cost stays
-    overhead = overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0)
+    overhead = overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0) \
+        + xp.where(alone, layers * stack.fsdp_one_rank_hooks_s_per_layer, 0.0)
     routed = moe.routing(model, stack, lay)
     if routed is not None and moe_layers is not None:
         # a MoE block's MLP part instead of the dense MLP's, on each of the rank's MoE blocks

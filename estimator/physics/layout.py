@@ -50,7 +50,8 @@ class Layout:
     offload: np.ndarray  # FSDP2 CPU offload: sharded params, grads and optimizer state on the host
     lora_rank: np.ndarray
     bf16_state: np.ndarray  # training.dtype bfloat16: parameters, gradients and AdamW state in bf16
-    fsdp: np.ndarray  # FSDP shards the model (torchtitan's fsdp_enabled: dp_shard x cp > 1); else DDP / one device
+    fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
+    # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
 
     @property
     def float8(self) -> np.ndarray:
@@ -66,9 +67,17 @@ class Layout:
     def async_tp(self) -> np.ndarray:
         return xp.as_bool(self.c.async_tp)
 
+    @property
+    def fsdp_one_rank(self) -> np.ndarray:
+        """FSDP2 wraps the model on a mesh of one shard (dp_shard x cp = 1, `fsdp_every_layout`): torch's one-rank
+        path casts and copies the parameters and gradients itself, no collective shards them."""
+        return self.fsdp & (self.fsdp_ranks <= 1)
 
-def layout_of(c: ConfigArrays) -> Layout:
-    """The float view of configurations `c` the physics modules compute with."""
+
+def layout_of(c: ConfigArrays, stack=None) -> Layout:
+    """The float view of configurations `c` the physics modules compute with; `stack` (a StackProfile) says whether
+    FSDP2 wraps layouts it does not shard (`fsdp_every_layout`)."""
+    every = bool(stack is not None and stack.fsdp_every_layout)
     t, p, cp, v = as_float(c.tp), as_float(c.pp), as_float(c.cp), as_float(c.vpp)
     ds, dr, ep = as_float(c.dp_shard), as_float(c.dp_replicate), as_float(c.ep)
     s, mbs, gbs = as_float(c.seq_len), as_float(c.micro_batch), as_float(c.global_batch)
@@ -80,7 +89,7 @@ def layout_of(c: ConfigArrays) -> Layout:
         full_ac=c.ac == int(AC.FULL), selective_ac=c.ac == int(AC.SELECTIVE), compiled=xp.as_bool(c.compile),
         fp8=c.float8 > int(Float8.NONE), has_tp=t > 1, single_stage=p == 1,
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
-        lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=ds * cp > 1,
+        lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,
     )
 
 

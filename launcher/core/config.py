@@ -91,9 +91,10 @@ class RunConfig(BaseModel):
     fsdp_reshard_after_forward: ReshardPolicy = Field(
         "default", description="torchtitan's parallelism.fsdp_reshard_after_forward: default (reshard without PP, "
         "keep a stage's weights with PP), always, never")
-    fsdp_one_rank: bool = Field(False, description="wrap FSDP2 even where nothing shards (dp_replicate x dp_shard x "
-                                "cp = 1): measures FSDP2's own per-block cost on one GPU "
-                                "(benchmarks/measure_gpu.py); plans never set it")
+    fsdp_one_rank: bool = Field(False, description="wrap FSDP2 on a mesh of one shard where nothing shards "
+                                "(dp_shard x cp = 1: one GPU, dp_replicate alone, TP or PP alone), as torchtitan does "
+                                "since 2026-04 (0.3.0): bf16 through its MixedPrecisionPolicy, no autocast, no fp32 "
+                                "compute. A plan sets it from its stack's fsdp_every_layout")
     seed: int = 0
     checkpoint_interval: int = Field(0, ge=0, description="save every N steps; 0 saves only on stop/signal")
     checkpoint_dir: str | None = Field(None, description="defaults to RUN_DIR/checkpoints")

@@ -69,12 +69,17 @@ def export_cmd(
         device=device.value,
         run_dir=(run_dir if run_dir is not None else default_run_dir(loaded)).resolve(),
     )
+    note = None
     if fmt.value in (Format.torchtitan_cli.value, Format.torchtitan_py.value):
         from meshplan.planner.export.torchtitan_03 import layout_note
 
         note = layout_note(loaded)
-        if note:
-            typer.echo(f"note: {note}", err=True)
+    elif fmt.value == Format.torchtitan_toml.value:
+        from meshplan.planner.export.torchtitan import layout_note_022
+
+        note = layout_note_022(loaded)
+    if note:
+        typer.echo(f"note: {note}", err=True)
     if output is None:
         sys.stdout.write(text)
         return

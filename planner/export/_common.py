@@ -98,6 +98,17 @@ def preset_of(plan: Plan) -> str | None:
     return None
 
 
+def estimated_with_fsdp_everywhere(plan: Plan) -> bool | None:
+    """Whether the plan's stack wraps FSDP2 on every layout (torchtitan since 2026-04, 0.3.0: `fsdp_every_layout`);
+    None where its stack file cannot be read here (a path on another machine)."""
+    from meshplan.estimator.stack import load_stack
+
+    try:
+        return bool(load_stack(plan.stack).fsdp_every_layout)
+    except MeshplanError:
+        return None
+
+
 def dp_degree(plan: Plan) -> int:
     return plan.parallel.dp_replicate * plan.parallel.dp_shard
 

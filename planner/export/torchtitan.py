@@ -26,6 +26,7 @@ from meshplan.planner.export._common import (
     comment,
     describe,
     dp_degree,
+    estimated_with_fsdp_everywhere,
     one_line,
     preset_of,
     titan_initial_load,
@@ -139,6 +140,25 @@ def titan_moe_problem(plan: Plan, release: str) -> str | None:
     return None
 
 
+def layout_note_022(plan: Plan) -> str | None:
+    """What torchtitan 0.2.2 runs differently from the estimate for a plan without FSDP (dp_shard x cp = 1) that was
+    estimated with FSDP2 on every layout (the current `torchtitan` stack: 0.3.0's rules), else None. 0.2.2 wraps FSDP2
+    only where it shards (models/llama3/infra/parallelize.py) and leaves the precision to maybe_enable_amp: autocast
+    on one GPU and under its DDP, fp32 compute for TP or PP alone."""
+    p = plan.parallel
+    if p.dp_shard * p.cp > 1 or not estimated_with_fsdp_everywhere(plan):
+        return None
+    if plan.training.dtype == "bfloat16":
+        what = "in bf16 without FSDP" + (" (DDP)" if p.dp_replicate > 1 else "")
+    elif p.tp > 1 or p.pp > 1:
+        what = "in fp32 (no mixed precision without FSDP in 0.2.2: several times slower than estimated)"
+    else:
+        what = "under torch.autocast" + (" with DDP" if p.dp_replicate > 1 else "") + ", not FSDP2"
+    return (f"this plan has no FSDP (dp_shard x cp = 1): torchtitan 0.2.2 runs it {what}; the estimate is 0.3.0's "
+            "(FSDP2 with one shard, stack torchtitan): plan with --stack torchtitan-2026-03 for 0.2.2's, or export "
+            "-f torchtitan-cli / torchtitan-py for 0.3.0")
+
+
 def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: object) -> str:
     p, t, o = plan.parallel, plan.training, plan.training.optimizer
     problem = titan_moe_problem(plan, "0.2.2")
@@ -165,6 +185,8 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
     )
     for line in describe(plan):
         out += comment(line)
+    if note := layout_note_022(plan):
+        out += comment(f"Note: {note}.")
     out += comment(f"plan file: {plan_path}")
     launch = (
         f"torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} --rdzv-backend c10d "

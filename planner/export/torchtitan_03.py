@@ -21,7 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshplan.estimator.errors import MeshplanError
-from meshplan.planner.export._common import TITAN_MODELS, dp_degree, preset_of, titan_initial_load
+from meshplan.planner.export._common import (
+    TITAN_MODELS,
+    dp_degree,
+    estimated_with_fsdp_everywhere,
+    preset_of,
+    titan_initial_load,
+)
 from meshplan.planner.export.torchtitan import (
     layers_per_stage,
     local_batch,
@@ -105,14 +111,15 @@ def converter(plan: Plan, what: str) -> tuple[str, dict] | None:
 
 
 def layout_note(plan: Plan) -> str | None:
-    """What torchtitan 0.3.0 runs differently from the estimate for a plan without FSDP (dp_shard x cp = 1), else
-    None. 0.3.0 wraps FSDP2 on every layout (models/llama3/parallelize.py: "Always run apply_fsdp_to_decoder --
-    with shard_degree=1 it is a no-op for the all-gather but still installs the MixedPrecisionPolicy"; the DDP of
-    0.2.2's apply_ddp went 2026-03), so its one-device, replicate-only, TP-only and PP-only jobs train bf16
-    parameters over fp32 state, each block's bf16 copy gathered and freed as under FSDP; the estimate models
-    0.2.2's rules for such a layout (autocast, or fp32 compute with TP or PP)."""
+    """What torchtitan 0.3.0 runs differently from the estimate for a plan without FSDP (dp_shard x cp = 1) that
+    was estimated with a stack of 0.2.2's rules (torchtitan-2026-03 and older), else None. 0.3.0 wraps FSDP2 on every
+    layout (models/llama3/parallelize.py: "Always run apply_fsdp_to_decoder -- with shard_degree=1 it is a no-op for
+    the all-gather but still installs the MixedPrecisionPolicy"; 00b7f5693, 2026-04-09), so its one-device,
+    replicate-only, TP-only and PP-only jobs train bf16 parameters over fp32 state, each block's bf16 copy gathered
+    and freed as under FSDP, as the current `torchtitan` stack estimates them; 0.2.2's rules were autocast, or fp32
+    compute with TP or PP."""
     p = plan.parallel
-    if p.dp_shard * p.cp > 1:
+    if p.dp_shard * p.cp > 1 or estimated_with_fsdp_everywhere(plan) is not False:
         return None
     if plan.training.dtype == "bfloat16":
         what = "in bf16 throughout"
@@ -123,7 +130,8 @@ def layout_note(plan: Plan) -> str | None:
         what = "under FSDP2's MixedPrecisionPolicy, not autocast (the estimate's memory and step time are 0.2.2's " \
                "autocast" + (" and DDP" if p.dp_replicate > 1 else "") + ")"
     return (f"torchtitan {RELEASE} wraps FSDP2 on every layout: this plan has no FSDP (dp_shard x cp = 1), so "
-            f"{RELEASE} runs it with one shard {what}; torchtitan 0.2.2 (-f torchtitan-toml) runs it as estimated")
+            f"{RELEASE} runs it with one shard {what}; torchtitan 0.2.2 (-f torchtitan-toml) runs it as estimated "
+            f"(stack {plan.stack}; plan with --stack torchtitan for {RELEASE}'s)")
 
 
 def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = False,

@@ -72,6 +72,9 @@ CASES = {
     # always on a pipeline (stages reshard after forward; torch's pipelining keeps them gathered after backward)
     "fsdp-never-selective": cfg(4, ac="selective", fsdp_reshard_after_forward="never"),
     "pp-always-selective": cfg(2, pp=2, ac="selective", fsdp_reshard_after_forward="always"),
+    # FSDP2 on a mesh of one shard (torchtitan since 2026-04, the current stack): one GPU, and TP alone
+    "one-rank-selective": cfg(1, ac="selective", fsdp_one_rank=True),
+    "one-rank-tp2-none": cfg(1, tp=2, ac="none", fsdp_one_rank=True),
 }
 _CACHE: dict[str, object] = {}
 
