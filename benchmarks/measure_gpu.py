@@ -8,8 +8,10 @@ then, before any measurement), `torchrun --standalone --nproc-per-node 1 -m mesh
 the plan's run config (`launcher/plan_run.py`, as `meshplan launch` does, but saving no checkpoint: a 1B run's
 state is 15 GB on disk) for --steps optimizer steps on cuda, and `meshplan compare RUN --append-csv DIR/measured.csv` appends the measured
 run (median tokens/s/GPU after two warm-up steps, max reserved memory) to a CSV in the ground-truth schema. A run
-that runs out of GPU memory is recorded with status `oom`. Probe runs (FSDP2 wrapped on one rank) go to
-DIR/probes.csv instead. Also measured: the bf16 GEMM throughput of the shapes
+that runs out of GPU memory is recorded with status `oom`. The plans are estimated with --stack (default
+`torchtitan`, the current release: the core wraps FSDP2 on one rank, as torchtitan 0.3.0 does; `torchtitan-2026-03`:
+0.2.2's autocast without FSDP, as the grid ran until 2026-11-27). Probe runs (always the current release's FSDP2 on
+one rank, beside the same runs under --stack torchtitan-2026-03) go to DIR/probes.csv instead. Also measured: the bf16 GEMM throughput of the shapes
 these models run (DIR/gemm.json), and the device (DIR/env.txt). Everything each run printed goes to DIR/logs.txt.
 
 Runs take the allocator settings the launch scripts export (expandable segments, `launch_env`) unless the
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "data" / "measurements"  # the model YAMLs the grid names (Llama 3.2, Qwen3 4B, the cut-down MoEs)
 
 # name: (model, seq_len, micro_batch_size, global_batch_size, ac, compile, float8, dtype), most informative first.
+PROBE = {"stack": "torchtitan"}  # a probe's plan: the current release's FSDP2 on one rank
 GRID: dict[str, tuple] = {
     "1b-s8k-none-eager": ("llama3.2-1b", 8192, 1, 1, "none", False, "none", "float32"),
     "1b-s8k-none-compile": ("llama3.2-1b", 8192, 1, 1, "none", True, "none", "float32"),
@@ -62,16 +65,14 @@ GRID: dict[str, tuple] = {
     "dsv3-16b-5l-s4k-mbs4-sel-eager-bf16": ("deepseek-v3-16b-5l", 4096, 4, 4, "selective", False, "none", "bfloat16"),
     "dsv3-16b-5l-s8k-mbs1-full-eager-bf16": ("deepseek-v3-16b-5l", 8192, 1, 1, "full", False, "none", "bfloat16"),
     "dsv3-16b-5l-s4k-mbs8-sel-eager-bf16": ("deepseek-v3-16b-5l", 4096, 8, 8, "selective", False, "none", "bfloat16"),
-    # probes (an eighth field: run-config fields the plan does not have): FSDP2 wrapped on one rank, beside the same
-    # runs without it, to measure FSDP2's own per-block cost (the estimator's fsdp_overhead_s_per_layer, fitted to
-    # multi-GPU runs). Their rows go to probes.csv, not measured.csv: `meshplan validate` would predict them without
-    # FSDP.
-    "1b-s8k-none-eager-fsdp1": ("llama3.2-1b", 8192, 1, 1, "none", False, "none", "float32", {"fsdp_one_rank": True}),
-    "1b-s2k-none-eager-fsdp1": ("llama3.2-1b", 2048, 1, 1, "none", False, "none", "float32", {"fsdp_one_rank": True}),
-    "1b-s8k-none-compile-fsdp1": ("llama3.2-1b", 8192, 1, 1, "none", True, "none", "float32",
-                                  {"fsdp_one_rank": True}),
-    "8b-s4k-full-compile-bf16-fsdp1": ("llama3-8b", 4096, 1, 1, "full", True, "none", "bfloat16",
-                                       {"fsdp_one_rank": True}),
+    # probes (an eighth field: the stack their plans are estimated with, whatever --stack, and any run-config fields
+    # the plan does not have): FSDP2 wrapped on one rank (the current release's rules), beside the same runs under
+    # --stack torchtitan-2026-03 (no FSDP), to measure FSDP2's own one-rank cost. Their rows go to probes.csv (their
+    # notes say the stack they ran as, which `meshplan validate` predicts them with).
+    "1b-s8k-none-eager-fsdp1": ("llama3.2-1b", 8192, 1, 1, "none", False, "none", "float32", PROBE),
+    "1b-s2k-none-eager-fsdp1": ("llama3.2-1b", 2048, 1, 1, "none", False, "none", "float32", PROBE),
+    "1b-s8k-none-compile-fsdp1": ("llama3.2-1b", 8192, 1, 1, "none", True, "none", "float32", PROBE),
+    "8b-s4k-full-compile-bf16-fsdp1": ("llama3-8b", 4096, 1, 1, "full", True, "none", "bfloat16", PROBE),
 }
 # grouped expert GEMMs (torch._grouped_mm, bf16, forward): (experts, rows per expert, K, N), the routed experts'
 # up / gate (K hidden, N expert width) and down (K expert width, N hidden) projections of DeepSeek-V3 16B and Qwen3
@@ -95,13 +96,15 @@ def meshplan(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, cwd=ROOT, **kw)
 
 
-def write_plan(name: str, cfg: tuple, plans: Path, hardware: str) -> Path:
+def write_plan(name: str, cfg: tuple, plans: Path, hardware: str, stack: str = "torchtitan") -> Path:
+    """The run's plan, estimated with `stack` (a probe's own stack where its eighth field names one)."""
     model, seq, mbs, gbs, ac, comp, fp8, dtype = cfg[:8]
+    stack = (cfg[8] if len(cfg) > 8 else {}).get("stack", stack)
     plan = plans / f"{name}.yaml"
     r = meshplan("estimate", "--model", model_arg(model), "--hardware", hardware, "--gpus", "1", "--gpus-per-node",
                  "1", "--seq-len", str(seq), "--micro-batch-size", str(mbs), "--global-batch-size", str(gbs),
                  "--ac", ac, "--compile" if comp else "--no-compile", "--float8", fp8, "--dtype", dtype,
-                 "--name", name, "-o", str(plan))
+                 "--stack", stack, "--name", name, "-o", str(plan))
     if r.returncode != 0:
         raise RuntimeError(f"meshplan estimate failed for {name}: {r.stderr.strip() or r.stdout.strip()}")
     return plan
@@ -118,7 +121,7 @@ def prepare_run(plan: Path, run_dir: Path, steps: int, device: str, extra: dict 
     (run_dir / "plan.yaml").write_text(plan.read_text())
     fields = run_config_fields(load_plan(plan), run_dir, steps, device)
     fields["checkpoint_interval"] = 0
-    fields.update(extra or {})
+    fields.update({k: v for k, v in (extra or {}).items() if k != "stack"})
     path = run_dir / "run_config.json"
     path.write_text(json.dumps(fields, indent=1))
     return path
@@ -227,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="optimizer steps per run (the first two are warm-up)")
     ap.add_argument("--only", help="comma-separated grid names (default: all, in order)")
     ap.add_argument("--hardware", default="h100-sxm", help="hardware profile the plans are made for")
+    ap.add_argument("--stack", default="torchtitan", help="stack the plans are estimated with, and so the rules the "
+                    "core runs them by (torchtitan: FSDP2 on one rank, as torchtitan 0.3.0; torchtitan-2026-03: "
+                    "0.2.2's autocast without FSDP)")
     ap.add_argument("--budget-s", type=float, default=480, help="start no new run after this many seconds")
     ap.add_argument("--run-timeout-s", type=float, default=150, help="kill a run after this many seconds")
     ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM throughput measurement")
@@ -274,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         started = time.monotonic()
         try:
-            plan = write_plan(name, GRID[name], plans, a.hardware)
+            plan = write_plan(name, GRID[name], plans, a.hardware, a.stack)
         except RuntimeError as e:
             summary[name] = {"status": "plan failed", "error": str(e)}
             print(e, flush=True)

@@ -35,7 +35,7 @@ import measure_gpu as g
 g.MODELS = Path(sys.argv[2])
 g.GRID = {"tiny-eager": ("tiny-measure", 32, 1, 2, "none", False, "none", "float32"),
           "tiny-bf16-full": ("tiny-measure", 32, 2, 2, "full", False, "none", "bfloat16"),
-          "tiny-fsdp1": ("tiny-measure", 32, 1, 2, "none", False, "none", "float32", {"fsdp_one_rank": True})}
+          "tiny-fsdp1": ("tiny-measure", 32, 1, 2, "none", False, "none", "float32", g.PROBE)}
 sys.exit(g.main(sys.argv[3:]))
 """
 
@@ -49,18 +49,24 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_cpu_smoke_writes_rows_validate_reads(tmp_path):
     out = tmp_path / "out"
-    r = _run(tmp_path, "--out", str(out), "--work", str(tmp_path / "work"), "--steps", "3", "--device", "cpu")
+    r = _run(tmp_path, "--out", str(out), "--work", str(tmp_path / "work"), "--steps", "3", "--device", "cpu",
+             "--stack", "torchtitan-2026-03")
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     summary = json.loads((out / "summary.json").read_text())
     assert {k: v["status"] for k, v in summary.items()} == {"tiny-eager": "ok", "tiny-bf16-full": "ok",
                                                              "tiny-fsdp1": "ok"}
-    # the probe (FSDP2 on one rank) is kept apart: validate would predict it without FSDP
-    assert [x["id"] for x in csv.DictReader((out / "probes.csv").open())] == ["meshplan-tiny-fsdp1"]
+    # the probe (the current release's FSDP2 on one rank) is kept apart, its notes saying the stack it ran as; the
+    # grid's runs ran as --stack said (0.2.2's rules: no FSDP on one GPU)
+    (probe,) = csv.DictReader((out / "probes.csv").open())
+    assert probe["id"] == "meshplan-tiny-fsdp1" and "ran as stack torchtitan;" in probe["notes"] + ";"
     run_config = json.loads((tmp_path / "work" / "runs" / "tiny-fsdp1" / "run_config.json").read_text())
     assert run_config["fsdp_one_rank"] is True and run_config["checkpoint_interval"] == 0
+    eager = json.loads((tmp_path / "work" / "runs" / "tiny-eager" / "run_config.json").read_text())
+    assert eager["fsdp_one_rank"] is False and "stack" not in run_config
     rows = list(csv.DictReader((out / "measured.csv").open()))
     assert [x["id"] for x in rows] == ["meshplan-tiny-eager", "meshplan-tiny-bf16-full"]
     assert rows[1]["precision"] == "bf16-pure" and rows[1]["ac"] == "full" and rows[1]["micro_batch_size"] == "2"
+    assert all("ran as stack torchtitan-2026-03" in x["notes"] for x in rows)
     assert float(rows[0]["measured_tps_per_gpu"]) > 0
     # a CPU run's hardware is the CPU, which no hardware profile describes: validate reads the rows and says so
     results = validate_rows(read_rows(out / "measured.csv"))
