@@ -77,7 +77,9 @@ def test_second_lease_runs_of_the_current_core_within_their_band():
     while a step carried an assumed 50 ms and attention was timed as FlashAttention-2; within 7 % while torchtitan's
     fitted elementwise traffic sat at its lower bound, 10 passes, and its GEMM efficiency at 0.829, before the B200
     and MI300X runs left its fit); memory within 8 %. The eager runs are predicted 12-26 % fast: the core's eager
-    elementwise kernels take more traffic than torchtitan's fitted 26.5 passes (profiled; 14-39 % fast at 10)."""
+    elementwise kernels take more traffic than torchtitan's fitted 26.5 passes (profiled; 14-39 % fast at 10); with
+    autocast's casts counted (benchmarks/autocast_bytes.py) 6-18 % fast: the op-level SAC one most, the 2k-token one
+    (which waits on its CPU) +14 %."""
     results = validate_rows(read_rows(MEASURED_2))
     s = summarize(results)["all"]
     assert s["rows"] == 11 and s["failed"] == 0 and s["fit_agreement"]["share"] == 1.0
@@ -85,7 +87,7 @@ def test_second_lease_runs_of_the_current_core_within_their_band():
     compiled = [r for r in results if "compile" in r.id]
     assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.12 for r in compiled)
     assert sum(abs(r.tps_err) for r in compiled) / len(compiled) <= 0.055
-    assert all(0.10 <= r.tps_err <= 0.30 for r in results if r not in compiled)
+    assert all(0.05 <= r.tps_err <= 0.20 for r in results if r not in compiled)
 
 
 def _optimizer_phase(row: dict) -> tuple[float, float]:
@@ -128,10 +130,12 @@ def test_fsdp_on_one_rank_adds_its_hooks_where_the_cpu_is_behind_and_its_copies(
     copies are HBM traffic on the compute stream, and none of the fitted multi-rank per-block cost applies."""
     m = load_model(str(ONE_B))
     one_gpu = dict(gpus=1, gpus_per_node=1, global_batch_size=1, ac="none")
+    no_hooks = CURRENT.model_copy(update={"fsdp_one_rank_hooks_s_per_layer": 0.0})
     for seq, hooks_show in ((2048, True), (8192, False)):
         old = estimate(m, HW, TrainConfig(seq_len=seq, **one_gpu), STACK)["throughput"]["breakdown_s"]
         new = estimate(m, HW, TrainConfig(seq_len=seq, **one_gpu), CURRENT)["throughput"]["breakdown_s"]
-        extra = new["overhead"] - old["overhead"]
+        bare = estimate(m, HW, TrainConfig(seq_len=seq, **one_gpu), no_hooks)["throughput"]["breakdown_s"]
+        extra = new["overhead"] - bare["overhead"]
         hooks = m.layers * CURRENT.fsdp_one_rank_hooks_s_per_layer
         assert (extra == pytest.approx(hooks, abs=2e-4)) if hooks_show else extra == pytest.approx(0.0, abs=2e-4)
         assert extra < m.layers * CURRENT.fsdp_overhead_s_per_layer / 2  # not the multi-rank fitted cost

@@ -15,7 +15,7 @@ from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, moe
 from meshplan.estimator.physics.layout import Layout, sequence_shards
-from meshplan.estimator.physics.state import fp32_compute
+from meshplan.estimator.physics.state import fp32_compute, weight_copy_bytes
 from meshplan.estimator.stack import StackProfile
 
 FWD_BWD_GEMM = 3.0  # a linear's forward + backward: 1 + 2 matmuls of the same size
@@ -138,6 +138,30 @@ def _mlp_cast_elems(width_t):
     return 2 * width_t + width_t + 2 * width_t
 
 
+# torch.autocast over fp32 weights in an eager block, forward + backward: every matmul casts its weight to bf16 and the
+# bf16 weight gradient back to fp32 (6 + 6 bytes a weight; a recompute casts again: 18), and the residual stream stays
+# fp32, so each linear casts its input and the norms and residual adds move fp32 (50 bytes a token per unit of
+# hidden; 60 with AC). Counted from the core's block code by benchmarks/autocast_bytes.py (a TorchDispatchMode
+# byte count of every aten op, autocast vs bf16 weights: the same at two widths and two sequence lengths)
+AUTOCAST_BYTES_PER_WEIGHT = (12.0, 18.0)  # without AC, with (full or op-level) AC
+AUTOCAST_BYTES_PER_TOKEN_HIDDEN = (50.0, 60.0)
+
+
+def autocast_cast_s(stack: StackProfile, lay: Layout, layers, hidden: float, block_linear_per_hidden,
+                    head_weights, hbm) -> np.ndarray:
+    """Seconds per microbatch torch.autocast's casts add to an eager rank holding `layers` blocks whose linears have
+    `block_linear_per_hidden` x `hidden` weights each (and `head_weights` in the output projection): only where the
+    stack trains fp32 weights under autocast (torchtitan 0.2.2 on one GPU or DDP: `replicated_state.weight_copies`).
+    Compiled blocks fuse the input casts into their neighbours; the measured compiled runs
+    (data/measurements/h100-sxm-core-2026-11-27.csv) show no weight-cast cost either, so none is counted there."""
+    ac = lay.full_ac | lay.selective_ac
+    per_weight = xp.where(ac, AUTOCAST_BYTES_PER_WEIGHT[1], AUTOCAST_BYTES_PER_WEIGHT[0])
+    per_token = xp.where(ac, AUTOCAST_BYTES_PER_TOKEN_HIDDEN[1], AUTOCAST_BYTES_PER_TOKEN_HIDDEN[0]) * hidden
+    moved = layers * (per_weight * block_linear_per_hidden * hidden + lay.tokens_mb * per_token) \
+        + AUTOCAST_BYTES_PER_WEIGHT[0] * head_weights
+    return xp.where((weight_copy_bytes(stack, lay) > 0) & ~lay.compiled, moved / hbm, 0.0)
+
+
 def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: Layout, layers: np.ndarray,
                   vocab_rank: np.ndarray, moe_layers: np.ndarray | None = None) -> ComputeTimes:
     """Compute time per microbatch of a rank running `layers` blocks (`moe_layers` of them MoE blocks); timing
@@ -173,6 +197,8 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     elem_factor = xp.where(lay.compiled, stack.compile_elementwise_factor, 1.0)
     elem = layers * lay.tokens_mb * stack.elementwise_passes * (h / seq_t + F / t) * 2 / hbm * elem_factor
     elem = elem + lay.tokens_mb * vocab_rank * FP32 * stack.loss_passes / hbm * per_chunk
+    elem = elem + autocast_cast_s(stack, lay, layers, h, q_t + 2 * kv_t + q_t + (3.0 if gated else 2.0) * f_t,
+                                  h * float(model.vocab) / seq_t * per_chunk, hbm)
     fewer_launches = xp.where(lay.compiled, stack.compile_overhead_factor, 1.0)
     overhead = layers * stack.launch_overhead_s_per_layer * fewer_launches
     # where FSDP2 spans ranks (it shards, or all-reduces each block's gradients over dp_replicate), its fitted
