@@ -103,7 +103,13 @@ def estimate(
             f"mixture of experts: tokens/s/GPU is far less certain than a dense model's; its 80 % interval "
             f"({t.ratio(0.1):.2f}-{t.ratio(0.9):.2f} x the estimate) comes from {t.rows} published MoE runs the "
             "estimator was never fitted to (README, Mixture of experts): meshplan models torchtitan's standard "
-            "all-to-all dispatch, not DeepEP or other frameworks' fused kernels")
+            "all-to-all dispatch (other frameworks: Transformer Engine's fused permutes), not DeepEP")
+    if stack.fsdp_every_layout and cfg.dp_shard * cfg.cp == 1:
+        warnings.append(
+            f"no FSDP sharding (dp_shard x cp = 1): stack {stack.id}, as torchtitan since 2026-04 (0.3.0), wraps FSDP2 "
+            "with one shard here and trains bf16 through its MixedPrecisionPolicy, so 'FSDP comm' is its parameter "
+            "and gradient copies, no collective; --stack torchtitan-2026-03 estimates 0.2.2's rules (autocast; no "
+            "mixed precision for TP or PP alone)")
     if cfg.tp > cfg.gpus_per_node:
         warnings.append(f"tp {cfg.tp} spans nodes ({cfg.gpus_per_node} GPUs per node): TP traffic crosses the network")
     extra = embedding_partial_bytes(model, cfg.tp, cfg.pp, cfg.microbatches, stack.reduce_bytes) / GIB

@@ -69,6 +69,8 @@ def test_tp_without_fsdp_trains_in_fp32_and_is_not_planned():
     cfg = TrainConfig(gpus=8, tp=8, seq_len=4096, global_batch_size=64)
     current = estimate(M8, H100, cfg, TT)
     assert not any("fp32" in w for w in current["warnings"])
+    assert any("wraps FSDP2 with one shard here" in w and "torchtitan-2026-03" in w for w in current["warnings"])
+    assert not any("one shard" in w for w in estimate(M8, H100, cfg.model_copy(update={"tp": 1}), TT)["warnings"])
     assert len(plan_search(M8, H100, TT, 8, 8, 4096, 64, space=SearchSpace(tp=[8], cp=[1], pp=[1])).ranked) > 0
     report = estimate(M8, H100, cfg, OLD)
     (warning,) = [w for w in report["warnings"] if "fp32" in w]
