@@ -142,6 +142,10 @@ class StackProfile(BaseModel):
                                               "microbatch, fwd+bwd, eager; exposed only beyond the GPU's work")
     fsdp_overhead_s_per_layer: float = Field(default=0.0, ge=0, description="seconds per block per microbatch, "
                                              "fwd+bwd, that runs with FSDP add beyond compute and exposed collectives")
+    selective_ac_eager_launch_factor: float = Field(
+        default=1.0, ge=1.0, description="the CPU's launch time a block under op-level selective AC in eager mode, "
+        "over `launch_overhead_s_per_layer`: the checkpoint's policy sees every op of the forward and its recompute "
+        "in Python (1: no such policy)")
     fsdp_one_rank_hooks_s_per_layer: float = Field(
         default=0.0, ge=0, description="CPU seconds per block per microbatch, fwd+bwd, of FSDP2's hooks where it wraps "
         "a mesh of one shard (`fsdp_every_layout`): exposed, as the kernel launches are, only beyond the GPU's work "

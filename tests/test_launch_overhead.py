@@ -78,8 +78,8 @@ def test_second_lease_runs_of_the_current_core_within_their_band():
     fitted elementwise traffic sat at its lower bound, 10 passes, and its GEMM efficiency at 0.829, before the B200
     and MI300X runs left its fit); memory within 8 %. The eager runs are predicted 12-26 % fast: the core's eager
     elementwise kernels take more traffic than torchtitan's fitted 26.5 passes (profiled; 14-39 % fast at 10); with
-    autocast's casts counted (benchmarks/autocast_bytes.py) 6-18 % fast: the op-level SAC one most, the 2k-token one
-    (which waits on its CPU) +14 %."""
+    autocast's casts counted (benchmarks/autocast_bytes.py) 0-14 % fast: the 2k-token one, which waits on its CPU,
+    most; the op-level SAC one's CPU time is what set `selective_ac_eager_launch_factor` (in-sample, +0.3 %)."""
     results = validate_rows(read_rows(MEASURED_2))
     s = summarize(results)["all"]
     assert s["rows"] == 11 and s["failed"] == 0 and s["fit_agreement"]["share"] == 1.0
@@ -87,7 +87,7 @@ def test_second_lease_runs_of_the_current_core_within_their_band():
     compiled = [r for r in results if "compile" in r.id]
     assert len(compiled) == 7 and all(abs(r.tps_err) <= 0.12 for r in compiled)
     assert sum(abs(r.tps_err) for r in compiled) / len(compiled) <= 0.055
-    assert all(0.05 <= r.tps_err <= 0.20 for r in results if r not in compiled)
+    assert all(-0.03 <= r.tps_err <= 0.16 for r in results if r not in compiled)
 
 
 def _optimizer_phase(row: dict) -> tuple[float, float]:
@@ -190,3 +190,24 @@ def test_the_fsdp2_one_rank_probes_are_predicted_as_the_current_release_runs_the
     old = validate_rows(rows, stack="torchtitan-2026-03")
     short = next(r for r in old if r.id == "meshplan-1b-s2k-none-eager-fsdp1")
     assert short.predicted_tps_per_gpu / short.measured_tps_per_gpu > 1.8
+
+
+def test_op_level_sac_in_eager_mode_waits_on_its_policy():
+    """torchtitan's op-level SAC runs every op of the forward and its recompute through a Python dispatch policy: in
+    eager mode a block's CPU time is `selective_ac_eager_launch_factor` times its launches, which a GPU-busy step
+    hides and a short one shows. Set from the H100 run of 2026-11-27; the H200 run of that day and the H100 run of
+    2026-11-26 (an older core) were 42 % and 29 % fast without it and are within 13 % with it. Compiled, and in
+    frameworks without such a policy (the generic profile), nothing is added."""
+    h200 = ROOT / "data" / "measurements" / "h200-sxm-core-2026-11-27.csv"
+    for f in (MEASURED, h200):
+        (row,) = [r for r in read_rows(f) if r["id"] == "meshplan-1b-s8k-sel-eager"]
+        (res,) = validate_rows([row])
+        assert abs(res.tps_err) <= 0.13, (f.name, res.tps_err)
+    m = load_model(str(ONE_B))
+    cfg = dict(gpus=1, gpus_per_node=1, global_batch_size=1, seq_len=8192, ac="selective")
+    plain = STACK.model_copy(update={"selective_ac_eager_launch_factor": 1.0})
+    for compiled, slower in ((False, True), (True, False)):
+        with_policy = estimate(m, HW, TrainConfig(**cfg, compile=compiled), STACK)["throughput"]["step_time_s"]
+        without = estimate(m, HW, TrainConfig(**cfg, compile=compiled), plain)["throughput"]["step_time_s"]
+        assert (with_policy > 1.1 * without) if slower else with_policy == pytest.approx(without)
+    assert load_stack("generic").selective_ac_eager_launch_factor == 1.0

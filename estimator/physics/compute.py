@@ -219,7 +219,9 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     a2a = xp.zeros_like(t)
     # a full-AC recompute launches the block's forward kernels again; FSDP2 does no work in it (its pre-forward hook
     # returns once the pre-backward hook has unsharded the block: _fsdp_state.py _pre_forward), so its cost stays
-    overhead = overhead * xp.where(lay.full_ac, FULL_AC_PASSES, 1.0) \
+    overhead = overhead * xp.where(lay.full_ac, FULL_AC_PASSES,
+                                   xp.where(lay.selective_ac & ~lay.compiled, stack.selective_ac_eager_launch_factor,
+                                            1.0)) \
         + xp.where(alone, layers * stack.fsdp_one_rank_hooks_s_per_layer, 0.0)
     routed = moe.routing(model, stack, lay)
     if routed is not None and moe_layers is not None:
