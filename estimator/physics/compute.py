@@ -152,8 +152,9 @@ def autocast_cast_s(stack: StackProfile, lay: Layout, layers, hidden: float, blo
     """Seconds per microbatch torch.autocast's casts add to an eager rank holding `layers` blocks whose linears have
     `block_linear_per_hidden` x `hidden` weights each (and `head_weights` in the output projection): only where the
     stack trains fp32 weights under autocast (torchtitan 0.2.2 on one GPU or DDP: `replicated_state.weight_copies`).
-    Compiled blocks fuse the input casts into their neighbours; the measured compiled runs
-    (data/measurements/h100-sxm-core-2026-11-27.csv) show no weight-cast cost either, so none is counted there."""
+    Compiled blocks fuse the input casts into their neighbours; the weights' casts would remain, but the measured
+    compiled runs (data/measurements/h100-sxm-core-2026-11-27.csv) are predicted 3-11 % slow already without them, so
+    none is counted there (an open question, not a measurement of zero)."""
     ac = lay.full_ac | lay.selective_ac
     per_weight = xp.where(ac, AUTOCAST_BYTES_PER_WEIGHT[1], AUTOCAST_BYTES_PER_WEIGHT[0])
     per_token = xp.where(ac, AUTOCAST_BYTES_PER_TOKEN_HIDDEN[1], AUTOCAST_BYTES_PER_TOKEN_HIDDEN[0]) * hidden
