@@ -253,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"measure_gpu: unknown grid names {unknown}; see --list", file=sys.stderr)
         return 2
+    sys.path.insert(0, str(ROOT))
+    from meshplan.estimator.errors import MeshplanError
+    from meshplan.estimator.stack import load_stack
+
+    try:
+        load_stack(a.stack)
+    except MeshplanError as e:
+        print(f"measure_gpu: --stack: {e}", file=sys.stderr)
+        return 2
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -161,7 +161,7 @@ FALLBACK_STACK = "generic"  # a framework without a profile
 FRAMEWORK_STACKS = {"meshplan": "torchtitan"}
 # a measured run's notes naming the stack profile whose rules it ran (`meshplan compare --append-csv` writes it: the
 # training core follows its plan's stack), e.g. "ran as stack torchtitan-2026-03"
-_RAN_AS = re.compile(r"\bran as stack ([A-Za-z0-9][\w.-]*)")
+_RAN_AS = re.compile(r"\bran as stack ([A-Za-z0-9](?:[\w.-]*[\w-])?)")  # a sentence's full stop is not the name's
 _ZERO1 = re.compile(r"(?i)\bzero[-_ ]?(?:stage[-_ =:]*)?1\b|\bzero_stage[\s=:]*1\b|\bdistributed[-_ ]optimizer\b")
 
 
@@ -174,8 +174,8 @@ def row_stack(row: dict) -> str:
     notes say they ran as ("ran as stack torchtitan-2026-03": the core follows its plan's stack). A framework without a
     profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so."""
     ran_as = _RAN_AS.search(row.get("notes") or "")
-    if ran_as and ran_as.group(1).rstrip(".") in stack_names():
-        return ran_as.group(1).rstrip(".")
+    if ran_as and ran_as.group(1) in stack_names():
+        return ran_as.group(1)
     framework = (row.get("framework") or DEFAULT_STACK).strip()
     framework = FRAMEWORK_STACKS.get(framework, framework)
     if framework not in stack_names():  # the framework as a log spells it: TorchTitan, Nanotron, llm_foundry

@@ -80,6 +80,9 @@ def test_cpu_smoke_writes_rows_validate_reads(tmp_path):
 def test_bad_names_and_no_gpu_fail_in_one_line(tmp_path):
     r = _run(tmp_path, "--out", str(tmp_path / "o"), "--only", "nope", "--device", "cpu")
     assert r.returncode == 2 and r.stderr.strip() == "measure_gpu: unknown grid names ['nope']; see --list"
+    r = _run(tmp_path, "--out", str(tmp_path / "o"), "--stack", "torchtitan-1999", "--device", "cpu")
+    assert r.returncode == 2 and r.stderr.startswith("measure_gpu: --stack: unknown stack") and "\n" not in \
+        r.stderr.strip() and not (tmp_path / "o").exists()
     import torch
 
     if not torch.cuda.is_available():
