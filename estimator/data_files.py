@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -101,6 +102,15 @@ def names_a_file(name_or_path: str) -> bool:
     return path.suffix in (".yaml", ".yml") or path.exists()
 
 
+def beside(ref: str, path: Path) -> str:
+    """`ref` (a name or a YAML path one file names, as in `extends:`) with a relative path read from the folder of
+    `path`, the file that names it, where a file is there; else `ref` as written (a built-in name, or a path from
+    the current folder)."""
+    if names_a_file(ref) and not Path(ref).is_absolute() and (path.parent / ref).is_file():
+        return os.path.normpath(path.parent / ref)
+    return ref
+
+
 def over_base(raw: dict, base: dict, nested: tuple[str, ...]) -> dict:
     """A profile's YAML mapping laid over the profile it `extends:` (`base`, as dumped): its own keys win, and the
     mappings named in `nested` (efficiencies, sources, ...) merge key by key."""
@@ -112,9 +122,9 @@ def over_base(raw: dict, base: dict, nested: tuple[str, ...]) -> dict:
 
 
 def load_named(
-    kind: str, name_or_path: str, cls: type[T], what: str, prepare: Callable[[dict, str], dict] | None = None
+    kind: str, name_or_path: str, cls: type[T], what: str, prepare: Callable[[dict, Path], dict] | None = None
 ) -> T:
-    """Load a built-in entry by name, or a YAML file by path, into `cls`; `prepare(raw, file name)` may
+    """Load a built-in entry by name, or a YAML file by path, into `cls`; `prepare(raw, file path)` may
     rewrite the YAML mapping first (a stack profile's `extends:`)."""
     path = Path(name_or_path)
     if not names_a_file(name_or_path):
@@ -126,7 +136,7 @@ def load_named(
         raise MeshplanError(f"{what} file not found: {path}")
     raw = read_yaml(path)
     if prepare is not None:
-        raw = prepare(raw, path.name)
+        raw = prepare(raw, path)
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:

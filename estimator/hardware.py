@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -202,14 +203,17 @@ def _load(name_or_path: str) -> HardwareProfile:
                                  prepare=_extends)
 
 
-def _extends(raw: dict, label: str) -> dict:
+def _extends(raw: dict, path: Path) -> dict:
     """A profile that `extends:` another (the same part on another board, say) lists only what differs; the
     efficiencies and sources merge key by key, and the other part's names (`aliases`) are not inherited."""
     base_id = raw.pop("extends", None)
     if base_id is None:
         return raw
+    if isinstance(base_id, str):
+        base_id = data_files.beside(base_id, path)  # a relative path from the extending file's folder
     if not isinstance(base_id, str) or base_id == raw.get("id") or base_id in _EXTENDING:
-        raise MeshplanError(f"hardware profile {label}: 'extends' must name another hardware profile, without a cycle")
+        raise MeshplanError(f"hardware profile {path.name}: 'extends' must name another hardware profile, "
+                            "without a cycle")
     _EXTENDING.add(base_id)
     try:
         base = load_hardware(base_id).model_dump()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -273,13 +274,15 @@ def _builtin(name: str) -> StackProfile:
         _EXTENDING.discard(name)
 
 
-def _extends(raw: dict, label: str) -> dict:
-    """The YAML mapping with the profile it `extends:` filled in underneath (float8, moe and sources merged)."""
+def _extends(raw: dict, path: Path) -> dict:
+    """The YAML mapping with the profile it `extends:` filled in underneath (float8, moe and sources merged); a
+    relative path there is read from `path`'s folder first (the file that extends it), then from the current one."""
     base_id = raw.pop("extends", None)
     if base_id is None:
         return raw
     if not isinstance(base_id, str) or base_id == raw.get("id"):
-        raise MeshplanError(f"stack profile {label}: 'extends' must name another stack profile")
+        raise MeshplanError(f"stack profile {path.name}: 'extends' must name another stack profile")
+    base_id = data_files.beside(base_id, path)  # a relative path from the extending file's folder
     base = _builtin(base_id).model_dump()
     base.update(family=base.get("family") or base["id"], until=None)
     return data_files.over_base(raw, base, ("float8", "moe", "sources"))

@@ -18,7 +18,7 @@ from pathlib import Path
 from meshplan.estimator import data_files
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.report import estimate
-from meshplan.estimator.stack import load_stack, stack_names
+from meshplan.estimator.stack import stack_names
 from meshplan.estimator.validate import (
     ATTENTION_COLUMNS,
     CONFIG_COLUMNS,
@@ -150,7 +150,7 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
         if any(key not in r for r in rows):
             raise MeshplanError(f"{run_dir / 'metrics.jsonl'}: some steps lack '{key}'")
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
-    stack = load_stack(plan.stack)
+    stack = plan.stack_of()
     predicted = plan.estimate or estimate(plan.model, plan.hardware, plan.train_config(), stack)
     phases = None
     if all(k in r for r in steady for k in PHASES):

@@ -15,8 +15,6 @@ from meshplan.planner.plan_file import Plan, plan_fingerprint
 def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int | None = None,
                       device: str | None = None) -> dict:
     """A mapping for `launcher.core.config.RunConfig.from_dict`."""
-    from meshplan.estimator.stack import load_stack
-
     p, t = plan.parallel, plan.training
     fields = {
         "model": plan.model.model_dump(),
@@ -55,7 +53,7 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "dtype": t.dtype,
         # the plan's framework release wraps FSDP2 where nothing shards (torchtitan since 2026-04): so does the core,
         # and the run trains as the plan was estimated (bf16 through FSDP2's MixedPrecisionPolicy, not autocast/fp32)
-        "fsdp_one_rank": load_stack(plan.stack).fsdp_every_layout,
+        "fsdp_one_rank": plan.stack_of().fsdp_every_layout,
     }
     ft = plan.finetune
     if ft is not None:

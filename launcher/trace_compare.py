@@ -113,10 +113,8 @@ def run_config_for_plan(plan: Any) -> RunConfig:
 
 def trace_plan(plan: Any, progress: Progress | None = None) -> dict[str, Any]:
     """Trace a plan and put the analytical model's tensor-level terms next to it (the `--json` object)."""
-    from meshplan.estimator.stack import load_stack
-
     result = trace_config(run_config_for_plan(plan), progress)
-    stack = load_stack(plan.stack)
+    stack = plan.stack_of()
     rows = compare(result, plan.hardware, stack)
     cfg = RunConfig.from_dict(result.config)
     for row in rows:

@@ -34,6 +34,7 @@ from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
+from meshplan.estimator.stack import StackProfile, load_stack
 
 PLAN_VERSION = 1
 DEFAULT_DTYPE = "float32"  # torchtitan's training.dtype default: left out of the YAML and the fingerprint
@@ -145,7 +146,11 @@ class Plan(BaseModel):
     model_source: str = Field(description="the preset name or path the model came from")
     model: ModelSpec
     hardware: HardwareProfile
-    stack: str = "torchtitan"
+    stack: str = Field(default="torchtitan", description="the stack profile it was made with: a built-in id, or the "
+                       "path of the YAML file it was read from (its contents are in stack_profile)")
+    stack_profile: StackProfile | None = Field(
+        default=None, description="the profile a plan made with a stack YAML file keeps, so it estimates, exports and "
+        "launches the same where that file is not (another folder, the cluster); none for a built-in stack")
     cluster: Cluster
     parallel: Parallel
     training: Training
@@ -170,6 +175,14 @@ class Plan(BaseModel):
         if problem:
             raise ValueError(problem)
         return self
+
+    def stack_of(self) -> StackProfile:
+        """The stack profile the plan was made with: the one it keeps (a YAML file's; :func:`load_plan` reads it for a
+        plan written before plans kept it), else the one its `stack` names. One-line MeshplanError when that is a
+        file that is not there."""
+        if self.stack_profile is not None:
+            return self.stack_profile
+        return load_stack(self.stack)
 
     def rule_fields(self) -> dict:
         """The torchtitan-named values `estimator.rules` checks."""
@@ -216,7 +229,8 @@ def make_plan(
     name: str | None = None,
     init_from: str | None = None,
 ) -> Plan:
-    """A plan for one resolved configuration; `tokens` (a budget) sets the steps when `steps` is not given."""
+    """A plan for one resolved configuration; `tokens` (a budget) sets the steps when `steps` is not given. A stack
+    read from a YAML file (`stack` a path) is kept in the plan (`stack_profile`)."""
     cfg = cfg.resolve(model, hardware)
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     if steps is None:
@@ -231,6 +245,7 @@ def make_plan(
         model=model,
         hardware=hardware.model_copy(update={"aliases": []}),  # names to look the part up by: not the plan's
         stack=stack,
+        stack_profile=profile_kept(stack),
         cluster=Cluster(nodes=nodes, gpus_per_node=gpn),
         parallel=Parallel(
             dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep,
@@ -246,6 +261,11 @@ def make_plan(
         finetune=finetuning_of(cfg, init_from),
         estimate=estimate,
     )
+
+
+def profile_kept(stack: str) -> StackProfile | None:
+    """What a plan made with `stack` keeps as its `stack_profile`: a YAML file's profile; None for a built-in id."""
+    return load_stack(stack) if data_files.names_a_file(stack) else None
 
 
 def training_defaults(finetune: str, steps: int) -> dict:
@@ -335,9 +355,17 @@ def load_plan(path: str | Path) -> Plan:
             f"{path}: plan version {raw.get('version')!r} is not supported (this meshplan reads version {PLAN_VERSION})"
         )
     try:
-        return Plan.model_validate(raw)
+        plan = Plan.model_validate(raw)
     except ValidationError as exc:
         raise data_files.one_line(exc, f"plan {path.name}") from None
+    if plan.stack_profile is None and data_files.names_a_file(plan.stack):
+        # a plan written before plans kept their stack file's profile: read the file from the plan's folder (then
+        # from the current one) and keep it, so its copies need no file
+        try:
+            plan.stack_profile = load_stack(data_files.beside(plan.stack, path))
+        except MeshplanError:
+            pass  # not here: the commands that need it say which file (one line)
+    return plan
 
 
 def plan_yaml(plan: Plan) -> str:
@@ -350,6 +378,8 @@ def plan_yaml(plan: Plan) -> str:
     body = {**plan.model_dump(mode="json"), "model": _model_dump(plan.model)}
     if plan.finetune is None:  # a pre-training plan reads as it did before fine-tuning existed
         body.pop("finetune")
+    if plan.stack_profile is None:  # a built-in stack: its id says it all
+        body.pop("stack_profile")
     if not plan.parallel.cpu_offload:
         body["parallel"].pop("cpu_offload")
     if plan.parallel.fsdp_reshard_after_forward == "default":  # reads as before the field existed

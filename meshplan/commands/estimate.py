@@ -18,7 +18,7 @@ from meshplan.estimator.model_spec import load_model
 from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import load_stack
 from meshplan.planner.labels import model_size
-from meshplan.planner.plan_file import load_plan, make_plan, save_plan
+from meshplan.planner.plan_file import load_plan, make_plan, profile_kept, save_plan
 
 
 class Schedule(StrEnum):
@@ -78,7 +78,10 @@ def estimate_cmd(
     fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
     init_from: str = typer.Option(None, "--init-from", help="with -o: the Hugging Face checkpoint folder the plan "
                                   "starts from (recorded in the plan; `meshplan launch --init-from` sets it too)"),
-    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile: torchtitan (current release), torchtitan-2024, llm-foundry, or a YAML path"),
+    stack: str = typer.Option(
+        None, "--stack", help="framework behaviour profile: torchtitan (current release), torchtitan-2026-03, "
+        "torchtitan-2024, llm-foundry, generic, or a YAML path; with --plan, instead of the plan's own "
+        "[default: torchtitan]"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of tables"),
     plan_path: Path = typer.Option(None, "--plan", help="estimate the configuration of this plan file instead"),
     output: Path = typer.Option(None, "--output", "-o", help="write a plan file for exactly this configuration"),
@@ -100,7 +103,9 @@ def estimate_cmd(
     """
     if plan_path is not None:
         plan = load_plan(plan_path)
-        result = estimate(plan.model, plan.hardware, plan.train_config(), load_stack(plan.stack))
+        if stack is not None:  # the plan under another stack profile (and so written with -o)
+            plan = plan.model_copy(update={"stack": stack, "stack_profile": profile_kept(stack)})
+        result = estimate(plan.model, plan.hardware, plan.train_config(), plan.stack_of())
         if output is not None:
             save_plan(plan.model_copy(update={"estimate": result}), output)
         if trace:
@@ -118,6 +123,7 @@ def estimate_cmd(
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
     )
+    stack = stack or "torchtitan"
     result = estimate(spec, hw, cfg, load_stack(stack))
     if output is not None or trace:
         plan = make_plan(spec, model, hw, cfg, result, stack=stack, tokens=int(tokens) if tokens else None, name=name,

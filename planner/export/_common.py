@@ -101,10 +101,8 @@ def preset_of(plan: Plan) -> str | None:
 def estimated_with_fsdp_everywhere(plan: Plan) -> bool | None:
     """Whether the plan's stack wraps FSDP2 on every layout (torchtitan since 2026-04, 0.3.0: `fsdp_every_layout`);
     None where its stack file cannot be read here (a path on another machine)."""
-    from meshplan.estimator.stack import load_stack
-
     try:
-        return bool(load_stack(plan.stack).fsdp_every_layout)
+        return bool(plan.stack_of().fsdp_every_layout)
     except MeshplanError:
         return None
 
