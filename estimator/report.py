@@ -74,6 +74,8 @@ def estimate(
             w += f"; predicted anyway: the bubble is {r['pp_bubble'] / max(r['step_time_s'], 1e-12):.0%} of the step"
         elif key == "fp32_without_fsdp":
             w += f"; predicted as it runs: MFU {r['mfu']:.0%}"
+        elif key == "ddp_alone":
+            w += "; the figures are those of a layout this release refuses"
         warnings.append(w)
     if peak > usable * memory_margin:
         warnings.append(

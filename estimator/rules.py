@@ -223,6 +223,11 @@ RULES: tuple[Rule, ...] = (
          "bfloat16, or --stack torchtitan (0.3.0 wraps FSDP2 with one shard and trains it in bf16)",
          lambda m, c, hw: ((c.tp > 1) | (c.pp > 1)) & (c.dp_shard * c.cp == 1) & (c.bf16_state == 0),
          predicted=True, ranking=True),
+    Rule(32, "ddp_alone", "dp_replicate {dp_replicate} without FSDP (dp_shard x cp = 1) beside tp {tp} x pp {pp}: "
+         "torchtitan 0.2.2's DDP runs only as the whole mesh (it raises 'DDP has not supported > 1D parallelism'): "
+         "use dp_shard >= 2 (HSDP), or --stack torchtitan (0.3.0 wraps FSDP2 on it with one shard)",
+         lambda m, c, hw: (c.dp_replicate > 1) & ((c.tp > 1) | (c.pp > 1)) & (c.dp_shard * c.cp == 1),
+         predicted=True, ranking=True),
     Rule(26, "offload_float8", "CPU offload with Float8 is not supported (torchao's Float8 all-gather expects GPU "
          "shards): use float8 none", lambda m, c, hw: (c.cpu_offload > 0) & (c.float8 != int(Float8.NONE))),
 )
@@ -266,13 +271,14 @@ def _violations_of_arrays(model: ModelSpec, c: ConfigArrays, hw: HardwareProfile
 def stack_skips(stack) -> frozenset[str]:
     """Keys of the rules that describe torchtitan's behaviour and do not hold for `stack` (a StackProfile): without
     FSDP a stack whose mixed precision does not need it (or that wraps FSDP2 on every layout) trains TP and PP in
-    bf16, not fp32; a stack that splits tied embeddings runs a tied model with TP or PP; a stack whose TP linears
+    bf16, not fp32, and replicates beside them; a stack that splits tied embeddings runs a tied model with TP or PP; a stack whose TP linears
     overlap their own collectives runs async TP eager; a stack that pads the vocabulary runs any tp over it; a stack
     with its own virtual-stage split runs any pp x vpp its layers fill."""
     if stack is None:
         return frozenset()
     fp32_lifted = not stack.mixed_precision_needs_fsdp or stack.fsdp_every_layout
     return frozenset(key for key, lifted in (("fp32_without_fsdp", fp32_lifted),
+                                             ("ddp_alone", not stack.ddp_runs_alone or stack.fsdp_every_layout),
                                              ("tied_embeddings", stack.splits_tied_embeddings),
                                              ("async_tp_compile", not stack.async_tp_needs_compile),
                                              ("tp_vocab", stack.pads_vocab),

@@ -211,6 +211,9 @@ class StackProfile(BaseModel):
     process_host_gib: float = Field(ge=0, description="host RAM per training process, GiB")
     mixed_precision_needs_fsdp: bool = Field(
         default=False, description="TP or PP without FSDP/HSDP/CP trains in fp32 (torchtitan's maybe_enable_amp)")
+    ddp_runs_alone: bool = Field(
+        default=False, description="DDP (dp_replicate without FSDP) runs only as the whole mesh, never beside TP or PP "
+        "(torchtitan's parallelize before fsdp_every_layout: 'DDP has not supported > 1D parallelism')")
     fsdp_every_layout: bool = Field(
         default=False, description="FSDP2 wraps the model on every layout, on a mesh of one shard where dp_shard x cp "
         "is 1 (one GPU, DDP-style dp_replicate, TP or PP alone): its MixedPrecisionPolicy trains them in bf16, no "

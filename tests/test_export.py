@@ -442,3 +442,21 @@ def test_an_export_to_the_other_release_of_a_plan_without_fsdp_says_what_it_runs
         assert len([line for line in out.stderr.splitlines() if line.startswith("note:")]) == 1
     out = cli("export", str(path), "-f", "torchtitan-py", "-o", str(tmp_path / "job.py"))
     assert out.returncode == 0 and "note:" not in out.stderr
+
+
+def test_the_toml_export_refuses_ddp_beside_tp_which_0_2_2_raises_on(tmp_path):
+    """torchtitan 0.2.2 applies DDP only where dp_replicate is the whole mesh (parallelize_llama raises 'DDP has not
+    supported > 1D parallelism'): a dp_replicate x tp plan without FSDP is refused for its TOML in one line, and the
+    0.3.0 exports (FSDP2 with one shard there) take it; DDP alone is exported."""
+    both = make("llama3-8b", 16, global_batch_size=16, dp_replicate=2, dp_shard=1, tp=8, dtype="bfloat16")
+    with pytest.raises(MeshplanError, match="DDP only where dp_replicate is the whole mesh.*torchtitan-py") as e:
+        render(both, "torchtitan-toml", "p.yaml")
+    assert "\n" not in str(e.value)
+    assert "data_parallel_replicate_degree" in render(both, "torchtitan-py", "p.yaml")
+    alone = make("llama3-8b", 8, global_batch_size=8, dp_replicate=8, dp_shard=1)
+    assert "data_parallel_replicate_degree = 8" in render(alone, "torchtitan-toml", "p.yaml")
+    path = tmp_path / "plan.yaml"
+    save_plan(both, path)
+    out = cli("export", str(path), "-f", "torchtitan-toml", "-o", str(tmp_path / "job.toml"))
+    assert out.returncode != 0 and "1D parallelism" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "job.toml").exists()

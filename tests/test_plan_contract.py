@@ -53,9 +53,13 @@ def test_top_plans_pass_the_core_and_export(search):
             refused.append(f"#{rank}: {exc}")
             continue
         assert cfg.world_size == plan.cluster.gpus and cfg.ep == plan.parallel.ep
-        # the exporter takes it (real parsers: test_torchtitan_real); 0.2.2 has no Qwen3 pipeline: 0.3.0's command line
-        qwen3_pp = plan.model.name.startswith("qwen3") and plan.parallel.pp > 1
-        render(plan, "torchtitan-cli" if qwen3_pp else "torchtitan-toml", "p.yaml")
+        # the exporter takes it (real parsers: test_torchtitan_real); 0.2.2 has no Qwen3 pipeline, and runs DDP only
+        # as the whole mesh (these plans are the current release's, which replicates beside TP / PP through FSDP2):
+        # 0.3.0's command line
+        p = plan.parallel
+        qwen3_pp = plan.model.name.startswith("qwen3") and p.pp > 1
+        ddp_beside = p.dp_replicate > 1 and p.dp_shard * p.cp == 1 and p.tp * p.pp > 1
+        render(plan, "torchtitan-cli" if qwen3_pp or ddp_beside else "torchtitan-toml", "p.yaml")
     assert not refused, "\n".join(refused)
 
 

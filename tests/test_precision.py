@@ -90,6 +90,27 @@ def test_tp_without_fsdp_trains_in_fp32_and_is_not_planned():
     assert len(res.ranked) == 0 and res.reason_counts().get("fp32_without_fsdp", 0) > 0
 
 
+def test_ddp_beside_tp_is_not_planned_for_releases_that_refuse_it():
+    """torchtitan 0.2.2 applies DDP only where dp_replicate is the whole mesh ("DDP has not supported > 1D
+    parallelism"): a bf16 dp_replicate 2 x tp 8 layout is not ranked for it, and its estimate says why; the current
+    release wraps FSDP2 with one shard there, and Megatron-style frameworks replicate beside TP."""
+    space = SearchSpace(dtype="bfloat16", dp_replicate=[2], cp=[1], pp=[1], tp=[8])  # dp_shard 1
+    old = plan_search(M8, H100, OLD, 16, 8, 8192, 64, space=space)
+    assert len(old.ranked) == 0 and old.reason_counts().get("ddp_alone", 0) > 0
+    for stack in (TT, load_stack("generic")):
+        res = plan_search(M8, H100, stack, 16, 8, 8192, 64, space=space)
+        assert len(res.ranked) > 0 and "ddp_alone" not in res.reason_counts()
+        assert {res.config(int(i))["dp_replicate"] for i in res.ranked} == {2}
+    cfg = TrainConfig(gpus=16, dp_replicate=2, dp_shard=1, tp=8, seq_len=8192, global_batch_size=64, dtype="bfloat16")
+    (warning,) = [w for w in estimate(M8, H100, cfg, OLD)["warnings"] if "DDP" in w]
+    assert "1D parallelism" in warning and "dp_shard >= 2" in warning and "refuses" in warning
+    assert not any("DDP" in w for w in estimate(M8, H100, cfg, TT)["warnings"])
+    # DDP alone (the whole mesh) is not refused for it (8B replicated only runs out of memory)
+    alone = plan_search(M8, H100, OLD, 8, 8, 8192, 64,
+                        space=SearchSpace(dtype="bfloat16", dp_replicate=[8], cp=[1], pp=[1], tp=[1]))
+    assert set(alone.reason_counts()) == {"memory"}
+
+
 def test_hsdp_all_reduce_follows_every_microbatch():
     """torchtitan's FSDP2 (and DDP) reduce on each microbatch's backward: HSDP's all-reduce runs m times a step."""
     one = raw(gpus=16, dp_replicate=2, dp_shard=8, seq_len=4096, global_batch_size=16, micro_batch_size=1)

@@ -169,6 +169,11 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
                             f"{ {'lora': 'LoRA', 'qlora': 'QLoRA'}[plan.finetune.mode]}"
                             " (LoRA arrived with 0.3.0's LoRAConverter, QLoRA in neither): export -f torchtitan-py "
                             "for LoRA on 0.3.0, or launch the plan with meshplan's core")
+    if p.dp_replicate > 1 and p.dp_shard * p.cp == 1 and (p.tp > 1 or p.pp > 1):
+        raise MeshplanError(f"torchtitan-toml: torchtitan 0.2.2 applies DDP only where dp_replicate is the whole mesh "
+                            f"(it raises 'DDP has not supported > 1D parallelism' for dp_replicate {p.dp_replicate} "
+                            f"beside tp {p.tp} x pp {p.pp}): plan with dp_shard >= 2 (HSDP), or export -f "
+                            "torchtitan-py / torchtitan-cli for 0.3.0, which wraps FSDP2 on it")
     preset = preset_of(plan)
     titan = TITAN_MODELS[preset] if preset else None
     if titan is not None and p.pp > 1 and not titan.pipelining_022:
