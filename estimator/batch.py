@@ -73,6 +73,7 @@ def estimate_arrays(
         "grads_after_backward": mem.grads_after_backward_bytes,
         "peak_phase": mem.peak_phase,
         "unsharded_params_max": mem.unsharded_params_max_bytes,
+        "weight_copies": mem.weight_copies_bytes,
         "host_bytes_per_node": host_bytes_per_node(stack, lay, state),
         "host_offload_bytes_per_node": offloaded_bytes_per_node(lay, state),
         "trainable_params_rank": state.trainable_sharded,

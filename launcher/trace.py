@@ -151,10 +151,22 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
             "training dtype bfloat16: the model is built in bf16, so params, grads, AdamW state and activations "
             "are bf16 in this trace (no fp32 master copy)"
         )
-    elif cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1 and not cfg.fsdp_one_rank:
+    elif not cfg.fsdp and cfg.tp * cfg.pp > 1:
         notes.append(
-            "no FSDP: the training core then trains in fp32 (no mixed-precision policy), so params, "
-            "activations and grads are fp32 in this trace"
+            "no FSDP beside TP or PP: the training core then trains in fp32 (torchtitan 0.2.2's rule: no mixed "
+            "precision without FSDP), so params, activations and grads are fp32 in this trace"
+        )
+    elif not cfg.fsdp:
+        where = "DDP replicas" if cfg.ddp else "one device"
+        notes.append(
+            f"no FSDP ({where}, torchtitan 0.2.2's rule): the training core trains under torch.autocast, as this "
+            "trace does: fp32 params, grads and AdamW state, bf16 copies of the matmul weights and bf16 activations"
+        )
+    if cfg.ddp:
+        notes.append(
+            "DDP is not applied in the trace (its reducer would allocate real gradient buckets under fake tensors): "
+            "the buckets it keeps beside the gradients (gradient_as_bucket_view off, as torchtitan leaves it) are in "
+            "the analytical grads and total, not in the traced ones"
         )
     if cfg.pp > 1:
         notes.append(
@@ -288,9 +300,11 @@ def trace_rank(cfg: RunConfig, rank: int, progress: Progress | None = None) -> R
                 part.to_empty(device=device)
                 part.init_rope(device)
 
-        fsdp = cfg.dp_replicate * cfg.dp_shard * cfg.cp > 1 or cfg.fsdp_one_rank  # FSDP2's MixedPrecisionPolicy
+        fsdp = cfg.fsdp
         say(f"rank {rank}: building and sharding the model")
-        trainer = Trainer(cfg, device, materialize=materialize, mixed_precision=fsdp)
+        # the GPU run's dtypes: FSDP2's MixedPrecisionPolicy where it wraps, else torch.autocast on one device or
+        # under DDP, fp32 for TP or PP alone (as the core does on a GPU)
+        trainer = Trainer(cfg, device, materialize=materialize, mixed_precision=True)
         part, opt = trainer.parts[0], trainer.optimizers[0]
         for group in opt.param_groups:
             group["foreach"] = False

@@ -44,7 +44,8 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
     counter AdamW keeps per parameter tensor (too small to model; added to the analytical side);
     unsharded_params: the maximum of all-gathered bf16 params + all-gather buffers; activations: what the
     forward leaves saved for backward at the end of a microbatch's forward (in-flight microbatches
-    included, the stage output excluded); total: tensor memory at the step-2 peak vs the analytical
+    included, the stage output excluded; without FSDP on one device or under DDP, autocast's bf16 weight copies
+    too, on both sides); total: tensor memory at the step-2 peak vs the analytical
     allocated (pre-fragmentation) memory. Under LoRA `params` is the frozen weights and the adapters together.
     Under CPU offload (traced without it) two more rows: `offloaded`, the traced sharded state vs the model's
     host bytes per rank, and `total`, the traced peak without that state vs the model's GPU peak with offload."""
@@ -65,7 +66,8 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
             "grads": a["grads_after_backward"],
             "optimizer": a["optimizer_states"] + 4 * r.param_tensors,
             "unsharded_params": a["unsharded_params_max"],
-            "activations": a["saved_activations"],
+            # autocast's weight copies, cached to the loss and saved for backward, are saved tensors to the trace
+            "activations": a["saved_activations"] + a["weight_copies"],
             "total": a["allocated_bytes"],
         }
         row = {

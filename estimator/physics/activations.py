@@ -17,8 +17,15 @@ from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics import finetune, moe
 from meshplan.estimator.physics.layout import Layout, sequence_shards
 from meshplan.estimator.physics.shapes import RankParams
-from meshplan.estimator.physics.state import fp32_compute
+from meshplan.estimator.physics.state import fp32_compute, weight_copy_bytes
 from meshplan.estimator.stack import StackProfile
+
+# fp32 weights under torch.autocast keep the residual stream in fp32: bytes per token per unit of hidden a block saves
+# beyond bf16's without AC (its norms' inputs and the residual sums) and with AC (the block input), and the head's
+# (the final norm's input); counted by tracing the core's eager blocks under autocast, the same at hidden 512 and 1024
+AUTOCAST_FP32_STREAM_NONE = 8.0
+AUTOCAST_FP32_STREAM_AC = 2.0
+AUTOCAST_FP32_HEAD = 2.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,15 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
     attn_lora = attn_none + xp.minimum(lora_none, 0.0)  # LoRA's removals are the attention's and MLP's inputs
     wide = xp.where(fp32_compute(stack, lay), 2.0, 1.0)  # fp32 training: every activation twice as wide
     act, temp, head = act * wide, temp * wide, head * wide
+    # fp32 weights under torch.autocast (one device or DDP, torchtitan 0.2.2): the embedding's output, so the residual
+    # stream and the norms' inputs, stay fp32 (only matmuls cast to bf16): bytes per token per unit of hidden beyond
+    # bf16's, traced on the core's blocks (`meshplan trace`, tests/launcher/test_trace.py, exact at two widths)
+    # (eager: a compiled block saves what its partitioner picks, `compile_activation_factor`, measured on GPUs)
+    cast = (weight_copy_bytes(stack, lay) > 0) & xp.logical_not(lay.compiled)
+    seq_t = sequence_shards(stack, model, lay)
+    fp32_stream = xp.where(lay.full_ac | lay.selective_ac, AUTOCAST_FP32_STREAM_AC, AUTOCAST_FP32_STREAM_NONE)
+    act = act + xp.where(cast, fp32_stream * h / seq_t, 0.0)
+    head = head + xp.where(cast, AUTOCAST_FP32_HEAD * h / seq_t, 0.0)
     return Activations(
         saved_per_token_layer=act, block_bytes=act * lay.tokens_mb,
         backward_temp_bytes=temp, logits_bytes=logits, loss_saved_bytes=loss_saved,

@@ -85,6 +85,8 @@ class StageMemory:
     grads_after_backward_bytes: np.ndarray  # sharded fp32 gradients once the step's backward is done
     peak_phase: np.ndarray  # index into PEAK_PHASES (float array)
     unsharded_params_max_bytes: np.ndarray  # all-gathered bf16 parameters at their most (a block's backward)
+    # autocast's bf16 weight copies (no FSDP: one device, DDP) cached at the end of a forward and saved for backward
+    weight_copies_bytes: np.ndarray
 
     def where(self, worse: np.ndarray, other: StageMemory) -> StageMemory:
         """Element-wise: `other` where `worse`, else this."""
@@ -97,6 +99,7 @@ class StageMemory:
             peak_phase=xp.where(worse, other.peak_phase, self.peak_phase),
             unsharded_params_max_bytes=xp.where(worse, other.unsharded_params_max_bytes,
                                                 self.unsharded_params_max_bytes),
+            weight_copies_bytes=xp.where(worse, other.weight_copies_bytes, self.weight_copies_bytes),
         )
 
 
@@ -232,6 +235,7 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
         grads_after_backward_bytes=gf,
         peak_phase=xp.as_float(phase),
         unsharded_params_max_bytes=xp.maximum(up.backward, up.stage),
+        weight_copies_bytes=xp.where(lay.fsdp, 0.0, up.loss),
     )
 
 

@@ -147,6 +147,18 @@ class RunConfig(BaseModel):
         return self.dp_replicate * self.dp_shard
 
     @property
+    def ddp(self) -> bool:
+        """Whether the replicas train through DDP (torchtitan 0.2.2's apply_ddp): dp_replicate is the whole mesh and
+        FSDP2 does not wrap every layout (fsdp_one_rank off)."""
+        return 1 < self.dp_replicate == self.world_size and not self.fsdp_one_rank
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether FSDP2 wraps the model: where it shards (dp_shard x cp > 1), over replicas that are not DDP's (HSDP,
+        or beside TP / PP), and everywhere with fsdp_one_rank."""
+        return (self.dp_replicate * self.dp_shard * self.cp > 1 and not self.ddp) or self.fsdp_one_rank
+
+    @property
     def local_batch_size(self) -> int:
         """Sequences each data-parallel rank takes per optimizer step."""
         return self.global_batch_size // self.dp

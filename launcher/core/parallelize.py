@@ -138,12 +138,21 @@ class Parallel:
         return self.sparse_view["efsdp"]
 
     @property
+    def ddp_mesh(self) -> DeviceMesh | None:
+        """The dp_replicate mesh where the plan replicates through DDP, as torchtitan did before 2026-04 (0.2.2's
+        apply_ddp): dp_replicate is the whole mesh and the stack does not wrap FSDP2 on every layout; else None."""
+        return self.mesh["dp_replicate"] if self.cfg.ddp else None
+
+    @property
     def fsdp_mesh(self) -> DeviceMesh | None:
         """FSDP shards over dp_shard*cp (cp ranks share the weights); HSDP adds dp_replicate. With fsdp_one_rank a
-        mesh of one rank, so FSDP2's hooks, copies and collectives run with nothing to shard."""
+        mesh of one rank, so FSDP2's hooks, copies and collectives run with nothing to shard. None where nothing
+        shards without fsdp_one_rank, and under DDP (:attr:`ddp_mesh`)."""
         cfg = self.cfg
         if cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1:
             return self.fsdp_view["dp_shard_cp"] if cfg.fsdp_one_rank else None
+        if cfg.ddp:
+            return None
         if cfg.dp_replicate > 1:
             return self.fsdp_view["dp_replicate", "dp_shard_cp"]
         return self.fsdp_view["dp_shard_cp"]
@@ -310,6 +319,8 @@ def parallelize_part(
     if materialize is not None:
         materialize(model)
         return model
+    if par.ddp_mesh is not None:
+        apply_ddp(model, par.ddp_mesh, cfg.compile)
     # CPU offload: FSDP2 wants the weights materialised on the host (torchtitan's init_device "cpu")
     weights_device = torch.device("cpu") if offload else par.device
     if qlora:
@@ -520,6 +531,17 @@ def apply_expert_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_
         if block.moe:
             fully_shard(block.feed_forward.experts, mesh=mesh, mp_policy=mp,
                         reshard_after_forward=reshard_after_forward, shard_placement_fn=lambda p: Shard(1))
+
+
+def apply_ddp(model: Transformer, mesh: DeviceMesh, compiled: bool) -> None:
+    """torchtitan 0.2.2's apply_ddp: torch's composable replicate (DDP) over the dp_replicate mesh, 100 MB gradient
+    buckets; the model stays fp32 and trains under torch.autocast (the training loop's amp context). Applied before
+    the weights are materialised: DDP builds its buckets at the first forward."""
+    from torch.distributed._composable.replicate import replicate
+
+    if compiled:
+        torch._dynamo.config.optimize_ddp = "ddp_optimizer"
+    replicate(model, device_mesh=mesh, bucket_cap_mb=100)
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, cuda: bool, reshard_after_forward: bool,

@@ -2,10 +2,11 @@
 
     torchrun --standalone --nproc-per-node N tests/launcher/cases_worker.py CASES.json OUT.json
 
-CASES.json: a list of {"name", "config" (a full RunConfig mapping), "mode": "losses" | "grads" | "finetune"}.
+CASES.json: a list of {"name", "config" (a full RunConfig mapping), "mode": "losses" | "grads" | "finetune" | "wrap"}.
 Every case is run through the real training core (`launcher.core.train`); rank 0 writes {name: result} to
 OUT.json, where a result is the per-step losses, or for "grads" the loss and the full (unsharded) gradient norms
-and checksums after one forward/backward, or for "finetune" what `finetune_case` checks, or {"error": message}.
+and checksums after one forward/backward, or for "finetune" what `finetune_case` checks, or for "wrap" how the core
+wrapped the model (`wrap_case`), or {"error": message}.
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ def grads_case(cfg: RunConfig, device: torch.device) -> dict:
             g = g.full_tensor() if isinstance(g, DTensor) else g
             grads[clean_fqn(name)] = g.detach().float().cpu().flatten().tolist()
     return {"loss": loss, "grads": grads}
+
+
+def wrap_case(cfg: RunConfig, device: torch.device) -> dict:
+    """The classes of the model parts (FSDPTransformer under FSDP2, DDPTransformer under DDP), the parameters' types
+    and dtypes, and whether the training step runs under torch.autocast (after one step, the losses too)."""
+    trainer = Trainer(cfg, device)
+    params = [p for part in trainer.parts for p in part.parameters()]
+    with trainer._amp_context():
+        autocast = torch.is_autocast_enabled(device.type)
+    return {"parts": sorted({type(part).__name__ for part in trainer.parts}),
+            "param_types": sorted({type(p).__name__ for p in params}),
+            "dtypes": sorted({str(p.dtype) for p in params}), "autocast": autocast,
+            "loss": trainer.train_step()["loss"]}
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -111,6 +125,8 @@ def main() -> None:
             cfg = RunConfig.from_dict(case["config"])
             if case.get("mode") == "grads":
                 out[case["name"]] = grads_case(cfg, device)
+            elif case.get("mode") == "wrap":
+                out[case["name"]] = wrap_case(cfg, device)
             elif case.get("mode") == "finetune":
                 out[case["name"]] = finetune_case(cfg, device)
             else:

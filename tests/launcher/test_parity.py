@@ -87,7 +87,8 @@ LAYOUTS_2 = {
     # 6 stages for 4 layers + embedding + output: the first stage holds the embedding alone, the last the output alone
     "pp2_interleaved_vpp3": {"pp": 2, "vpp": 3, "pp_schedule": "Interleaved1F1B"},
     "cp2": {"cp": 2},
-    "hsdp_replicate2": {"dp_replicate": 2},
+    "ddp_replicate2": {"dp_replicate": 2},  # torchtitan 0.2.2's DDP (composable replicate), under grad accumulation
+    "replicate2_fsdp_one_rank": {"dp_replicate": 2, "fsdp_one_rank": True},  # 0.3.0: FSDP2 over the replicas
     "gpt_tp2": {"tp": 2, "model": GPT_STYLE},
     "gpt_tied_fsdp2": {"dp_shard": 2, "model": {**GPT_STYLE, "tied_embeddings": True}},
     "gemma_tp2": {"tp": 2, "model": GEMMA_STYLE},
@@ -156,6 +157,9 @@ def two_features(tmp_path_factory):
     cases.append(
         {"name": "compile_tp2_grads", "mode": "grads", "config": config(tmp / "cg", tp=2, compile=True)}
     )
+    for name, one_rank in (("ddp", False), ("fsdp_one_rank", True)):
+        cases.append({"name": f"wrap_replicate2_{name}", "mode": "wrap",
+                      "config": config(tmp / f"w{name}", dp_replicate=2, fsdp_one_rank=one_rank)})
     return run_cases(2, cases, tmp)
 
 
@@ -213,6 +217,17 @@ def test_two_rank_layouts_match_single_process(two_layouts, single, name):
 )
 def test_two_rank_features_match_single_process(two_features, single, name):
     _assert_losses(two_features[name], single["ref"]["losses"])
+
+
+def test_replicas_alone_run_ddp_before_2026_04_and_fsdp2_since(two_features):
+    """dp_replicate as the whole mesh: torchtitan 0.2.2's DDP (torch's composable replicate: plain fp32 parameters)
+    for a plan of the older stack, FSDP2 with one shard (DTensor parameters) for the current one's (fsdp_one_rank).
+    On the GPU the first trains under autocast; this CPU run is fp32, so neither does here."""
+    ddp, fsdp = two_features["wrap_replicate2_ddp"], two_features["wrap_replicate2_fsdp_one_rank"]
+    assert "error" not in ddp and "error" not in fsdp, (ddp, fsdp)
+    assert (ddp["parts"], ddp["param_types"]) == (["DDPTransformer"], ["Parameter"])
+    assert (fsdp["parts"], fsdp["param_types"]) == (["FSDPTransformer"], ["DTensor"])
+    assert ddp["loss"] == pytest.approx(fsdp["loss"], rel=RTOL)
 
 
 def test_ac_selective_single_process(single):
