@@ -69,6 +69,18 @@ def results_022(tmp_path_factory) -> dict:
     bad = d / "bad.toml"
     bad.write_text(render(p, "torchtitan-toml", "plan.yaml").replace("[training]", "[training]\nnum_tokens = 1"))
     reqs["bad"] = {"argv": ["--job.config_file", str(bad)], "world_size": p.cluster.gpus}
+    # and the parallelize step: dp_replicate 2 beside tp 8 without FSDP (the export refuses it; forced here)
+    p = plan("llama3-8b", 16, tp=8, global_batch_size=16, seq_len=8192)
+    ddp = d / "ddp-beside-tp.toml"
+    text = render(p, "torchtitan-toml", "plan.yaml")
+    assert "data_parallel_shard_degree = 2" in text
+    ddp.write_text(text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2")
+                   .replace("data_parallel_shard_degree = 2", "data_parallel_shard_degree = 1"))
+    reqs["ddp-beside-tp"] = {"argv": ["--job.config_file", str(ddp)], "world_size": 16, "cc": CC[p.hardware.id]}
+    p = plan("llama3-8b", 8, dp_replicate=8, global_batch_size=16, seq_len=8192)  # DDP alone: exported
+    alone = d / "ddp-alone.toml"
+    alone.write_text(render(p, "torchtitan-toml", "plan.yaml"))
+    reqs["ddp-alone"] = {"argv": ["--job.config_file", str(alone)], "world_size": 8, "cc": CC[p.hardware.id]}
     return probe("0.2.2", reqs | {"split": SPLIT})
 
 
@@ -76,10 +88,19 @@ def results_022(tmp_path_factory) -> dict:
 def test_0_2_2_parses_the_toml_export_as_planned(results_022, case):
     r = results_022[case]
     assert "error" not in r, r.get("error")
+    # 0.2.2's own parallelize function takes the layout (pipelines are split above, not parallelized here)
+    assert r["parallelize"].startswith("ok: ") or CASES_022[case].parallel.pp > 1, r["parallelize"]
     compare("0.2.2", case, expected(CASES_022[case], "output"), actual_022(r), tolerances(CASES_022[case]))
     if CASES_022[case].parallel.float8 == "tensorwise":  # FSDP float8 all-gather + precomputed scales
         assert r["float8"] == [{"fsdp_float8_all_gather": True, "precompute_scale": True,
                                 "scaling": "ScalingGranularity.TENSORWISE"}]
+
+
+def test_0_2_2_refuses_ddp_beside_tp_as_the_export_and_the_planner_do(results_022):
+    """The refusal of `torchtitan-toml` and of the torchtitan-2026-03 planner (rule ddp_alone) is the release's own:
+    its parallelize function raises on dp_replicate 2 beside tp 8 without FSDP."""
+    assert results_022["ddp-beside-tp"]["parallelize"] == "RuntimeError: DDP has not supported > 1D parallelism"
+    assert results_022["ddp-alone"]["parallelize"] == "ok: DDPTransformer"  # what the core runs for such a plan
 
 
 def test_0_2_2_rejects_a_field_it_does_not_know(results_022):

@@ -28,10 +28,13 @@ What a "parse" request runs, all of it the release's code:
   reporting the parameters' dtypes; then its Float8 converters (0.2.2 `build_model_converters` + `convert`;
   0.3.0 they ran inside model_registry), reporting which Linear layers were converted;
 * the optimizer built from the config on a 2x2 Linear (real torch AdamW), and the release's LR scheduler
-  stepped through every training step.
+  stepped through every training step;
+* on 0.2.2 without PP, the release's own parallelize function on that model (`parallelize_022`): TP, CP, AC,
+  the compile wrapping and FSDP / HSDP / DDP over a fake process group of the world size, on a CPU mesh.
 
-The one thing not real: GPU capability. The Float8/MXFP8 converters refuse to build unless
-`torch.cuda.get_device_capability()` is at least SM89 / SM100, which no CPU has; with "cc" in the request,
+Not real: GPU capability, and (parallelize_022) the mesh's device type, CPU. The Float8/MXFP8 converters refuse
+to build unless `torch.cuda.get_device_capability()` is at least SM89 / SM100, which no CPU has; with "cc" in the
+request,
 the converters' `has_cuda_capability` answers as a GPU of that capability would (the plan's GPU: H100 = 9.0,
 B200 = 10.0). Without "cc" the gate is left alone (and fails, as on any CPU).
 """
@@ -212,7 +215,7 @@ def probe_022(req: dict) -> dict:
     opt = build_optimizers([nn.Linear(2, 2)], cfg.optimizer, dims)
     group = dict(opt.optimizers[0].param_groups[0])  # before the LR scheduler scales "lr" by its first factor
     sched = build_lr_schedulers(opt, cfg.lr_scheduler, cfg.training.steps)
-    return {
+    out = {
         "config": dataclasses.asdict(cfg),
         "dims": {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": dims.tp,
                  "pp": dims.pp, "world_size": dims.world_size, "ep": dims.ep, "etp": dims.etp},
@@ -231,6 +234,29 @@ def probe_022(req: dict) -> dict:
                       "eps": group["eps"], "weight_decay": group["weight_decay"]},
         "lr_factors": lr_factors(sched, cfg.training.steps),
     }
+    # last: it wraps the model's modules (FSDP2 renames their classes)
+    out["parallelize"] = parallelize_022(spec, model, dims, cfg) if dims.pp == 1 else "pipeline: not applied"
+    return out
+
+
+def parallelize_022(spec, model, dims, cfg) -> str:
+    """The release's own parallelize function (TP, CP, AC, compile wrapping, FSDP / HSDP or DDP) on the meta model,
+    over a fake process group of the world size on a CPU mesh: "ok: <class of the wrapped model>", or the error it
+    raised (0.2.2 refuses DDP beside TP, say). The mesh's device type is the one stand-in (a CPU has no CUDA)."""
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dims.world_size)
+    parallel_dims.device_type = "cpu"
+    try:
+        dims.build_mesh()
+        wrapped = spec.parallelize_fn(model, dims, cfg)
+    except Exception as exc:  # noqa: BLE001 - what the release raised, reported
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.destroy_process_group()
+    return f"ok: {type(wrapped if wrapped is not None else model).__name__}"
 
 
 def probe_030(req: dict) -> dict:
