@@ -30,12 +30,12 @@ What a "parse" request runs, all of it the release's code:
 * the optimizer built from the config on a 2x2 Linear (real torch AdamW), and the release's LR scheduler
   stepped through every training step;
 * on 0.2.2 without PP, the release's own parallelize function on that model (`parallelize_022`): TP, CP, AC,
-  the compile wrapping and FSDP / HSDP / DDP over a fake process group of the world size, on a CPU mesh.
+  the compile wrapping and FSDP / HSDP / DDP over a fake process group of the world size, on a CPU mesh (0.3.0's
+  is not run: under its default spmd_types backend this CPU build leaves plain tensors its FSDP step refuses).
 
 Not real: GPU capability, and (parallelize_022) the mesh's device type, CPU. The Float8/MXFP8 converters refuse
 to build unless `torch.cuda.get_device_capability()` is at least SM89 / SM100, which no CPU has; with "cc" in the
-request,
-the converters' `has_cuda_capability` answers as a GPU of that capability would (the plan's GPU: H100 = 9.0,
+request, the converters' `has_cuda_capability` answers as a GPU of that capability would (the plan's GPU: H100 = 9.0,
 B200 = 10.0). Without "cc" the gate is left alone (and fails, as on any CPU).
 """
 

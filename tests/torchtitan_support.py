@@ -99,8 +99,11 @@ FT_030 = {  # 0.3.0's LoRAConverter: every linear (q, k, v fused into wqkv) or t
                                 lora_targets=("w1", "w2", "w3"), cpu_offload=True, init_from="/ckpt/llama3-8b",
                                 global_batch_size=16, seq_len=4096, ac="selective"),
 } | FT_022
+# 0.3.0 only: dp_replicate beside TP without FSDP, which it wraps in FSDP2 with one shard (0.2.2's DDP refuses it)
+LAYOUT_030 = {"8b-replicate2-tp8": plan("llama3-8b", 16, dp_replicate=2, tp=8, global_batch_size=16, seq_len=4096,
+                                        ac="full")}
 CASES_022 = cases(float8_tensorwise=True) | MOE_022 | FT_022
-CASES_030 = cases(float8_tensorwise=False) | MOE_030 | FT_030
+CASES_030 = cases(float8_tensorwise=False) | MOE_030 | FT_030 | LAYOUT_030
 # What 0.3.0's command line can express: the config function's built-in Float8 must be the plan's.
 CLI_CASES = ["8b-fsdp-accum", "405b-pp-interleaved", "8b-hsdp-cp", "70b-pp-1f1b", "70b-pp8-even-split",
              "qwen3-30b-ep8-full-ac", "70b-full-offload", "8b-tp8-bf16"]
