@@ -238,6 +238,26 @@ class Trainer:
             return loss_parallel()
         return nullcontext()
 
+    def wrapping(self) -> str:
+        """What the core applied, read off the model (one line for the run log): the data-parallel wrapper (FSDP2, or
+        DDP for torchtitan 0.2.2's replicas), the layout and the compute precision."""
+        cfg = self.cfg
+        names = {type(part).__name__ for part in self.parts}
+        wrapper = ("FSDP2" if any(n.startswith("FSDP") for n in names)
+                   else "DDP (torch replicate)" if any(n.startswith("DDP") for n in names) else "no data-parallel wrapper")
+        mixed = self.device.type == "cuda" if self.par.mixed_precision is None else self.par.mixed_precision
+        if isinstance(self._amp_context(), torch.autocast):
+            precision = "torch.autocast bf16 over fp32 weights"
+        elif cfg.dtype == "bfloat16":
+            precision = "bf16 throughout"
+        elif mixed and self.par.fsdp_mesh is not None:
+            precision = "bf16 compute (FSDP2 MixedPrecisionPolicy), fp32 state"
+        else:
+            precision = "fp32"
+        layout = " x ".join(f"{d} {getattr(cfg, d)}" for d in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
+                            if getattr(cfg, d) > 1) or "one rank"
+        return f"{wrapper}; {layout}; {precision}"
+
     def _amp_context(self) -> Any:
         """torch.autocast to bf16 where torchtitan uses it (maybe_enable_amp): fp32 training without FSDP, TP or PP,
         on the GPU (or under the memory trace's GPU policy). In this core that is one device: replicas run FSDP2 over
@@ -389,6 +409,8 @@ def run(cfg: RunConfig, device: torch.device, log: bool = True, stop: StopFlag |
     # the checkpoints (they come from init_from, or the seed, again)
     frozen = cfg.finetune in ("lora", "qlora")
     trainer = Trainer(cfg, device, init_weights=path is None or frozen)
+    if rank == 0 and log:
+        print(f"model: {trainer.wrapping()}", flush=True)
     if cfg.dtype != "float32" and rank == 0 and log:  # what the model was built in, read off its parameters
         built = sorted({str(p.dtype).removeprefix("torch.") for p in trainer.params})
         print(f"training dtype {cfg.dtype}: trainable parameters in {', '.join(built)} (their gradients and AdamW "
