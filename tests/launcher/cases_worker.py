@@ -55,7 +55,7 @@ def wrap_case(cfg: RunConfig, device: torch.device) -> dict:
         autocast = torch.is_autocast_enabled(device.type)
     return {"parts": sorted({type(part).__name__ for part in trainer.parts}),
             "param_types": sorted({type(p).__name__ for p in params}),
-            "dtypes": sorted({str(p.dtype) for p in params}), "autocast": autocast,
+            "dtypes": sorted({str(p.dtype) for p in params}), "autocast": autocast, "log": trainer.wrapping(),
             "loss": trainer.train_step()["loss"]}
 
 

@@ -228,6 +228,8 @@ def test_replicas_alone_run_ddp_before_2026_04_and_fsdp2_since(two_features):
     assert (ddp["parts"], ddp["param_types"]) == (["DDPTransformer"], ["Parameter"])
     assert (fsdp["parts"], fsdp["param_types"]) == (["FSDPTransformer"], ["DTensor"])
     assert ddp["loss"] == pytest.approx(fsdp["loss"], rel=RTOL)
+    # what the run log says it applied (`model:` line)
+    assert (ddp["log"], fsdp["log"]) == ("DDP (torch replicate); dp_replicate 2; fp32", "FSDP2; dp_replicate 2; fp32")
 
 
 def test_ac_selective_single_process(single):
