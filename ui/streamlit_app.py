@@ -7,6 +7,7 @@ the sweep is cached per input, so a rerun after a widget change costs well under
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +31,7 @@ from meshplan.estimator.errors import MeshplanError  # noqa: E402
 from meshplan.estimator.limits import MAX_TOKENS  # noqa: E402
 from meshplan.planner.search import OBJECTIVES, explain_empty  # noqa: E402
 from meshplan.planner.tree import batch_note  # noqa: E402
-from meshplan.ui.web import cache  # noqa: E402
+from meshplan.ui.web import cache, compute  # noqa: E402
 from meshplan.ui.web.compute import Job, price_of, time_to_train  # noqa: E402
 from meshplan.ui.web.inputs import (  # noqa: E402
     FINETUNE_MODES,
@@ -53,6 +54,8 @@ from meshplan.ui.web.views import time_cost as views_time_cost  # noqa: E402
 from meshplan.ui.web.views import tree as views_tree  # noqa: E402
 from meshplan.ui.web.views.context import Context  # noqa: E402
 
+# the stack profile every estimate uses: `meshplan web --stack` (a built-in id or a YAML path) sets it
+STACK = os.environ.get("MESHPLAN_STACK") or "torchtitan"
 DEFAULTS = {
     "model_src": "preset", "model": "llama3-70b", "hardware": "h100-sxm", "nodes": 8, "seq_len": 8192,
     "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
@@ -296,7 +299,7 @@ def job_of_inputs() -> tuple[Job, float | None]:
     batch = global_batch_sequences(int(st.session_state["batch_tokens" if unit == "tokens" else "batch_seqs"]),
                                    unit, seq)
     return Job.make(model, model_source, hw, int(st.session_state["nodes"]), int(st.session_state["gpn"]), seq,
-                    batch, float(st.session_state["margin"]), st.session_state["objective"], pins), budget
+                    batch, float(st.session_state["margin"]), st.session_state["objective"], pins, STACK), budget
 
 
 stale = None  # the message of a bad input while the page shows the last inputs that worked
@@ -322,6 +325,9 @@ key, seq_len, gbs = job.key(), job.seq_len, job.global_batch
 
 price = price_of(hw)
 st.title(f"{model.name} on {job.nodes} × {job.gpus_per_node} {hw.id}")
+if job.stack != "torchtitan":  # `meshplan web --stack`: every number is this profile's
+    st.caption(f"Stack profile **{compute.load_stack(job.stack).id}** ({job.stack}): every estimate, and the plans "
+               "downloaded, use it.")
 if stale:
     st.warning(f"Stale: these results are for the last inputs that worked. {stale}", icon=":material/history:")
 counts = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in res.reason_counts().items())

@@ -69,6 +69,9 @@ def tui_cmd(
     reshard: str = typer.Option("default", "--fsdp-reshard-after-forward", help="torchtitan's parallelism."
                                 "fsdp_reshard_after_forward: default | always | never; the form's reshard field"),
     theme: str = typer.Option("dark", "--theme", help="dark | light (d toggles it in the app)"),
+    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile every search uses: a "
+                              "built-in id (torchtitan, torchtitan-2026-03, llm-foundry, generic, ...) or a stack YAML "
+                              "(the one `meshplan calibrate` writes); the exported plans keep it"),
 ) -> None:
     """Plan in the terminal: the form, ranked plans with memory bars (per pipeline stage), throughput,
     time-to-train and cost, the decision tree, side-by-side and hardware comparisons; export the plan,
@@ -79,6 +82,8 @@ def tui_cmd(
 
     Example: meshplan tui --model llama3-70b --hardware h100-sxm --nodes 8 --tokens 2T
 
+    Your own calibrated profile: meshplan tui --model llama3-70b --stack ./mycluster.yaml
+
     Fine-tuning: meshplan tui --model llama3-70b --nodes 2 --seq-len 4096 --global-batch-size 32 --finetune lora
     """
     if theme not in THEMES:
@@ -87,11 +92,14 @@ def tui_cmd(
         raise MeshplanError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if importlib.util.find_spec("textual") is None:
         raise MeshplanError("the terminal UI needs textual: pip install 'meshplan[ui]'")
+    from meshplan.estimator.stack import load_stack
+
+    load_stack(stack)  # a bad name or file: one line here, not inside the app
     values = form_values(model, hardware, nodes, gpus_per_node, seq_len, global_batch_size, global_batch_tokens,
                          tokens, memory_margin, objective, finetune, cpu_offload, lora_rank, dtype, reshard)
     check_terminal()
     from meshplan.ui.tui.app import MeshplanApp
 
-    app = MeshplanApp(values, theme=theme)
+    app = MeshplanApp(values, theme=theme, stack=stack)
     app.run()
     raise typer.Exit(app.return_code or 0)  # an unexpected crash inside the app is a non-zero exit

@@ -71,6 +71,9 @@ def web_cmd(
         "127.0.0.1", "--address",
         help="interface to listen on: this machine only by default (reach a login node with ssh -L 8501:localhost:8501); "
              "0.0.0.0 serves every interface"),
+    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile every estimate uses: a "
+                              "built-in id (torchtitan, torchtitan-2026-03, llm-foundry, generic, ...) or a stack YAML "
+                              "(the one `meshplan calibrate` writes); the downloaded plans keep it"),
 ) -> None:
     """Open meshplan in the browser: ranked plans, memory per GPU and per pipeline stage, the sweep, the
     decision tree, time-to-train and cost across hardware, side-by-side comparison, and downloads of the
@@ -79,11 +82,20 @@ def web_cmd(
     Serves ui/streamlit_app.py with Streamlit (headless); open the URL it prints. Ctrl-C stops it.
 
     Example: meshplan web --port 8501
+
+    Your own calibrated profile: meshplan web --stack ./mycluster.yaml
     """
     if importlib.util.find_spec("streamlit") is None or importlib.util.find_spec("plotly") is None:
         raise MeshplanError("the web app needs streamlit and plotly: pip install 'meshplan[ui]'")
+    from meshplan.estimator import data_files
+    from meshplan.estimator.stack import load_stack
+
+    load_stack(stack)  # a bad name or file: one line here, not in the browser
+    if data_files.names_a_file(stack):
+        stack = str(Path(stack).resolve())
     cmd = streamlit_command(port, address)
     check_port_free(port, address)
+    os.environ["MESHPLAN_STACK"] = stack  # read by the app (ui/streamlit_app.py), which this process becomes
     typer.echo(f"meshplan web: serving on http://{address or '0.0.0.0'}:{port} (Ctrl-C stops)", err=True)
     sys.stdout.flush()
     sys.stderr.flush()

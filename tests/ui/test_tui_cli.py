@@ -164,6 +164,8 @@ def test_tui_cmd_rejects_bad_options():
     assert isinstance(result.exception, MeshplanError) and "--theme" in str(result.exception)
     result = CliRunner().invoke(_cli(), ["tui", "--objective", "fast"])  # was silently `throughput`
     assert isinstance(result.exception, MeshplanError) and "throughput, time, cost" in str(result.exception)
+    result = CliRunner().invoke(_cli(), ["tui", "--stack", "nope"])  # before the app starts, naming the choices
+    assert isinstance(result.exception, MeshplanError) and "torchtitan-2026-03" in str(result.exception)
     with pytest.raises(MeshplanError, match="not both"):
         tui.form_values("m", "h", 1, None, 8192, 512, 4096, None, 0.9, "throughput")
 

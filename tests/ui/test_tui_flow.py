@@ -451,3 +451,41 @@ async def _test_training_dtype_and_reshard_policy_from_the_form(tmp_path):
 
 def test_training_dtype_and_reshard_policy_from_the_form(tmp_path):
     asyncio.run(_test_training_dtype_and_reshard_policy_from_the_form(tmp_path))
+
+
+async def _test_a_stack_profile_of_ones_own(tmp_path):
+    """`meshplan tui --stack ./mycluster.yaml`: every search uses the team's profile (the header names it), and the
+    plan exported from it keeps that profile, so it estimates the same where the YAML is not."""
+    mine = tmp_path / "mycluster.yaml"
+    mine.write_text("id: mycluster\nextends: torchtitan\nelementwise_passes: 120.0\n")
+    values = {"model": "llama3-8b", "nodes": "1", "seq_len": "4096", "batch": "32", "tokens": ""}
+    tps = {}
+    for stack in ("torchtitan", str(mine)):
+        app = MeshplanApp(values, stack=stack)
+        async with app.run_test(size=(120, 34)) as pilot:
+            await settle(pilot)
+            screen = main_screen(app)
+            res = screen.result.res
+            assert res.stack.id == ("mycluster" if stack != "torchtitan" else "torchtitan")
+            assert ("stack mycluster" in screen.result.describe()) == (stack != "torchtitan")
+            tps[stack] = float(res.tps[res.ranked[0]])
+            if stack == "torchtitan":
+                continue
+            await pilot.press("escape", "p", "e")
+            out = tmp_path / "exported"
+            app.focused.value = str(out)
+            await pilot.press("enter")
+            await pilot.pause()
+    assert tps[str(mine)] < tps["torchtitan"]  # more elementwise passes: a slower estimate
+    from meshplan.estimator import estimate
+    from meshplan.planner.plan_file import load_plan
+
+    mine.unlink()  # the cluster has the plan, not the team's YAML
+    plan = load_plan(next(out.glob("*.yaml")))
+    assert plan.stack == str(mine) and plan.stack_of().id == "mycluster"
+    est = estimate(plan.model, plan.hardware, plan.train_config(), plan.stack_of())
+    assert est["throughput"]["tokens_per_sec_per_gpu"] == plan.estimate["throughput"]["tokens_per_sec_per_gpu"]
+
+
+def test_a_stack_profile_of_ones_own(tmp_path):
+    asyncio.run(_test_a_stack_profile_of_ones_own(tmp_path))

@@ -305,3 +305,22 @@ def test_training_dtype_and_reshard_policy_drive_the_search_labels_and_exports(w
     assert plan.training.dtype == "bfloat16" and plan.parallel.fsdp_reshard_after_forward == "never"
     toml = next(v for n, v in web_downloads.items() if n.endswith(".toml")).decode()
     assert 'dtype = "bfloat16"' in toml and 'fsdp_reshard_after_forward = "never"' in toml
+
+
+def test_a_stack_profile_of_ones_own(web_app, web_downloads, monkeypatch, tmp_path):
+    """`meshplan web --stack ./mycluster.yaml` (MESHPLAN_STACK for the app): the page names the profile, every estimate
+    is its own, and the downloaded plan keeps it."""
+    mine = tmp_path / "mycluster.yaml"
+    mine.write_text("id: mycluster\nextends: torchtitan\nelementwise_passes: 120.0\n")
+    default = ranked(web_app(model="llama3-8b")).iloc[0]
+    monkeypatch.setenv("MESHPLAN_STACK", str(mine))
+    at = web_app(model="llama3-8b")
+    no_errors(at)
+    assert any("Stack profile **mycluster**" in c.value for c in at.caption), [c.value for c in at.caption]
+    first = ranked(at).iloc[0]
+    assert first.tokens_per_sec_per_gpu < default.tokens_per_sec_per_gpu  # more elementwise passes: slower
+    at.session_state["view"] = "Export"
+    at.run()
+    plan_file = next(f for f in web_downloads if f.endswith(".yaml"))
+    plan = Plan.model_validate(yaml.safe_load(web_downloads[plan_file]))
+    assert plan.stack == str(mine) and plan.stack_profile is not None and plan.stack_profile.id == "mycluster"

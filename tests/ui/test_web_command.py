@@ -42,8 +42,9 @@ def test_web_cmd_execs_streamlit(monkeypatch):
     """Streamlit replaces the meshplan process (os.execv): a SIGTERM to `meshplan web` reaches the server."""
     seen = []
     monkeypatch.setattr(web.os, "execv", lambda path, argv: seen.append((path, argv)))
+    monkeypatch.setenv("MESHPLAN_STACK", "torchtitan")  # restored after the test: the command sets it
     port = free_port()
-    web.web_cmd(port=port, address="127.0.0.1")
+    web.web_cmd(port=port, address="127.0.0.1", stack="torchtitan")
     cmd = web.streamlit_command(port, "127.0.0.1")
     assert seen == [(cmd[0], cmd)] and cmd[0] == sys.executable
 
@@ -86,6 +87,7 @@ def test_web_listens_on_this_machine_only_unless_asked(monkeypatch):
     require_module("plotly")
     seen = []
     monkeypatch.setattr(web.os, "execv", lambda path, argv: seen.append(argv))
+    monkeypatch.setenv("MESHPLAN_STACK", "torchtitan")  # restored after the test: the command sets it
     port = free_port()
     result = CliRunner().invoke(app, ["web", "--port", str(port)])
     assert result.exit_code == 0, result.output
@@ -93,3 +95,25 @@ def test_web_listens_on_this_machine_only_unless_asked(monkeypatch):
     assert opts["--server.address"] == "127.0.0.1"
     CliRunner().invoke(app, ["web", "--port", str(port), "--address", "0.0.0.0"])
     assert dict(zip(seen[1][5::2], seen[1][6::2], strict=True))["--server.address"] == "0.0.0.0"
+
+
+def test_web_stack_reaches_the_app_as_an_absolute_path(monkeypatch, tmp_path):
+    """`meshplan web --stack FILE` hands the app (MESHPLAN_STACK, inherited through execv) the file's absolute path;
+    a built-in id as it is; an unknown one is refused in one line before anything starts."""
+    from typer.testing import CliRunner
+
+    from meshplan.cli import app
+
+    require_module("streamlit")
+    require_module("plotly")
+    (tmp_path / "mine.yaml").write_text("id: mine\nextends: torchtitan\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MESHPLAN_STACK", "torchtitan")  # restored (unset) after the test: the command sets it
+    seen = []
+    monkeypatch.setattr(web.os, "execv", lambda path, argv: seen.append(web.os.environ["MESHPLAN_STACK"]))
+    port = free_port()
+    assert CliRunner().invoke(app, ["web", "--port", str(port), "--stack", "mine.yaml"]).exit_code == 0
+    assert CliRunner().invoke(app, ["web", "--port", str(port), "--stack", "llm-foundry"]).exit_code == 0
+    assert seen == [str(tmp_path / "mine.yaml"), "llm-foundry"]
+    bad = CliRunner().invoke(app, ["web", "--port", str(port), "--stack", "nope"])
+    assert bad.exit_code != 0 and "unknown stack profile 'nope'" in str(bad.exception) and len(seen) == 2

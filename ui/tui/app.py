@@ -8,6 +8,7 @@ the worker thread that runs the first sweep, after the first frame is on screen.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from rich.text import Text
@@ -63,9 +64,10 @@ class MainScreen(PlanActions, Screen):
     ZOOM = {"plans": "#detail-box", "tree": "#dtree", "compare": "#compare-box", "hardware": "#hw-table",
             "capacity": "#cap-table"}
 
-    def __init__(self, values: dict[str, str]):
+    def __init__(self, values: dict[str, str], stack: str = "torchtitan"):
         super().__init__()
         self.values = values
+        self.stack = stack  # every search's stack profile (`meshplan tui --stack`)
         self.result = None  # logic.Result on screen
         self.attempted: Inputs | None = None  # the inputs of the last search started
         self.sort_key, self.sort_reverse = "rank", False
@@ -130,6 +132,7 @@ class MainScreen(PlanActions, Screen):
             kept = " — previous results kept" if self.result is not None else ""
             self.set_message(Text("✗ " + "; ".join(errors.values()) + kept), "error")
             return False
+        inp = dataclasses.replace(inp, stack=self.stack)
         if inp == self.attempted and not force:
             self.set_status(*self.status)  # back to what the last search said (the form may have shown an error)
             return True
@@ -515,13 +518,14 @@ class MeshplanApp(App):
         Binding("f1", "help", "help", show=False),
     ]
 
-    def __init__(self, values: dict[str, str] | None = None, theme: str = "dark"):
+    def __init__(self, values: dict[str, str] | None = None, theme: str = "dark", stack: str = "torchtitan"):
         super().__init__()
         self.initial = {**DEFAULTS, **{k: str(v) for k, v in (values or {}).items() if v is not None}}
         self.initial_theme = THEMES.get(theme, theme)
+        self.stack = stack
 
     def get_default_screen(self) -> Screen:
-        return MainScreen(self.initial)
+        return MainScreen(self.initial, self.stack)
 
     def on_mount(self) -> None:
         self.theme = self.initial_theme
@@ -555,12 +559,13 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=f"{FIELDS[name][0]} "
                        f"[default: {DEFAULTS[name] or 'the profile'}]")
     p.add_argument("--theme", choices=tuple(THEMES), default="dark")
+    p.add_argument("--stack", default="torchtitan", help="stack profile id or YAML path [default: torchtitan]")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = vars(parser().parse_args(argv))
-    theme = args.pop("theme")
-    app = MeshplanApp(args, theme=theme)
+    theme, stack = args.pop("theme"), args.pop("stack")
+    app = MeshplanApp(args, theme=theme, stack=stack)
     app.run()
     raise SystemExit(app.return_code or 0)  # non-zero when the app crashed

@@ -107,6 +107,7 @@ class Inputs:
     lora_rank: int = 16
     dtype: str = "float32"  # torchtitan's training.dtype: a TRAINING_DTYPES value
     reshard: str = "default"  # torchtitan's parallelism.fsdp_reshard_after_forward: a RESHARD_POLICIES value
+    stack: str = "torchtitan"  # the stack profile (`meshplan tui --stack`): a built-in id or a YAML path; not a field
 
     def space_fields(self) -> dict:
         """The training inputs as SearchSpace fields (pre-training with the planner's offload choice: none)."""

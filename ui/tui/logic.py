@@ -58,6 +58,8 @@ class Result:
         if ft:
             kind += " · " + {"full": "full FT", "lora": "LoRA", "qlora": "QLoRA"}[ft["finetune"]]
             kind += f" r{ft['lora_rank']}" if ft["finetune"] != "full" else ""
+        if r.stack.id != "torchtitan":  # `meshplan tui --stack`: another framework or the team's calibrated profile
+            kind += f" · stack {r.stack.id}"
         return (f"{r.model.name}{kind} · {self.nodes}x{r.gpus_per_node} {r.hw.id} · seq {r.seq_len} · gbs "
                 f"{r.global_batch} · {len(r.ranked):,}/{r.evaluated:,} fit")
 
@@ -76,7 +78,7 @@ def load_inputs(inp: Inputs):
         hw = load_hardware(inp.hardware)
     except MeshplanError as exc:
         raise FieldError("hardware", f"hardware: {exc}") from None
-    return model, hw, load_stack("torchtitan")
+    return model, hw, load_stack(inp.stack)
 
 
 def run(inp: Inputs) -> Result:
@@ -303,7 +305,7 @@ def build_plan(result: Result, i: int):
     res = result.res
     tokens = result.inputs.tokens
     return make_plan(res.model, result.inputs.model, res.hw, res.train_config(i), estimate_of(result, i),
-                     stack=res.stack.id, tokens=int(tokens) if tokens else None)
+                     stack=result.inputs.stack, tokens=int(tokens) if tokens else None)
 
 
 def export_files(result: Result, i: int, directory: str | Path, partition: str | None = None,
