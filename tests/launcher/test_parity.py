@@ -103,6 +103,8 @@ FEATURES_2 = {
     "float8_rowwise_tp2": {"tp": 2, "float8": "rowwise"},
     "compile_tp2": {"tp": 2, "compile": True},
     "compile_fsdp2_ac_selective": {"dp_shard": 2, "compile": True, "ac": "selective"},
+    # torchtitan 0.2.2's DDP with compiled blocks (dynamo's ddp_optimizer, as its apply_ddp sets)
+    "compile_ddp_replicate2": {"dp_replicate": 2, "compile": True},
 }
 LAYOUTS_4 = {
     "fsdp2_tp2": {"dp_shard": 2, "tp": 2},
@@ -213,7 +215,7 @@ def test_two_rank_layouts_match_single_process(two_layouts, single, name):
 
 
 @pytest.mark.parametrize(
-    "name", ["ac_selective_fsdp2", "ac_full_tp2", "compile_tp2", "compile_fsdp2_ac_selective"]
+    "name", ["ac_selective_fsdp2", "ac_full_tp2", "compile_tp2", "compile_fsdp2_ac_selective", "compile_ddp_replicate2"]
 )
 def test_two_rank_features_match_single_process(two_features, single, name):
     _assert_losses(two_features[name], single["ref"]["losses"])
