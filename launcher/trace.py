@@ -165,8 +165,8 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
     if cfg.ddp:
         notes.append(
             "DDP is not applied in the trace (its reducer would allocate real gradient buckets under fake tensors): "
-            "the buckets it keeps beside the gradients (gradient_as_bucket_view off, as torchtitan leaves it) are in "
-            "the analytical grads and total, not in the traced ones"
+            "the buckets it keeps beside the gradients (gradient_as_bucket_view off, as torchtitan leaves it) are "
+            "left out of the analytical grads and total too, and stay analytical"
         )
     if cfg.pp > 1:
         notes.append(

@@ -45,7 +45,8 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
     unsharded_params: the maximum of all-gathered bf16 params + all-gather buffers; activations: what the
     forward leaves saved for backward at the end of a microbatch's forward (in-flight microbatches
     included, the stage output excluded; without FSDP on one device or under DDP, autocast's bf16 weight copies
-    too, on both sides); total: tensor memory at the step-2 peak vs the analytical
+    too, on both sides; under DDP its gradient buckets, not traced, are taken out of the analytical grads and
+    total); total: tensor memory at the step-2 peak vs the analytical
     allocated (pre-fragmentation) memory. Under LoRA `params` is the frozen weights and the adapters together.
     Under CPU offload (traced without it) two more rows: `offloaded`, the traced sharded state vs the model's
     host bytes per rank, and `total`, the traced peak without that state vs the model's GPU peak with offload."""
@@ -70,6 +71,10 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
             "activations": a["saved_activations"] + a["weight_copies"],
             "total": a["allocated_bytes"],
         }
+        if cfg.ddp:  # DDP's gradient buckets are not traced (DDP is not applied under fake tensors): out of both sides
+            buckets = ddp_bucket_bytes(cfg, stack, a["grads_after_backward"])
+            model["grads"] -= buckets
+            model["total"] -= buckets
         row = {
             "rank": r.rank,
             "pp_rank": r.pp_rank,
@@ -89,6 +94,15 @@ def compare(result: TraceResult, hw: Any, stack: Any) -> list[dict[str, Any]]:
                               "error": {k: (m_off[k] / t_off[k] - 1) if t_off[k] else 0.0 for k in OFFLOAD_COMPARED}}
         rows.append(row)
     return rows
+
+
+def ddp_bucket_bytes(cfg: RunConfig, stack: Any, grads_bytes: float) -> float:
+    """Bytes of DDP's gradient buckets within the estimator's gradient bytes `grads_bytes` of a DDP rank: a copy of
+    every gradient beside it (gradient_as_bucket_view off), bf16 for bf16 training, `replicated_state.grad_buckets`
+    bytes a parameter against `grads` bytes otherwise."""
+    rs = stack.replicated_state
+    share = 0.5 if cfg.dtype == "bfloat16" else rs.grad_buckets / max(rs.grads + rs.grad_buckets, 1e-9)
+    return grads_bytes * share
 
 
 def embedding_partial_bytes(cfg: RunConfig, pp_rank: int) -> int:

@@ -298,3 +298,21 @@ def test_cpu_offload_trace_shows_what_leaves_the_gpu():
         assert off["error"]["offloaded"] == pytest.approx(0.0, abs=1e-9)
         assert abs(off["error"]["total"]) <= 0.10
         assert off["traced"]["total"] < row["traced"]["total"] / 1.4
+
+
+def test_ddp_replicas_trace_under_autocast_with_the_buckets_left_analytical():
+    """dp_replicate as the whole mesh on the torchtitan-2026-03 stack (0.2.2's DDP): traced under autocast as the
+    GPU run is; DDP itself is not applied under fake tensors, so its gradient buckets (a copy of every fp32 gradient)
+    leave the analytical grads and total, and the state and activation rows then agree. (The totals are not compared:
+    the trace's peak is a forward's, without buckets, where the estimate's is the optimizer step's.)"""
+    c = cfg(1, ac="selective", dp_replicate=2, global_batch_size=2)
+    assert c.ddp
+    result = trace_config(c)
+    assert any("DDP is not applied in the trace" in n for n in result.notes)
+    assert any("DDP replicas" in n and "torch.autocast" in n for n in result.notes)
+    (row,) = compare(result, HW, OLD_STACK["autocast-one-device-selective"])
+    a = analytical_terms(c, HW, OLD_STACK["autocast-one-device-selective"], 0)
+    assert row["analytical"]["grads"] == pytest.approx(a["grads_after_backward"] / 2)  # 4 bytes + 4 of buckets
+    for key in ("params", "grads", "optimizer"):
+        assert abs(row["error"][key]) < 1e-3, (key, row["error"])
+    assert abs(row["error"]["activations"]) <= 0.10, row["error"]
