@@ -271,9 +271,9 @@ def _violations_of_arrays(model: ModelSpec, c: ConfigArrays, hw: HardwareProfile
 def stack_skips(stack) -> frozenset[str]:
     """Keys of the rules that describe torchtitan's behaviour and do not hold for `stack` (a StackProfile): without
     FSDP a stack whose mixed precision does not need it (or that wraps FSDP2 on every layout) trains TP and PP in
-    bf16, not fp32, and replicates beside them; a stack that splits tied embeddings runs a tied model with TP or PP; a stack whose TP linears
-    overlap their own collectives runs async TP eager; a stack that pads the vocabulary runs any tp over it; a stack
-    with its own virtual-stage split runs any pp x vpp its layers fill."""
+    bf16, not fp32, and replicates beside them; a stack that splits tied embeddings runs a tied model with TP or
+    PP; a stack whose TP linears overlap their own collectives runs async TP eager; a stack that pads the
+    vocabulary runs any tp over it; a stack with its own virtual-stage split runs any pp x vpp its layers fill."""
     if stack is None:
         return frozenset()
     fp32_lifted = not stack.mixed_precision_needs_fsdp or stack.fsdp_every_layout

@@ -152,7 +152,8 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
     h = float(model.hidden)
     # the head's saved inputs on the last stage: the final norm's input (sequence-sharded under TP) and the
     # output projection's input (all-gathered under TP; not saved when LoRA freezes the projection), bf16
-    head = xp.where(lay.has_tp, 2 * h / sequence_shards(stack, model, lay) + 2 * h, 4 * h) - xp.where(lay.lora, 2 * h, 0.0)
+    seq_t = sequence_shards(stack, model, lay)
+    head = xp.where(lay.has_tp, 2 * h / seq_t + 2 * h, 4 * h) - xp.where(lay.lora, 2 * h, 0.0)
     attn_none, _ = attention_saved(model, stack, lay)
     lora_none, _ = finetune.lora_saved_delta(model, lay)
     attn_lora = attn_none + xp.minimum(lora_none, 0.0)  # LoRA's removals are the attention's and MLP's inputs
@@ -163,7 +164,6 @@ def activations(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPara
     # bf16's, traced on the core's blocks (`meshplan trace`, tests/launcher/test_trace.py, exact at two widths)
     # (eager: a compiled block saves what its partitioner picks, `compile_activation_factor`, measured on GPUs)
     cast = (weight_copy_bytes(stack, lay) > 0) & xp.logical_not(lay.compiled)
-    seq_t = sequence_shards(stack, model, lay)
     fp32_stream = xp.where(lay.full_ac | lay.selective_ac, AUTOCAST_FP32_STREAM_AC, AUTOCAST_FP32_STREAM_NONE)
     act = act + xp.where(cast, fp32_stream * h / seq_t, 0.0)
     head = head + xp.where(cast, AUTOCAST_FP32_HEAD * h / seq_t, 0.0)

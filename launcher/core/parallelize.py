@@ -105,6 +105,12 @@ class Parallel:
     # so that its fake tensors have the dtypes of the GPU run.
     mixed_precision: bool | None = None
 
+    @property
+    def mixed(self) -> bool:
+        """Whether the model computes in bf16 as on the GPU (FSDP2's policy, or autocast without FSDP): on CUDA,
+        or where the memory trace asks for it on the CPU (`mixed_precision`)."""
+        return self.device.type == "cuda" if self.mixed_precision is None else self.mixed_precision
+
     def size(self, dim: str) -> int:
         return self.mesh[dim].size()
 
@@ -146,12 +152,10 @@ class Parallel:
     @property
     def fsdp_mesh(self) -> DeviceMesh | None:
         """FSDP shards over dp_shard*cp (cp ranks share the weights); HSDP adds dp_replicate. With fsdp_one_rank a
-        mesh of one rank, so FSDP2's hooks, copies and collectives run with nothing to shard. None where nothing
-        shards without fsdp_one_rank, and under DDP (:attr:`ddp_mesh`)."""
+        mesh of one rank, so FSDP2's hooks, copies and collectives run with nothing to shard. None where FSDP2 does
+        not wrap the model (`RunConfig.fsdp`: nothing shards without fsdp_one_rank, or DDP's replicas)."""
         cfg = self.cfg
-        if cfg.dp_replicate * cfg.dp_shard * cfg.cp == 1:
-            return self.fsdp_view["dp_shard_cp"] if cfg.fsdp_one_rank else None
-        if cfg.ddp:
+        if not cfg.fsdp:
             return None
         if cfg.dp_replicate > 1:
             return self.fsdp_view["dp_replicate", "dp_shard_cp"]
@@ -267,7 +271,7 @@ def parallelize_part(
     init_weights: bool = True, pretrained: Pretrained | None = None,
 ) -> Transformer:
     """LoRA -> Float8 -> TP -> CP -> AC -> compile -> (QLoRA's NF4) -> FSDP -> materialise, on one model part."""
-    mixed = par.device.type == "cuda" if par.mixed_precision is None else par.mixed_precision
+    mixed = par.mixed
     if cfg.finetune in ("lora", "qlora"):
         from meshplan.launcher.core.lora import apply_lora
 

@@ -243,14 +243,13 @@ class Trainer:
         DDP for torchtitan 0.2.2's replicas), the layout and the compute precision."""
         cfg = self.cfg
         names = {type(part).__name__ for part in self.parts}
-        wrapper = ("FSDP2" if any(n.startswith("FSDP") for n in names)
-                   else "DDP (torch replicate)" if any(n.startswith("DDP") for n in names) else "no data-parallel wrapper")
-        mixed = self.device.type == "cuda" if self.par.mixed_precision is None else self.par.mixed_precision
+        wrapper = ("FSDP2" if any(n.startswith("FSDP") for n in names) else
+                   "DDP (torch replicate)" if any(n.startswith("DDP") for n in names) else "no data-parallel wrapper")
         if isinstance(self._amp_context(), torch.autocast):
             precision = "torch.autocast bf16 over fp32 weights"
         elif cfg.dtype == "bfloat16":
             precision = "bf16 throughout"
-        elif mixed and self.par.fsdp_mesh is not None:
+        elif self.par.mixed and self.par.fsdp_mesh is not None:
             precision = "bf16 compute (FSDP2 MixedPrecisionPolicy), fp32 state"
         else:
             precision = "fp32"
@@ -264,8 +263,7 @@ class Trainer:
         the replicate mesh and cast through its MixedPrecisionPolicy, as FSDP does; TP or PP without FSDP trains in
         fp32, as torchtitan does."""
         cfg = self.cfg
-        mixed = self.device.type == "cuda" if self.par.mixed_precision is None else self.par.mixed_precision
-        if mixed and cfg.dtype == "float32" and self.par.fsdp_mesh is None and cfg.tp == 1 and cfg.pp == 1:
+        if self.par.mixed and cfg.dtype == "float32" and self.par.fsdp_mesh is None and cfg.tp == 1 and cfg.pp == 1:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 

@@ -18,7 +18,7 @@ import math
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.physics.stages import less_fields
-from meshplan.estimator.rules import titan_layers_per_stage
+from meshplan.estimator.rules import predicted_warnings, titan_layers_per_stage
 from meshplan.planner.export._common import (
     RESHARD_NOTES,
     TITAN_MODELS,
@@ -169,7 +169,7 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
                             f"{ {'lora': 'LoRA', 'qlora': 'QLoRA'}[plan.finetune.mode]}"
                             " (LoRA arrived with 0.3.0's LoRAConverter, QLoRA in neither): export -f torchtitan-py "
                             "for LoRA on 0.3.0, or launch the plan with meshplan's core")
-    if p.dp_replicate > 1 and p.dp_shard * p.cp == 1 and (p.tp > 1 or p.pp > 1):
+    if any(key == "ddp_alone" for key, _ in predicted_warnings(plan.model, None, plan.rule_fields())):
         raise MeshplanError(f"torchtitan-toml: torchtitan 0.2.2 applies DDP only where dp_replicate is the whole mesh "
                             f"(it raises 'DDP has not supported > 1D parallelism' for dp_replicate {p.dp_replicate} "
                             f"beside tp {p.tp} x pp {p.pp}): plan with dp_shard >= 2 (HSDP), or export -f "
