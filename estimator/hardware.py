@@ -65,7 +65,12 @@ class HardwareProfile(BaseModel):
         default=1.0, ge=0, description="CUDA/ROCm context, NCCL and library workspaces outside torch's allocator"
     )
     hbm_bandwidth_tbs: float = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, description="GPUs per host (one launcher per node, host RAM per node)")
+    scale_up_domain_gpus: int | None = Field(
+        default=None, gt=0,
+        description="GPUs one scale-up fabric joins (NVLink switch domain), where it spans several hosts: a GB200 "
+                    "NVL72 rack joins 72 GPUs of 18 four-GPU trays, so TP, CP, EP and FSDP groups of up to 72 "
+                    "ranks ride NVLink (intra_node_gbs) between trays; none: the node (gpus_per_node)")
     intra_node_gbs: float = Field(gt=0, description="per-GPU unidirectional scale-up bandwidth, GB/s")
     intra_node_efficiency: float = Field(gt=0, le=1.2, description="ring-collective busbw / intra_node_gbs")
     nvlink_pair_gbs: float | None = Field(
@@ -107,6 +112,12 @@ class HardwareProfile(BaseModel):
     @property
     def supports_fp8(self) -> bool:
         return self.peak_tflops_fp8 is not None
+
+    def scale_up_gpus(self, gpus_per_node: int | None = None) -> int:
+        """GPUs joined by the scale-up fabric (NVLink) for nodes of `gpus_per_node` GPUs (default: the profile's):
+        the NVLink domain where it spans hosts, else the node."""
+        gpn = self.gpus_per_node if gpus_per_node is None else int(gpus_per_node)
+        return max(gpn, self.scale_up_domain_gpus or 0)
 
     @property
     def usable_hbm_gib(self) -> float:

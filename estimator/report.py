@@ -112,8 +112,14 @@ def estimate(
             "with one shard here and trains bf16 through its MixedPrecisionPolicy, so 'FSDP comm' is its parameter "
             "and gradient copies, no collective; --stack torchtitan-2026-03 estimates 0.2.2's rules (autocast; no "
             "mixed precision for TP or PP alone)")
-    if cfg.tp > cfg.gpus_per_node:
-        warnings.append(f"tp {cfg.tp} spans nodes ({cfg.gpus_per_node} GPUs per node): TP traffic crosses the network")
+    nvlink = hw.scale_up_gpus(cfg.gpus_per_node)
+    if cfg.tp > nvlink:
+        warnings.append(f"tp {cfg.tp} spans nodes (NVLink joins {nvlink} GPUs): TP traffic crosses the network")
+    elif nvlink > cfg.gpus_per_node and cfg.gpus > cfg.gpus_per_node:
+        warnings.append(
+            f"{hw.name}: NVLink joins {nvlink} GPUs across nodes of {cfg.gpus_per_node}, so groups of up to {nvlink} "
+            "ranks are estimated on NVLink: allocate the job's nodes inside one NVLink domain (e.g. Slurm's "
+            "topology/block) or those groups cross the network")
     extra = embedding_partial_bytes(model, cfg.tp, cfg.pp, cfg.microbatches, stack.reduce_bytes) / GIB
     if extra:
         warnings.append(

@@ -167,8 +167,8 @@ def _nf4_blocks(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np
 RULES: tuple[Rule, ...] = (
     Rule(1, "tp_heads", "tp {tp} does not divide the {heads} attention heads, {kv_heads} KV heads and "
          "MLP width{mlp_widths}", _tp_widths),
-    Rule(2, "tp_across_nodes", "tp {tp} spans nodes of {gpus_per_node} GPUs (TP traffic would cross the network)",
-         lambda m, c, hw: c.tp > c.gpus_per_node, policy=True),
+    Rule(2, "tp_across_nodes", "tp {tp} spans nodes: NVLink joins {scale_up_gpus} GPUs (TP traffic would cross the "
+         "network)", lambda m, c, hw: c.tp > _scale_up(c, hw), policy=True),
     Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers + {layer_units_extra} for "
          "the embedding and output (each stage needs one)", _stages_exceed_layers),
     Rule(31, "pp_stage_less", "{stage_less}", _stage_less),
@@ -293,6 +293,14 @@ def plan_skips(stack) -> frozenset[str]:
     return stack_skips(stack) & soft
 
 
+def _scale_up(c: ConfigArrays, hw: HardwareProfile | None):
+    """GPUs NVLink joins for each configuration: its nodes, or the hardware's NVLink domain where that spans hosts
+    (GB200 NVL72)."""
+    if hw is None or not hw.scale_up_domain_gpus:
+        return c.gpus_per_node
+    return np.maximum(c.gpus_per_node, hw.scale_up_domain_gpus)
+
+
 def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
     """The fields rule messages are formatted with, from one configuration's torchtitan-named values."""
     out = dict(cfg)
@@ -313,6 +321,8 @@ def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
         shard=cfg.get("dp_shard", 1) * cfg.get("cp", 1),
         arch="mixture-of-experts layers" if moe else "multi-head latent attention",
         finetune={"qlora": "QLoRA"}.get(cfg.get("finetune"), "LoRA"),
+        scale_up_gpus=(hw.scale_up_gpus(cfg.get("gpus_per_node")) if hw is not None
+                       else cfg.get("gpus_per_node") or 1),
     )
     out.update(_less_values(model, cfg, pp * vpp))
     out["layer_units_extra"] = sum(max(int(cfg.get(f, DEFAULT_LESS)), 0) for f in LESS_FIELDS)

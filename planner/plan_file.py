@@ -390,8 +390,9 @@ def plan_yaml(plan: Plan) -> str:
     if plan.training.dtype == DEFAULT_DTYPE:  # fp32 state: the plan reads as it did before the field existed
         body["training"].pop("dtype")
     body["hardware"].pop("aliases", None)  # names to look the part up by, not what the plan ran on
-    if body["hardware"].get("nvlink_pair_gbs") is None:  # a switched node reads as before the field existed
-        body["hardware"].pop("nvlink_pair_gbs", None)
+    for field in ("nvlink_pair_gbs", "scale_up_domain_gpus"):  # a part without them reads as before they existed
+        if body["hardware"].get(field) is None:
+            body["hardware"].pop(field, None)
     return header + yaml.safe_dump(body, sort_keys=False, width=110)
 
 

@@ -67,6 +67,11 @@ class SearchResult:
         return int((self.reason != 0).sum())
 
     @property
+    def nvlink_gpus(self) -> int:
+        """GPUs NVLink joins: a node, or the hardware's NVLink domain where it spans nodes (GB200 NVL72: 72)."""
+        return self.hw.scale_up_gpus(self.gpus_per_node)
+
+    @property
     def limit_gib(self) -> float:
         return self.hw.usable_hbm_gib * self.memory_margin
 

@@ -49,11 +49,11 @@ def _masks(res: SearchResult) -> list[np.ndarray]:
     masks.append(m)
     m = m | plain
     masks.append(m)
-    m = m | ((c.tp <= res.gpus_per_node) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1))
+    m = m | ((c.tp <= res.nvlink_gpus) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1))
     masks.append(m)
-    m = m | ((c.tp <= res.gpus_per_node) & (c.cp == 1) & (c.dp_replicate == 1))
+    m = m | ((c.tp <= res.nvlink_gpus) & (c.cp == 1) & (c.dp_replicate == 1))
     masks.append(m)
-    m = m | ((c.tp <= res.gpus_per_node) & (c.dp_replicate == 1))
+    m = m | ((c.tp <= res.nvlink_gpus) & (c.dp_replicate == 1))
     masks.append(m)
     masks.append(np.ones(len(c), dtype=bool))
     return masks
@@ -222,11 +222,15 @@ def _name(step: dict) -> str:
 def ep_detail(res: SearchResult, i: int) -> str:
     """Where configuration `i`'s expert-parallel group sits and what its all-to-all costs, in words."""
     cfg = res.config(i)
-    ep, gpn, moe = cfg["ep"], res.gpus_per_node, res.model.moe
+    ep, gpn, nvlink, moe = cfg["ep"], res.gpus_per_node, res.nvlink_gpus, res.model.moe
     if ep == 1 or moe is None:
         return ""
-    where = (f"EP {ep} inside a node keeps the all-to-all on NVLink" if ep <= gpn
-             else f"EP {ep} spans {-(-ep // gpn)} nodes, so the all-to-all crosses the network")
+    if ep <= gpn:
+        where = f"EP {ep} inside a node keeps the all-to-all on NVLink"
+    elif ep <= nvlink:
+        where = f"EP {ep} spans {-(-ep // gpn)} nodes of one {nvlink}-GPU NVLink domain, so the all-to-all stays on NVLink"
+    else:
+        where = f"EP {ep} spans {-(-ep // gpn)} nodes, so the all-to-all crosses the network"
     r = estimate_arrays(res.model, res.hw, res.stack, res.configs.take(np.array([i])))
     share = float(r["ep_all_to_all"][0] / r["step_time_s"][0])
     return f"{where}: {moe.experts // ep} of {moe.experts} experts per GPU, all-to-all {share:.0%} of the step"

@@ -256,8 +256,8 @@ with sb.expander("Advanced: pin parts of the search"):
         if chosen:
             pins[key] = sorted(chosen, key=choices.index)
     if st.checkbox("Allow TP across nodes", key="pin_allow_tp_across_nodes",
-                   help="off: TP stays inside a node, where its all-reduces ride NVLink; on: also search TP degrees "
-                        "larger than a node"):
+                   help="off: TP stays where NVLink reaches (a node, or a GB200 NVL72 rack's 72 GPUs), where its "
+                        "all-reduces ride NVLink; on: also search TP degrees larger than that"):
         pins["allow_tp_across_nodes"] = True
 
 # the URL follows the inputs (a link reproduces this view); an uploaded model cannot travel in a link

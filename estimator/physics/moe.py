@@ -23,7 +23,11 @@ from meshplan.estimator.errors import ConfigError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.layout import Layout
-from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_all_to_all_bytes_per_s
+from meshplan.estimator.physics.links import (
+    inter_node_bytes_per_s,
+    intra_node_all_to_all_bytes_per_s,
+    scale_up_gpus,
+)
 from meshplan.estimator.physics.state import BF16
 from meshplan.estimator.stack import MoEBehaviour, StackProfile
 
@@ -126,7 +130,7 @@ def all_to_all_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes: np.ndarra
     links. The ep ranks are consecutive (torchtitan's sparse mesh (pp, dp_replicate, efsdp, ep)): inside a node
     NVLink carries it; across nodes each rank's NIC carries the share from other nodes while NVLink carries the
     rest in parallel. Both at the stack's all-to-all efficiency, plus one latency per peer."""
-    ep, gpn = lay.ep, lay.gpus_per_node
+    ep, gpn = lay.ep, scale_up_gpus(hw, lay)
     in_node = xp.minimum(ep, gpn)
     eff = r.behaviour.all_to_all_efficiency
     nvlink = nbytes * (in_node - 1) / ep / (intra_node_all_to_all_bytes_per_s(hw, in_node) * eff)

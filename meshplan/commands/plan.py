@@ -128,7 +128,9 @@ def plan_cmd(
     cp: str = typer.Option(None, "--cp", help="pin CP degrees"),
     ac: str = typer.Option(None, "--ac", help="pin AC modes: none,selective,full"),
     float8: str = typer.Option(None, "--float8", help="pin Float8 recipes: none,tensorwise,rowwise,mxfp8"),
-    allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes", help="let TP span nodes"),
+    allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes",
+                                              help="let TP span nodes beyond what NVLink joins (a node; a GB200 "
+                                                   "NVL72 rack: 72 GPUs)"),
     finetune: ft.FineTune = ft.FINETUNE,
     lora_rank: int = ft.LORA_RANK,
     lora_alpha: float = ft.LORA_ALPHA,

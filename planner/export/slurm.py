@@ -118,6 +118,12 @@ def render_slurm(
         "Stop early: scancel --signal=USR1 --batch JOB (or --signal=TERM): the job checkpoints and ends COMPLETED",
         "(exit 0), or with MESHPLAN_REQUEUE=1 requeues itself; submitting the same script again resumes.",
     ]
+    nvlink = plan.hardware.scale_up_gpus(g)
+    if n > 1 and nvlink > g:
+        usage.append(f"NVLink joins {nvlink} GPUs across nodes here ({plan.hardware.id}): the plan times groups of up "
+                     f"to {min(nvlink, n * g)} ranks on it, so the {n} nodes must share one NVLink domain (Slurm's "
+                     "topology/block plugin places a job in one block where it can; sbatch --segment=N keeps each "
+                     "N nodes in one block).")
     lines = script_header(plan, f"Slurm (sbatch + srun torchrun, {n} x {g} {unit})", plan_path, run_dir, device, usage)
     sb = [
         f"--job-name={safe_token(plan.name)}",
