@@ -58,6 +58,8 @@ def table(csv: Path, what: str, script: str, by_hardware: bool = False) -> tuple
     ]
     for row, r in zip(rows, results, strict=True):
         layout = ", ".join(f"{k} {row[k]}" for k in LAYOUT_KEYS if row.get(k) not in (None, "", "1"))
+        if (row.get("expert_parallel_comm_backend") or "standard") != "standard":
+            layout += f" ({row['expert_parallel_comm_backend']})"
         if r.error:
             tps = f"refused: {r.error}"
         elif r.measured_tps_per_gpu:

@@ -16,6 +16,7 @@ import numpy as np
 
 from meshplan.estimator.config import (
     AC_MODES,
+    EP_COMM_BACKENDS,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
     LORA_TARGETS,
@@ -57,12 +58,14 @@ class ConfigArrays:
     pp_first_stage_less_layers: np.ndarray | None = None
     pp_last_stage_less_layers: np.ndarray | None = None
     reshard: np.ndarray | None = None  # index into RESHARD_POLICIES (0: the stack's default)
+    ep_backend: np.ndarray | None = None  # index into EP_COMM_BACKENDS (0: standard all-to-all, 1: DeepEP)
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
         for name, default in (("finetune", 0), ("lora_rank", 16), ("lora_targets", lora_mask(LORA_TARGETS)),
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
-                              ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0)):
+                              ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0),
+                              ("ep_backend", 0)):
             if getattr(self, name) is None:
                 setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -106,4 +109,5 @@ def _codes(c: TrainConfig) -> dict[str, int]:
         "bf16_state": int(c.dtype == "bfloat16"), "pp_first_stage_less_layers": c.pp_first_stage_less_layers,
         "pp_last_stage_less_layers": c.pp_last_stage_less_layers,
         "reshard": RESHARD_POLICIES.index(c.fsdp_reshard_after_forward),
+        "ep_backend": EP_COMM_BACKENDS.index(c.expert_parallel_comm_backend),
     }

@@ -29,12 +29,17 @@ TrainingDtype = Literal["float32", "bfloat16"]
 # torchtitan's parallelism.fsdp_reshard_after_forward: default (reshard without PP, keep a stage's parameters with
 # PP), always, never (each block's gathered parameters stay until its backward: no second all-gather, more memory)
 ReshardPolicy = Literal["default", "always", "never"]
+# torchtitan's parallelism.expert_parallel_comm_backend (0.2.2; 0.3's model_registry moe_comm_backend): standard
+# (all_to_all_single, one row per routed expert) or deepep (DeepEP's kernels: a token once per destination rank,
+# once per destination node over RDMA, forwarded over NVLink)
+EPCommBackend = Literal["standard", "deepep"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
 AC_MODES: tuple[str, ...] = get_args(ACMode)
 FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
 FINETUNE_MODES: tuple[str, ...] = get_args(FineTuneMode)
 TRAINING_DTYPES: tuple[str, ...] = get_args(TrainingDtype)
 RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
+EP_COMM_BACKENDS: tuple[str, ...] = get_args(EPCommBackend)
 # the linears LoRA can adapt: attention q / k / v / output (torchtune's q_proj, k_proj, v_proj, output_proj) and the
 # MLP's w1 (gate), w2 (down), w3 (up); the default is every one of them
 LORA_TARGETS: tuple[str, ...] = get_args(LoRATarget)
@@ -129,6 +134,10 @@ class TrainConfig(BaseModel):
         "block's gathered parameters after its forward without PP, keep them for the step with PP), always, or "
         "never (keep every block's gathered bf16 parameters from its forward to its backward: one all-gather a "
         "microbatch instead of two, the whole stage's parameters in memory)")
+    expert_parallel_comm_backend: EPCommBackend = Field(
+        default="standard", description="torchtitan's parallelism.expert_parallel_comm_backend (MoE with ep > 1): "
+        "standard (PyTorch all-to-all) or deepep (DeepEP's dispatch and combine kernels; NVIDIA GPUs, the deep_ep "
+        "package installed)")
 
     @property
     def dp(self) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import (
+    EP_COMM_BACKENDS,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
     LORA_TARGETS,
@@ -184,6 +185,12 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: (c.float8 != int(Float8.NONE)) & (not hw.supports_fp8), needs_hw=True),
     Rule(8, "mxfp8_unsupported", "mxfp8 needs MX formats (Blackwell); {hardware} lacks them",
          lambda m, c, hw: (c.float8 == MXFP8) & (not hw.mx_formats), needs_hw=True),
+    Rule(33, "deepep_unsupported", "expert_parallel_comm_backend deepep needs NVIDIA GPUs (DeepEP's kernels use "
+         "NVLink and NVSHMEM); {hardware} is {vendor}: use standard",
+         lambda m, c, hw: (c.ep_backend == 1) & (hw.vendor != "nvidia"), needs_hw=True),
+    Rule(34, "deepep_without_ep", "expert_parallel_comm_backend deepep dispatches over expert parallelism, and ep is "
+         "1: set ep > 1 (torchtitan refuses DeepEP without EP) or use standard",
+         lambda m, c, hw: (c.ep_backend == 1) & (c.ep == 1) & (m.moe is not None)),
     Rule(10, "tp_vocab", "tp {tp} does not divide the vocabulary ({vocab}), which loss parallel shards",
          lambda m, c, hw: (c.tp > 1) & (m.vocab % c.tp != 0)),
     Rule(11, "seq_tp", "seq_len {seq_len} does not divide by cp x tp = {cp_tp} (sequence parallel shards it)",
@@ -315,6 +322,7 @@ def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
     out.update(
         heads=model.heads, kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, layers=model.layers,
         vocab=model.vocab, hardware=hw.id if hw is not None else "this hardware", stages=pp * vpp, dp=dp,
+        vendor=hw.vendor if hw is not None else "",
         global_batch=gb, micro_batch=mb, cp_tp=cfg.get("cp", 1) * cfg.get("tp", 1), model=model.name,
         experts=moe.experts if moe else 0, mlp_widths=widths,
         sparse=cfg.get("dp_shard", 1) * cfg.get("cp", 1) * cfg.get("tp", 1),
@@ -369,6 +377,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         finetune=col(FINETUNE_MODES.index(cfg.get("finetune") or "none")), lora_rank=col(cfg.get("lora_rank") or 16),
         lora_targets=col(lora_mask(cfg.get("lora_targets") or LORA_TARGETS)),
         cpu_offload=col(bool(cfg.get("cpu_offload", False))), bf16_state=col(cfg.get("dtype") == "bfloat16"),
+        ep_backend=col(EP_COMM_BACKENDS.index(cfg.get("expert_parallel_comm_backend") or "standard")),
         **{f: col(cfg.get(f, DEFAULT_LESS)) for f in LESS_FIELDS},
     )
 

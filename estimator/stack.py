@@ -25,6 +25,18 @@ class Float8Recipe(BaseModel):
     fp8_all_gather: bool = Field(description="FSDP all-gathers weights in fp8 (1 byte) instead of bf16")
 
 
+class DeepEPBehaviour(BaseModel):
+    """DeepEP's normal (training) dispatch and combine kernels, as fractions of the links they run on; every field
+    documented in the stack YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nvlink_efficiency: float = Field(gt=0, le=1, description="DeepEP's NVLink bandwidth / the profile's achievable "
+                                                             "ring bandwidth (intra_node_gbs x intra_node_efficiency)")
+    rdma_efficiency: float = Field(gt=0, le=1.2, description="DeepEP's RDMA bandwidth per GPU / its NIC line rate "
+                                                             "(inter_node_gbps / 8)")
+
+
 class MoEBehaviour(BaseModel):
     """How a stack runs mixture-of-experts layers (token-choice top-k routing, dropless, expert parallelism by
     all-to-all dispatch and combine); every field documented in the stack YAML."""
@@ -40,6 +52,8 @@ class MoEBehaviour(BaseModel):
     permute_passes: float = Field(ge=0, description="bf16 passes over the hidden width per routed row, fwd+bwd")
     router_passes: float = Field(ge=0, description="fp32 passes over the expert scores per routed token, fwd+bwd")
     selective_ac_saves_all_to_all: bool = Field(description="op-level SAC keeps the all-to-all outputs")
+    deepep: DeepEPBehaviour | None = Field(default=None, description="the stack's DeepEP backend "
+                                           "(expert_parallel_comm_backend deepep); none: it has none")
 
 
 class FineTuneBehaviour(BaseModel):

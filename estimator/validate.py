@@ -37,7 +37,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from meshplan.estimator import data_files, intervals
-from meshplan.estimator.config import RESHARD_POLICIES, TrainConfig
+from meshplan.estimator.config import EP_COMM_BACKENDS, RESHARD_POLICIES, TrainConfig
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
@@ -67,7 +67,7 @@ ATTENTION_COLUMNS = ("head_dim", "qk_norm")
 # MLA_COLUMNS); a row without them whose name and dimensions are an MLA preset's takes the preset's
 # read when present: torchtitan's training.dtype and parallelism.fsdp_reshard_after_forward (a row without the
 # second takes it from its notes, "reshard_after_forward policy=never", else default)
-OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward")
+OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -313,6 +313,16 @@ def reshard_policy(row: dict) -> str:
     return found.group(1).lower() if found else "default"
 
 
+def ep_comm_backend(row: dict) -> str:
+    """torchtitan's parallelism.expert_parallel_comm_backend of a row: its `expert_parallel_comm_backend` column
+    (standard / deepep), else standard."""
+    cell = (row.get("expert_parallel_comm_backend") or "").strip().lower()
+    if cell and cell not in EP_COMM_BACKENDS:
+        raise MeshplanError(f"row {row.get('id', '?')}: expert_parallel_comm_backend {cell!r} is not one of "
+                            + ", ".join(EP_COMM_BACKENDS))
+    return cell or "standard"
+
+
 def data_parallel(row: dict, stack) -> tuple[int, int]:
     """(dp_replicate, dp_shard) of a row. A framework without FSDP (`fsdp: none` in its stack profile: nanotron's
     data parallelism is DDP, ZeRO-1 at most) runs every data-parallel rank as a replica, however the row's writer
@@ -355,7 +365,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
             async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),
-            fsdp_reshard_after_forward=reshard_policy(row),
+            fsdp_reshard_after_forward=reshard_policy(row), expert_parallel_comm_backend=ep_comm_backend(row),
         )
     except ValidationError as exc:
         err = exc.errors()[0]

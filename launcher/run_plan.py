@@ -26,9 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     def config():
         from meshplan.launcher.core.config import RunConfig
         from meshplan.launcher.plan_run import run_config_fields
-        from meshplan.planner.plan_file import load_plan
+        from meshplan.planner.plan_file import core_refusal, load_plan
 
-        return RunConfig.from_dict(run_config_fields(load_plan(args.plan), args.run_dir, args.steps, args.device))
+        plan = load_plan(args.plan)
+        why = core_refusal(plan)
+        if why:
+            raise ValueError(why)
+        return RunConfig.from_dict(run_config_fields(plan, args.run_dir, args.steps, args.device))
 
     from meshplan.launcher.core.train import main as train
 

@@ -22,6 +22,7 @@ from meshplan.estimator import data_files
 from meshplan.estimator.config import (
     LORA_TARGETS,
     ACMode,
+    EPCommBackend,
     Float8Recipe,
     LoRATarget,
     LRDecay,
@@ -79,6 +80,9 @@ class Parallel(BaseModel):
     fsdp_reshard_after_forward: ReshardPolicy = Field(
         default="default", description="torchtitan's parallelism.fsdp_reshard_after_forward: default, always or never "
         "(keep each block's gathered weights from its forward to its backward)")
+    expert_parallel_comm_backend: EPCommBackend = Field(
+        default="standard", description="torchtitan's parallelism.expert_parallel_comm_backend: standard (PyTorch "
+        "all-to-all) or deepep (DeepEP's kernels; torchtitan exports run it, meshplan's own core does not)")
 
 
 class FineTuning(BaseModel):
@@ -209,12 +213,23 @@ class Plan(BaseModel):
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
             cpu_offload=p.cpu_offload, dtype=self.training.dtype, **self.finetune_fields(),
             fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
+            expert_parallel_comm_backend=p.expert_parallel_comm_backend,
         )
         return cfg.resolve(self.model, self.hardware)
 
     @property
     def tokens_per_step(self) -> int:
         return self.training.global_batch_size * self.training.seq_len
+
+
+def core_refusal(plan: Plan) -> str | None:
+    """Why meshplan's own training core cannot run `plan` as planned (None: it can): a plan whose experts travel
+    by DeepEP runs under torchtitan only (the core dispatches with PyTorch's all-to-all)."""
+    if plan.parallel.expert_parallel_comm_backend == "deepep" and plan.parallel.ep > 1:
+        return ("the plan dispatches its experts with DeepEP (expert_parallel_comm_backend deepep), which meshplan's "
+                "training core does not run: launch it with --engine torchtitan, export it for torchtitan "
+                "(meshplan export PLAN -f torchtitan-toml), or plan with --ep-comm-backend standard")
+    return None
 
 
 def make_plan(
@@ -253,6 +268,8 @@ def make_plan(
             pp_last_stage_less_layers=cfg.pp_last_stage_less_layers, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
             float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp, cpu_offload=cfg.cpu_offload,
             fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
+            # a dense model or a layout without EP sends no experts' tokens: the plan reads "standard"
+            expert_parallel_comm_backend=cfg.expert_parallel_comm_backend if cfg.ep > 1 else "standard",
         ),
         training=Training(
             seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens, dtype=cfg.dtype,
@@ -297,7 +314,9 @@ def plan_fingerprint(plan: Plan) -> str:
     # before them keep their fingerprint (and resume)
     model = _model_dump(plan.model)
     # when FSDP frees gathered weights changes no checkpoint: a run may resume under another policy
-    parallel = plan.parallel.model_dump(mode="json", exclude={"fsdp_reshard_after_forward"})
+    # nor how the experts' tokens travel (the same parameters, the same checkpoint)
+    parallel = plan.parallel.model_dump(mode="json",
+                                        exclude={"fsdp_reshard_after_forward", "expert_parallel_comm_backend"})
     for field, unset in (("ep", 1), ("cpu_offload", False), *((f, DEFAULT_LESS) for f in LESS_FIELDS)):
         if parallel.get(field) == unset:
             parallel.pop(field)
@@ -384,6 +403,8 @@ def plan_yaml(plan: Plan) -> str:
         body["parallel"].pop("cpu_offload")
     if plan.parallel.fsdp_reshard_after_forward == "default":  # reads as before the field existed
         body["parallel"].pop("fsdp_reshard_after_forward")
+    if plan.parallel.expert_parallel_comm_backend == "standard":  # reads as before the field existed
+        body["parallel"].pop("expert_parallel_comm_backend")
     for field in LESS_FIELDS:  # torchtitan's default split: the plan reads as it did before the fields existed
         if body["parallel"][field] == DEFAULT_LESS:
             body["parallel"].pop(field)

@@ -13,7 +13,14 @@ import numpy as np
 
 from meshplan.estimator import intervals, rules
 from meshplan.estimator.batch import GIB, ConfigArrays, estimate_arrays
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, RESHARD_POLICIES, TrainConfig
+from meshplan.estimator.config import (
+    AC_MODES,
+    EP_COMM_BACKENDS,
+    FLOAT8_RECIPES,
+    PP_SCHEDULES,
+    RESHARD_POLICIES,
+    TrainConfig,
+)
 from meshplan.estimator.errors import InputError, MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_SEQ_LEN, check_size
@@ -102,6 +109,9 @@ class SearchResult:
             **({"dtype": "bfloat16"} if c.bf16_state[i] else {}),  # fp32 state (the default) reads as before
             # the default policy reads as before
             **({"fsdp_reshard_after_forward": RESHARD_POLICIES[int(c.reshard[i])]} if c.reshard[i] else {}),
+            # the experts' dispatch backend matters only where EP runs (torchtitan ignores it with ep 1)
+            **({"expert_parallel_comm_backend": EP_COMM_BACKENDS[int(c.ep_backend[i])]}
+               if c.ep_backend[i] and c.ep[i] > 1 else {}),
         }
 
     def train_config(self, i: int) -> TrainConfig:

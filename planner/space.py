@@ -27,6 +27,7 @@ from meshplan.estimator import rules
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import (
     AC_MODES,
+    EP_COMM_BACKENDS,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
     LORA_TARGETS,
@@ -81,6 +82,8 @@ class SearchSpace:
     dtype: str = "float32"
     # torchtitan's parallelism.fsdp_reshard_after_forward, one for the whole search: "default", "always" or "never"
     fsdp_reshard_after_forward: str = "default"
+    # torchtitan's parallelism.expert_parallel_comm_backend, one for the whole search: "standard" or "deepep"
+    expert_parallel_comm_backend: str = "standard"
 
     def finetune_fields(self) -> dict:
         """The search's fine-tuning settings as TrainConfig fields (empty for pre-training)."""
@@ -228,6 +231,8 @@ def enumerate_space(
         lora_targets=np.full(n, lora_mask(sp.lora_targets), dtype=np.int64),
         bf16_state=np.full(n, sp.dtype == "bfloat16", dtype=np.int64),
         reshard=np.full(n, RESHARD_POLICIES.index(sp.fsdp_reshard_after_forward), dtype=np.int64),
+        # the search's dispatch backend where EP runs; a layout without EP has no experts' tokens to send
+        ep_backend=np.where(col(9) > 1, EP_COMM_BACKENDS.index(sp.expert_parallel_comm_backend), 0).astype(np.int64),
     )
     return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
 

@@ -50,6 +50,7 @@ class Layout:
     offload: np.ndarray  # FSDP2 CPU offload: sharded params, grads and optimizer state on the host
     lora_rank: np.ndarray
     bf16_state: np.ndarray  # training.dtype bfloat16: parameters, gradients and AdamW state in bf16
+    deepep: np.ndarray  # DeepEP dispatches the routed tokens (expert_parallel_comm_backend deepep, ep > 1)
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
 
@@ -90,6 +91,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         fp8=c.float8 > int(Float8.NONE), has_tp=t > 1, single_stage=p == 1,
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,
+        deepep=(as_float(c.ep_backend) == 1.0) & (ep > 1),
     )
 
 

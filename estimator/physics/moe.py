@@ -47,6 +47,8 @@ class Routing:
     local_experts: np.ndarray  # routed experts on the rank
     shared_width: float  # the shared expert(s)' inner width before TP (0: none)
     gathered_input: np.ndarray  # the MoE input is all-gathered over TP (experts TP-sharded, or a shared expert)
+    experts: float = 0.0  # routed experts of the model
+    top_k: float = 0.0  # routed experts per token
 
 
 def moe_behaviour(model: ModelSpec, stack: StackProfile) -> MoEBehaviour | None:
@@ -73,6 +75,7 @@ def routing(model: ModelSpec, stack: StackProfile, lay: Layout) -> Routing | Non
         width=float(m.expert_ffn_hidden) / xp.where(has_ep, 1.0, t),
         local_experts=float(m.experts) / xp.where(has_ep, ep, 1.0), shared_width=float(m.shared_ffn_hidden),
         gathered_input=lay.has_tp & (xp.logical_not(has_ep) | (m.shared_ffn_hidden > 0)),
+        experts=float(m.experts), top_k=float(m.top_k),
     )
 
 
@@ -135,8 +138,42 @@ def all_to_all_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes: np.ndarra
     eff = r.behaviour.all_to_all_efficiency
     nvlink = nbytes * (in_node - 1) / ep / (intra_node_all_to_all_bytes_per_s(hw, in_node) * eff)
     network = nbytes * xp.maximum(ep - in_node, 0.0) / ep / (inter_node_bytes_per_s(hw) * eff)
+    deep = r.behaviour.deepep
+    if deep is None and xp.any_(lay.deepep):
+        raise ConfigError("this stack profile has no DeepEP backend (torchtitan has one from 2025-12, PR #2107): "
+                          "use expert_parallel_comm_backend standard or a newer stack")
+    if deep is not None and xp.any_(lay.deepep):
+        nvlink_d, network_d = _deepep_s(hw, r, lay, nbytes, in_node, deep)
+        nvlink = xp.where(lay.deepep, nvlink_d, nvlink)
+        network = xp.where(lay.deepep, network_d, network)
     latency = xp.where(ep > gpn, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6 * np.log2(xp.maximum(ep, 2))
     return xp.where(ep > 1, xp.maximum(nvlink, network) + latency, 0.0)
+
+
+def distinct_groups(experts: float, top_k: float, groups) -> np.ndarray:
+    """Expected number of `groups` equal groups of the `experts` that a token's `top_k` distinct experts land in,
+    routed uniformly (balanced routing, as the force-balanced runs): groups x (1 - P(none of a group's experts))."""
+    g = xp.as_float(groups)
+    miss = g * 0.0 + 1.0
+    for i in range(int(top_k)):
+        miss = miss * xp.maximum(experts - experts / g - i, 0.0) / (experts - i)
+    return g * (1.0 - miss)
+
+
+def _deepep_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes, in_node, deep) -> tuple[np.ndarray, np.ndarray]:
+    """(NVLink seconds, RDMA seconds) of one DeepEP dispatch or combine in which the standard all-to-all would move
+    `nbytes` (top_k rows a token) to the busiest rank. DeepEP sends a token once per destination rank (not once per
+    expert) and, across nodes, once per destination node over RDMA to the GPU of the same index there, which
+    forwards it over NVLink to the ranks that need it: NVLink carries every copy but those landing on their own
+    GPU, the NIC each remote node's copy, at DeepEP's measured fractions of the links (`moe.deepep`)."""
+    per_token = nbytes / max(r.top_k, 1.0)  # one row of the busiest rank's share
+    ranks = distinct_groups(r.experts, r.top_k, lay.ep)
+    nodes = xp.ceil(lay.ep / in_node)
+    remote_nodes = distinct_groups(r.experts, r.top_k, nodes) * (nodes - 1) / xp.maximum(nodes, 1.0)
+    nvlink = per_token * ranks * (in_node - 1) / in_node \
+        / (intra_node_all_to_all_bytes_per_s(hw, in_node) * deep.nvlink_efficiency)
+    network = per_token * remote_nodes / (hw.inter_node_gbps / 8 * 1e9 * deep.rdma_efficiency)
+    return nvlink, xp.where(nodes > 1, network, 0.0)
 
 
 @dataclass(frozen=True)

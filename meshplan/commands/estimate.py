@@ -76,6 +76,7 @@ def estimate_cmd(
     cpu_offload: bool = ft.CPU_OFFLOAD,
     dtype: ft.TrainingDtype = ft.DTYPE,
     fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
+    ep_comm_backend: ft.EPCommBackend = ft.EP_COMM_BACKEND,
     init_from: str = typer.Option(None, "--init-from", help="with -o: the Hugging Face checkpoint folder the plan "
                                   "starts from (recorded in the plan; `meshplan launch --init-from` sets it too)"),
     stack: str = typer.Option(
@@ -122,6 +123,7 @@ def estimate_cmd(
         micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
+        expert_parallel_comm_backend=ep_comm_backend.value,
     )
     stack = stack or "torchtitan"
     result = estimate(spec, hw, cfg, load_stack(stack))
@@ -174,6 +176,7 @@ def render(result: dict, console: Console | None = None) -> None:
         + (f", training dtype {c['dtype']}" if c.get("dtype") else "")
         + (f", FSDP reshard after forward: {c['fsdp_reshard_after_forward']}"
            if c.get("fsdp_reshard_after_forward") else "")
+        + (f", EP comm backend {c['expert_parallel_comm_backend']}" if c.get("expert_parallel_comm_backend") else "")
     )
     if c.get("finetune"):
         what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[c["finetune"]]

@@ -52,6 +52,19 @@ RESHARD = typer.Option(ReshardPolicy.default, "--fsdp-reshard-after-forward",
                        "weights after its forward without PP, keep them with PP), always, or never (keep every "
                        "block's gathered bf16 weights until its backward: one all-gather a microbatch instead of two, "
                        "the whole model's bf16 weights on each GPU)")
+
+
+class EPCommBackend(StrEnum):
+    standard = "standard"
+    deepep = "deepep"
+
+
+EP_COMM_BACKEND = typer.Option(EPCommBackend.standard, "--ep-comm-backend",
+                               help="torchtitan's parallelism.expert_parallel_comm_backend (MoE, ep > 1): standard "
+                               "(PyTorch all-to-all, a row per routed expert) or deepep (DeepEP's kernels: a token "
+                               "once per destination rank and node; NVIDIA only, the deep_ep package installed: "
+                               "DeepEP v2 for torchtitan 0.3; "
+                               "torchtitan exports run it, meshplan's own core does not)")
 CPU_OFFLOAD = typer.Option(False, "--cpu-offload/--no-cpu-offload",
                            help="FSDP2 CPU offload: weights, gradients and AdamW state in host RAM, the optimizer "
                                 "step on the CPU (FSDP alone: tp, pp and ep 1)")

@@ -137,6 +137,7 @@ def plan_cmd(
     lora_targets: str = ft.LORA_TARGETS_OPT,
     dtype: ft.TrainingDtype = ft.DTYPE,
     fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
+    ep_comm_backend: ft.EPCommBackend = ft.EP_COMM_BACKEND,
     cpu_offload: str = typer.Option(None, "--cpu-offload", help="pin CPU offload: on, off or on,off [default: both "
                                     "where FSDP shards alone]"),
     init_from: str = typer.Option(None, "--init-from", help="the Hugging Face checkpoint folder the plan starts "
@@ -179,6 +180,7 @@ def plan_cmd(
         cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
         allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance, dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
+        expert_parallel_comm_backend=ep_comm_backend.value,
     )
     ftf = ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, False)
     space.finetune, space.lora_rank, space.lora_alpha = ftf["finetune"], ftf["lora_rank"], ftf["lora_alpha"]
@@ -237,7 +239,9 @@ def training_note(res: SearchResult) -> str:
     dtype = res.space.dtype if res.space is not None else "float32"
     note = f", training dtype {dtype}" if dtype != "float32" else ""
     policy = res.space.fsdp_reshard_after_forward if res.space is not None else "default"
-    return note + (f", FSDP reshard after forward: {policy}" if policy != "default" else "")
+    backend = res.space.expert_parallel_comm_backend if res.space is not None else "standard"
+    return note + (f", FSDP reshard after forward: {policy}" if policy != "default" else "") \
+        + (f", EP comm backend {backend}" if backend != "standard" else "")
 
 
 def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float | None, output: Path | None) -> None:

@@ -53,6 +53,9 @@ TITAN_MODELS = {
     "llama4-maverick": TitanModel("llama4", "17bx128e", None, "./assets/hf/Llama-4-Maverick-17B-128E"),
 }
 LLAMA3_PRESETS = {k: v for k, v in TITAN_MODELS.items() if v.name == "llama3"}
+# the torchtitan models whose parallelize function (0.2.2: parallelism.expert_parallel_comm_backend) or model
+# registry (0.3.0: model_registry's moe_comm_backend) choose DeepEP; the others ignore the setting
+DEEPEP_MODELS = {"0.2.2": ("deepseek_v3", "llama4"), "0.3.0": ("deepseek_v3", "qwen3")}
 
 
 def q(value: object) -> str:

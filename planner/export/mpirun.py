@@ -9,6 +9,7 @@ from meshplan.planner.export.env import EnvDefaults
 from meshplan.planner.export.scripts import (
     TRAIN_MODULE,
     check_core,
+    check_engine,
     continued,
     core_block,
     script_header,
@@ -30,6 +31,7 @@ def render_mpirun(plan: Plan, plan_path: str, env: EnvDefaults, *, device: str =
     python = check_core(device, run_dir, python)
     if engine != "core":
         raise MeshplanError("--engine torchtitan runs under torchrun: use --backend local, torchrun or slurm")
+    check_engine(plan, engine)
     n, g, world = plan.cluster.nodes, plan.cluster.gpus_per_node, plan.cluster.gpus
     envs = env.for_backend("mpirun")
     per = "GPU" if device == "cuda" else "process slot"

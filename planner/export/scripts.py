@@ -56,6 +56,15 @@ def program(engine: str) -> tuple[str, list[str]]:
     raise MeshplanError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
 
 
+def check_engine(plan: Plan, engine: str) -> None:
+    """MeshplanError (one line) when `engine` cannot run `plan` as planned (the core and a DeepEP plan)."""
+    from meshplan.planner.plan_file import core_refusal
+
+    why = core_refusal(plan) if engine == "core" else None
+    if why:
+        raise MeshplanError(why)
+
+
 # --- shared with the torchtitan-cli export (planner/export/torchtitan.py); keep their output stable ---
 def header(plan: Plan, title: str, plan_path: str, usage: list[str], facts: tuple[str, ...] = ()) -> list[str]:
     """The script's opening comment: title, the plan, `facts` (one comment each), then the usage lines."""
@@ -285,6 +294,7 @@ def render_torchrun(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: 
     _check_restarts(max_restarts)
     python = check_core(device, run_dir, python)
     args, prepare = program(engine)
+    check_engine(plan, engine)
     n, g = plan.cluster.nodes, plan.cluster.gpus_per_node
     unit = "GPUs" if device == "cuda" else "processes"
     if n > 1:

@@ -12,6 +12,7 @@ from meshplan.planner.export.scripts import (
     SIGNALS,
     _check_restarts,
     check_core,
+    check_engine,
     continued,
     core_block,
     program,
@@ -102,6 +103,7 @@ def render_slurm(
     _check_restarts(max_restarts)
     python = check_core(device, run_dir, python)
     args, prepare = program(engine)
+    check_engine(plan, engine)
     partition = _slurm_value("partition", partition, _PARTITION)
     time = _slurm_value("time", time, _TIME)
     account = _slurm_value("account", account, _ACCOUNT)

@@ -189,7 +189,7 @@ def render_py(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: o
         f"def {CONFIG_FUNCTION}() -> Trainer.Config:",
         f'    """The plan\'s complete torchtitan {RELEASE} Trainer.Config: {j.config}() with every plan value set."""',
         f"    config = {j.config}()",
-        f"    model_spec = model_registry({lit(j.flavor)}, converters={converter_line})",
+        f"    model_spec = model_registry({lit(j.flavor)}, converters={converter_line}{_comm_backend(plan)})",
         "    return dataclasses.replace(",
         "        config,",
         "        model_spec=model_spec,",
@@ -211,3 +211,12 @@ def render_py(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: o
     ]
     return "\n".join(out + [""] + [f'"""meshplan plan as a torchtitan {RELEASE} config function ({CONFIG_FUNCTION})."""',
                                    ""] + imports + body) + "\n"
+
+
+def _comm_backend(plan: Plan) -> str:
+    """model_registry's moe_comm_backend argument where the plan's experts travel by DeepEP (torchtitan 0.3 chooses
+    the MoE token dispatcher when it builds the model spec, not in its parallelism config)."""
+    p = plan.parallel
+    if p.expert_parallel_comm_backend == "standard" or p.ep == 1:
+        return ""
+    return f", moe_comm_backend={lit(p.expert_parallel_comm_backend)}"
