@@ -48,6 +48,8 @@ def short_config(cfg: dict) -> str:
         parts.append("CPU offload")
     if cfg.get("fsdp_reshard_after_forward", "default") != "default":
         parts.append(f"reshard {cfg['fsdp_reshard_after_forward']}")
+    if cfg.get("expert_parallel_comm_backend", "standard") != "standard":
+        parts.append(cfg["expert_parallel_comm_backend"])
     return ", ".join(parts)
 
 
@@ -88,6 +90,8 @@ def compact_config(cfg: dict) -> str:
         parts.append("+off")
     if cfg.get("fsdp_reshard_after_forward", "default") != "default":
         parts.append(f"rs:{cfg['fsdp_reshard_after_forward']}")
+    if cfg.get("expert_parallel_comm_backend", "standard") != "standard":
+        parts.append(f"+{cfg['expert_parallel_comm_backend']}")
     return " ".join(parts)
 
 

@@ -228,7 +228,8 @@ def core_refusal(plan: Plan) -> str | None:
     if plan.parallel.expert_parallel_comm_backend == "deepep" and plan.parallel.ep > 1:
         return ("the plan dispatches its experts with DeepEP (expert_parallel_comm_backend deepep), which meshplan's "
                 "training core does not run: launch it with --engine torchtitan, export it for torchtitan "
-                "(meshplan export PLAN -f torchtitan-toml), or plan with --ep-comm-backend standard")
+                "(meshplan export PLAN -f torchtitan-py for 0.3, -f torchtitan-toml for 0.2.2), or plan with "
+                "--ep-comm-backend standard")
     return None
 
 

@@ -21,6 +21,7 @@ except ImportError:  # started from a checkout that was not pip-installed
 
 from meshplan.estimator.config import (  # noqa: E402
     AC_MODES,
+    EP_COMM_BACKENDS,
     FLOAT8_RECIPES,
     LORA_TARGETS,
     PP_SCHEDULES,
@@ -61,7 +62,7 @@ DEFAULTS = {
     "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
     "margin": 0.9, "objective": "throughput", "rows": 50, "hw_custom": False,
     "ft_mode": "none", "lora_rank": 16, "lora_alpha": 32.0, "lora_targets": list(LORA_TARGETS), "offload": "auto",
-    "dtype": "float32", "reshard": "default", "deadline_days": 0.0, "budget_usd": 0.0,
+    "dtype": "float32", "reshard": "default", "ep_backend": "standard", "deadline_days": 0.0, "budget_usd": 0.0,
 }
 VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision tree": views_tree,
                 "Time & cost": views_time_cost, "Capacity": views_capacity, "Compare": views_compare, "Export": views_export,
@@ -238,12 +239,16 @@ c2.selectbox("FSDP reshard after forward", list(RESHARD_POLICIES), key="reshard"
              help="torchtitan's parallelism.fsdp_reshard_after_forward: default frees each block's gathered weights "
                   "after its forward (not on pipeline stages); always frees them on stages too; never keeps them to "
                   "the backward (one all-gather a microbatch, more memory)")
+sb.radio("EP dispatch (MoE)", list(EP_COMM_BACKENDS), key="ep_backend", horizontal=True,
+         help="torchtitan's parallelism.expert_parallel_comm_backend, for layouts with expert parallelism: standard "
+              "(PyTorch all-to-all, a row per routed expert) or deepep (DeepEP: a token once per destination rank "
+              "and node; NVIDIA only; plans run under torchtitan, not meshplan's own core)")
 
 pins: dict = {}
 try:
     pins |= finetune_pins(st.session_state["ft_mode"], st.session_state["lora_rank"],
                           st.session_state["lora_alpha"], st.session_state["lora_targets"], st.session_state["offload"])
-    pins |= training_pins(st.session_state["dtype"], st.session_state["reshard"])
+    pins |= training_pins(st.session_state["dtype"], st.session_state["reshard"], st.session_state["ep_backend"])
 except MeshplanError as exc:
     input_error = input_error or ("training", str(exc))
 slots["training"] = sb.empty()

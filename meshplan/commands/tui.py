@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from meshplan.commands import finetune_options as ft
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.labels import OBJECTIVES
 
@@ -72,6 +73,7 @@ def tui_cmd(
     stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile every search uses: a "
                               "built-in id (torchtitan, torchtitan-2026-03, llm-foundry, generic, ...) or a stack YAML "
                               "(the one `meshplan calibrate` writes); the exported plans keep it"),
+    ep_comm_backend: ft.EPCommBackend = ft.EP_COMM_BACKEND,
 ) -> None:
     """Plan in the terminal: the form, ranked plans with memory bars (per pipeline stage), throughput,
     time-to-train and cost, the decision tree, side-by-side and hardware comparisons; export the plan,
@@ -100,6 +102,6 @@ def tui_cmd(
     check_terminal()
     from meshplan.ui.tui.app import MeshplanApp
 
-    app = MeshplanApp(values, theme=theme, stack=stack)
+    app = MeshplanApp(values, theme=theme, stack=stack, ep_backend=ep_comm_backend.value)
     app.run()
     raise typer.Exit(app.return_code or 0)  # an unexpected crash inside the app is a non-zero exit

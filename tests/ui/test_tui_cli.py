@@ -157,6 +157,10 @@ def test_tui_cmd_fills_the_form(monkeypatch):
     result = CliRunner().invoke(_cli(), ["tui", "--dtype", "bfloat16", "--fsdp-reshard-after-forward", "never"])
     assert result.exit_code == 0, result.output
     assert (seen["values"]["dtype"], seen["values"]["reshard"]) == ("bfloat16", "never")
+    monkeypatch.setattr("meshplan.ui.tui.app.MeshplanApp.run", lambda self: seen.update(ep=self.ep_backend))
+    result = CliRunner().invoke(_cli(), ["tui", "--ep-comm-backend", "deepep"])
+    assert result.exit_code == 0, result.output
+    assert seen["ep"] == "deepep"
 
 
 def test_tui_cmd_rejects_bad_options():

@@ -388,15 +388,17 @@ async def _test_fine_tuning_from_the_form(tmp_path):
         await pilot.press("escape", "t")
         first = main_screen(app).query_one("#dtree", Tree).root.children[0]
         assert "Fine-tuning mode" in str(first.label)
-        # export: the plan and the launch scripts are written; torchtitan 0.2.2's TOML cannot carry LoRA and
-        # the dialog says so instead of writing a config without the adapters
+        # export: the plan, the launch scripts and torchtitan 0.3.0's config module (its LoRAConverter) are written;
+        # torchtitan 0.2.2's TOML cannot carry LoRA and the dialog says so instead of writing a config without the
+        # adapters
         await pilot.press("p", "e")
         out = tmp_path / "lora"
         app.focused.value = str(out)
         await pilot.press("enter")
         await pilot.pause()
         names = sorted(p.name for p in out.iterdir())
-        assert len(names) == 5 and not any(n.endswith(".toml") for n in names), names
+        assert len(names) == 6 and not any(n.endswith(".toml") for n in names), names
+        assert "LoRAConverter.Config(" in (out / "meshplan_job.py").read_text()
         said = str(app.screen.query_one("#export-msg", Static).render())
         assert "not written: torchtitan-toml" in said and "0.2.2 has no LoRA" in said
         # 0.3.0's command line cannot set a model converter: its script stops in one line unless TT_CONFIG is set
@@ -489,3 +491,45 @@ async def _test_a_stack_profile_of_ones_own(tmp_path):
 
 def test_a_stack_profile_of_ones_own(tmp_path):
     asyncio.run(_test_a_stack_profile_of_ones_own(tmp_path))
+
+
+async def _test_deepep_dispatch_for_the_session(tmp_path):
+    """`meshplan tui --ep-comm-backend deepep`: the search plans EP layouts with DeepEP (the header says so, the
+    layouts with EP are faster than with the standard all-to-all), and the exported plan keeps it, with the
+    torchtitan 0.2.2 TOML and without the core's launch scripts, which refuse it."""
+    values = {"model": "deepseek-v3-16b", "nodes": "2", "seq_len": "4096", "batch": "64", "tokens": ""}
+    tps = {}
+    for backend in ("standard", "deepep"):
+        app = MeshplanApp(values, ep_backend=backend)
+        async with app.run_test(size=(120, 34)) as pilot:
+            await settle(pilot)
+            screen = main_screen(app)
+            res = screen.result.res
+            assert ("EP deepep" in screen.result.describe()) == (backend == "deepep")
+            tps[backend] = {int(i): float(res.tps[i]) for i in res.ranked if res.configs.ep[i] > 1}
+            if backend == "standard":
+                continue
+            best_ep = max(tps[backend], key=tps[backend].get)
+            assert res.config(best_ep)["expert_parallel_comm_backend"] == "deepep"
+            # the plans filter keeps the layouts with EP (their label says +deepep); export the best of them
+            await pilot.press("escape", "p", "slash", *"+deepep", "enter")
+            await pilot.pause()
+            assert screen.rows and all(res.configs.ep[i] > 1 for i in screen.rows)
+            await pilot.press("e")
+            out = tmp_path / "exported"
+            app.focused.value = str(out)
+            await pilot.press("enter")
+            await pilot.pause()
+    shared = set(tps["standard"]) & set(tps["deepep"])
+    assert shared and all(tps["deepep"][i] > tps["standard"][i] for i in shared)
+    from meshplan.planner.plan_file import load_plan
+
+    plan = load_plan(next(out.glob("*.yaml")))
+    assert plan.parallel.ep > 1 and plan.parallel.expert_parallel_comm_backend == "deepep"
+    assert 'expert_parallel_comm_backend = "deepep"' in next(out.glob("*.toml")).read_text()  # 0.2.2 runs it
+    assert not list(out.glob("*-torchrun.sh")) and not list(out.glob("*.sbatch"))  # the core refuses the plan
+
+
+def test_deepep_dispatch_for_the_session(tmp_path):
+    asyncio.run(_test_deepep_dispatch_for_the_session(tmp_path))
+

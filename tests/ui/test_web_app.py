@@ -307,6 +307,35 @@ def test_training_dtype_and_reshard_policy_drive_the_search_labels_and_exports(w
     assert 'dtype = "bfloat16"' in toml and 'fsdp_reshard_after_forward = "never"' in toml
 
 
+def test_deepep_dispatch_drives_the_moe_search_labels_and_exports(web_app, web_downloads):
+    """A person's path: Qwen3 30B-A3B on two nodes with EP pinned to 8; "EP dispatch (MoE)" deepep labels every
+    ranked plan, raises its throughput (the all-to-all crosses nodes), reaches the link, the plan file and the
+    torchtitan 0.3.0 Python config; the launch scripts of meshplan's own core are not offered as runnable."""
+    at = web_app(model="qwen3-30b-a3b", nodes=2, seq_len=4096, batch_unit="sequences", batch_seqs=64)
+    at.multiselect(key="pin_ep").set_value([8])
+    at.multiselect(key="pin_float8").set_value(["none"]).run()  # torchtitan 0.3.0 has no tensorwise recipe
+    no_errors(at)
+    standard = ranked(at)
+    assert not standard.configuration.str.contains("deepep").any()
+    at.radio(key="ep_backend").set_value("deepep").run()
+    no_errors(at)
+    deep = ranked(at)
+    assert deep.configuration.str.endswith("deepep").all()
+    assert deep.tokens_per_sec_per_gpu.max() > standard.tokens_per_sec_per_gpu.max()
+    assert at.query_params["ep_backend"] == "deepep"
+    at.session_state["view"] = "Export"
+    at.run()
+    name = next(n for n in web_downloads if n.endswith(".yaml"))
+    plan = Plan.model_validate(yaml.safe_load(web_downloads[name]))
+    assert plan.parallel.ep == 8 and plan.parallel.expert_parallel_comm_backend == "deepep"
+    py = next(v for n, v in web_downloads.items() if n.endswith(".py"))
+    py = (py() if callable(py) else py).decode()
+    assert "moe_comm_backend='deepep'" in py
+    warnings = " ".join(w.value for w in at.warning)
+    assert "Slurm batch script: the plan dispatches its experts with DeepEP" in warnings
+    assert "torchtitan 0.2.2 runs DeepEP (expert_parallel_comm_backend deepep) for deepseek_v3, llama4 only" in warnings
+
+
 def test_a_stack_profile_of_ones_own(web_app, web_downloads, monkeypatch, tmp_path):
     """`meshplan web --stack ./mycluster.yaml` (MESHPLAN_STACK for the app): the page names the profile, every estimate
     is its own, and the downloaded plan keeps it."""

@@ -46,6 +46,7 @@ def test_a_link_reproduces_the_view_and_the_url_follows_the_inputs():
     ({"colour": "red"}, "'colour' is not an input of this page"),
     ({"dtype": "fp16"}, "training dtype"),
     ({"reshard": "sometimes"}, "FSDP reshard after forward"),
+    ({"ep_backend": "nccl"}, "EP dispatch"),
 ])
 def test_a_bad_link_value_is_a_message_and_the_default_stays(query, needle):
     at = link_app(**query)

@@ -64,10 +64,11 @@ class MainScreen(PlanActions, Screen):
     ZOOM = {"plans": "#detail-box", "tree": "#dtree", "compare": "#compare-box", "hardware": "#hw-table",
             "capacity": "#cap-table"}
 
-    def __init__(self, values: dict[str, str], stack: str = "torchtitan"):
+    def __init__(self, values: dict[str, str], stack: str = "torchtitan", ep_backend: str = "standard"):
         super().__init__()
         self.values = values
         self.stack = stack  # every search's stack profile (`meshplan tui --stack`)
+        self.ep_backend = ep_backend  # the experts' dispatch where EP runs (`meshplan tui --ep-comm-backend`)
         self.result = None  # logic.Result on screen
         self.attempted: Inputs | None = None  # the inputs of the last search started
         self.sort_key, self.sort_reverse = "rank", False
@@ -132,7 +133,7 @@ class MainScreen(PlanActions, Screen):
             kept = " — previous results kept" if self.result is not None else ""
             self.set_message(Text("✗ " + "; ".join(errors.values()) + kept), "error")
             return False
-        inp = dataclasses.replace(inp, stack=self.stack)
+        inp = dataclasses.replace(inp, stack=self.stack, ep_backend=self.ep_backend)
         if inp == self.attempted and not force:
             self.set_status(*self.status)  # back to what the last search said (the form may have shown an error)
             return True
@@ -518,14 +519,16 @@ class MeshplanApp(App):
         Binding("f1", "help", "help", show=False),
     ]
 
-    def __init__(self, values: dict[str, str] | None = None, theme: str = "dark", stack: str = "torchtitan"):
+    def __init__(self, values: dict[str, str] | None = None, theme: str = "dark", stack: str = "torchtitan",
+                 ep_backend: str = "standard"):
         super().__init__()
         self.initial = {**DEFAULTS, **{k: str(v) for k, v in (values or {}).items() if v is not None}}
         self.initial_theme = THEMES.get(theme, theme)
         self.stack = stack
+        self.ep_backend = ep_backend
 
     def get_default_screen(self) -> Screen:
-        return MainScreen(self.initial, self.stack)
+        return MainScreen(self.initial, self.stack, self.ep_backend)
 
     def on_mount(self) -> None:
         self.theme = self.initial_theme
@@ -560,12 +563,14 @@ def parser() -> argparse.ArgumentParser:
                        f"[default: {DEFAULTS[name] or 'the profile'}]")
     p.add_argument("--theme", choices=tuple(THEMES), default="dark")
     p.add_argument("--stack", default="torchtitan", help="stack profile id or YAML path [default: torchtitan]")
+    p.add_argument("--ep-comm-backend", dest="ep_backend", choices=("standard", "deepep"), default="standard",
+                   help="the experts' dispatch where EP runs [default: standard]")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = vars(parser().parse_args(argv))
-    theme, stack = args.pop("theme"), args.pop("stack")
-    app = MeshplanApp(args, theme=theme, stack=stack)
+    theme, stack, ep_backend = args.pop("theme"), args.pop("stack"), args.pop("ep_backend")
+    app = MeshplanApp(args, theme=theme, stack=stack, ep_backend=ep_backend)
     app.run()
     raise SystemExit(app.return_code or 0)  # non-zero when the app crashed

@@ -36,6 +36,7 @@ DEFAULTS = {k: v[1] for k, v in FIELDS.items()}
 # Export: format -> file suffix (the same names the web app's downloads use).
 EXPORTS = {
     "torchtitan-toml": ".toml",
+    "torchtitan-py": "meshplan_job.py",  # torchtitan 0.3 imports it by module name (--module meshplan_job): fixed
     "torchtitan-cli": "-torchtitan.sh",
     "torchrun": "-torchrun.sh",
     "slurm": ".sbatch",
@@ -108,11 +109,12 @@ class Inputs:
     dtype: str = "float32"  # torchtitan's training.dtype: a TRAINING_DTYPES value
     reshard: str = "default"  # torchtitan's parallelism.fsdp_reshard_after_forward: a RESHARD_POLICIES value
     stack: str = "torchtitan"  # the stack profile (`meshplan tui --stack`): a built-in id or a YAML path; not a field
+    ep_backend: str = "standard"  # the experts' dispatch where EP runs (`meshplan tui --ep-comm-backend`); not a field
 
     def space_fields(self) -> dict:
         """The training inputs as SearchSpace fields (pre-training with the planner's offload choice: none)."""
         out: dict = {"finetune": TRAIN_MODES[self.train], "lora_rank": self.lora_rank, "dtype": self.dtype,
-                     "fsdp_reshard_after_forward": self.reshard}
+                     "fsdp_reshard_after_forward": self.reshard, "expert_parallel_comm_backend": self.ep_backend}
         if self.offload != "auto":
             out["cpu_offload"] = [self.offload == "on"]
         return out

@@ -60,6 +60,8 @@ class Result:
             kind += f" r{ft['lora_rank']}" if ft["finetune"] != "full" else ""
         if r.stack.id != "torchtitan":  # `meshplan tui --stack`: another framework or the team's calibrated profile
             kind += f" · stack {r.stack.id}"
+        if r.space is not None and r.space.expert_parallel_comm_backend != "standard":  # --ep-comm-backend
+            kind += f" · EP {r.space.expert_parallel_comm_backend}"
         return (f"{r.model.name}{kind} · {self.nodes}x{r.gpus_per_node} {r.hw.id} · seq {r.seq_len} · gbs "
                 f"{r.global_batch} · {len(r.ranked):,}/{r.evaluated:,} fit")
 
@@ -314,9 +316,10 @@ def export_files(result: Result, i: int, directory: str | Path, partition: str |
 
     Every file is rendered before anything is written (or the folder created), so a bad value (a Slurm
     partition with shell characters, say) writes nothing; each file is then written atomically. A torchtitan
-    format that cannot carry the plan (LoRA on 0.2.2, say) is left out, its one-line reason put in `skipped`."""
+    format that cannot carry the plan (LoRA on 0.2.2, say), and the core's launch scripts of a plan the core does not
+    run (DeepEP), are left out, their one-line reasons put in `skipped`."""
     from meshplan.planner.export import SCRIPT_FORMATS, render
-    from meshplan.planner.plan_file import plan_yaml, write_atomic
+    from meshplan.planner.plan_file import core_refusal, plan_yaml, write_atomic
 
     text = str(directory).strip()
     if not text:
@@ -331,12 +334,13 @@ def export_files(result: Result, i: int, directory: str | Path, partition: str |
         try:
             out = render(plan, fmt, str(plan_path.resolve()), partition=partition or None, time=time or None)
         except MeshplanError as exc:
-            if not fmt.startswith("torchtitan"):
+            if not fmt.startswith("torchtitan") and core_refusal(plan) is None:
                 raise
             if skipped is not None:
                 skipped[fmt] = str(exc)
             continue
-        files.append((folder / f"{plan.name}{suffix}", out, 0o755 if fmt in SCRIPT_FORMATS else 0o644))
+        name = suffix if fmt == "torchtitan-py" else f"{plan.name}{suffix}"
+        files.append((folder / name, out, 0o755 if fmt in SCRIPT_FORMATS else 0o644))
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

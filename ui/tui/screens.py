@@ -78,8 +78,8 @@ HELP = (
                        "reshard after forward always / never (the form's reshard; default: not shown)"),
     ]),
     ("Actions", [
-        ("e", "export the chosen plan to a directory: plan YAML, torchtitan TOML and 0.3 command line, "
-              "torchrun, Slurm and mpirun scripts"),
+        ("e", "export the chosen plan to a directory: plan YAML, torchtitan TOML, 0.3 config module and command "
+              "line, torchrun, Slurm and mpirun scripts"),
         ("l", "preview the launch: what `meshplan launch PLAN --backend torchrun|slurm|mpirun --dry-run` prints"),
         ("y", "copy the exported plan's launch command to the clipboard (OSC 52: your terminal's clipboard, over "
               "ssh too where the terminal allows it); in the preview, for the backend shown"),

@@ -15,7 +15,13 @@ import numpy as np
 import pandas as pd
 
 from meshplan.estimator import rules
-from meshplan.estimator.config import AC_MODES, FLOAT8_RECIPES, PP_SCHEDULES, RESHARD_POLICIES
+from meshplan.estimator.config import (
+    AC_MODES,
+    EP_COMM_BACKENDS,
+    FLOAT8_RECIPES,
+    PP_SCHEDULES,
+    RESHARD_POLICIES,
+)
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import HardwareProfile, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
@@ -129,6 +135,10 @@ def config_columns(res: SearchResult, idx: np.ndarray) -> pd.DataFrame:
         "dtype": np.where(c.bf16_state[idx] > 0, "bfloat16", "float32").astype(object),
         "fsdp_reshard_after_forward": np.asarray(RESHARD_POLICIES, dtype=object)[
             c.reshard[idx] if c.reshard is not None else np.zeros(len(idx), dtype=np.int64)],
+        # the experts' dispatch backend where EP runs (SearchResult.config's rule)
+        "expert_parallel_comm_backend": np.asarray(EP_COMM_BACKENDS, dtype=object)[
+            np.where(c.ep[idx] > 1, c.ep_backend[idx], 0) if c.ep_backend is not None
+            else np.zeros(len(idx), dtype=np.int64)],
     })
 
 
@@ -148,7 +158,8 @@ def summaries(cols: pd.DataFrame) -> pd.Series:
     s = s + np.where(cols.dtype != "float32", ", dtype bf16", "")
     s = s + np.where(cols.compile, ", compile", "") + np.where(cols.async_tp, ", async TP", "")
     s = s + np.where(cols.cpu_offload, ", CPU offload", "")
-    return s + np.where(cols.fsdp_reshard_after_forward != "default", ", reshard " + cols.fsdp_reshard_after_forward, "")
+    s = s + np.where(cols.fsdp_reshard_after_forward != "default", ", reshard " + cols.fsdp_reshard_after_forward, "")
+    return s + np.where(cols.expert_parallel_comm_backend != "standard", ", " + cols.expert_parallel_comm_backend, "")
 
 
 def ranked_frame(res: SearchResult, top: int, tokens: float | None, price: float | None) -> pd.DataFrame:

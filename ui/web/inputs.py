@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from meshplan.estimator import data_files
-from meshplan.estimator.config import RESHARD_POLICIES, TRAINING_DTYPES
+from meshplan.estimator.config import EP_COMM_BACKENDS, RESHARD_POLICIES, TRAINING_DTYPES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.hf_config import from_hf_config
@@ -109,15 +109,17 @@ def finetune_pins(mode: str, rank: int, alpha: float, targets: list[str], offloa
     return pins
 
 
-def training_pins(dtype: str, reshard: str) -> dict:
-    """The page's training dtype and FSDP reshard policy as search pins (one each for the whole search; nothing
-    at the defaults, float32 and default, so a default page keeps its pins)."""
+def training_pins(dtype: str, reshard: str, ep_backend: str = "standard") -> dict:
+    """The page's training dtype, FSDP reshard policy and experts' dispatch backend as search pins (one each for
+    the whole search; nothing at the defaults, float32, default and standard, so a default page keeps its pins)."""
     if dtype not in TRAINING_DTYPES:
         raise MeshplanError(f"training dtype is {' or '.join(TRAINING_DTYPES)}, not '{dtype}'")
     if reshard not in RESHARD_POLICIES:
         raise MeshplanError(f"FSDP reshard after forward is {', '.join(RESHARD_POLICIES)}, not '{reshard}'")
-    fields = {k: v for k, v, default in (("dtype", dtype, "float32"), ("fsdp_reshard_after_forward", reshard,
-                                                                         "default")) if v != default}
+    if ep_backend not in EP_COMM_BACKENDS:
+        raise MeshplanError(f"EP dispatch is {' or '.join(EP_COMM_BACKENDS)}, not '{ep_backend}'")
+    fields = {k: v for k, v, default in (("dtype", dtype, "float32"), ("fsdp_reshard_after_forward", reshard, "default"),
+                                         ("expert_parallel_comm_backend", ep_backend, "standard")) if v != default}
     return {"training": fields} if fields else {}
 
 
@@ -138,8 +140,8 @@ def search_space(pins: dict) -> SearchSpace:
             kwargs |= {k: tuple(v) if k == "lora_targets" else v for k, v in values.items()}
             continue
         if key == "training":
-            kwargs |= training_pins(values.get("dtype", "float32"),
-                                    values.get("fsdp_reshard_after_forward", "default")).get("training", {})
+            kwargs |= training_pins(values.get("dtype", "float32"), values.get("fsdp_reshard_after_forward", "default"),
+                                    values.get("expert_parallel_comm_backend", "standard")).get("training", {})
             continue
         if key not in allowed:
             raise MeshplanError(f"unknown search pin '{key}'")

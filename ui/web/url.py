@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from meshplan.estimator.config import RESHARD_POLICIES, TRAINING_DTYPES
+from meshplan.estimator.config import EP_COMM_BACKENDS, RESHARD_POLICIES, TRAINING_DTYPES
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ def _params(presets: Callable[[], Iterable[str]], hardware: Callable[[], Iterabl
         Param("offload", str, choices=lambda: ("auto", "off", "on"), what="CPU offload"),
         Param("dtype", str, choices=lambda: TRAINING_DTYPES, what="training dtype"),
         Param("reshard", str, choices=lambda: RESHARD_POLICIES, what="FSDP reshard after forward"),
+        Param("ep_backend", str, choices=lambda: EP_COMM_BACKENDS, what="EP dispatch"),
     ]
     return {p.key: p for p in ps}
 
