@@ -48,6 +48,29 @@ def test_ddp_keeps_buckets_and_autocast_copies():
     assert hsdp["grads_after_backward"] == 4 * PARAMS / 8  # FSDP (HSDP): no buckets, no autocast copies
 
 
+def test_ddp_buckets_are_there_from_the_first_forward():
+    """DDP allocates its flat buckets when it wraps the model and keeps them: the first forward of a step (one
+    microbatch: no gradient yet) holds them, 4 bytes a parameter (2 under bf16 training), where FSDP holds none."""
+    from meshplan.estimator.physics.activations import activations
+    from meshplan.estimator.physics.layout import layout_of
+    from meshplan.estimator.physics.memory import worst_stage_memory
+    from meshplan.estimator.physics.shapes import rank_params
+
+    def loss_phase_grads(stack, **kw):
+        c = ConfigArrays.single(TrainConfig(seq_len=8192, ac="none", **kw).resolve(M8, H100))
+        lay = layout_of(c, stack)
+        rp = rank_params(M8, lay)
+        mem, _ = worst_stage_memory(M8, stack, lay, rp, activations(M8, stack, lay, rp))
+        return mem
+
+    ddp = loss_phase_grads(OLD, gpus=8, dp_replicate=8, dp_shard=1, global_batch_size=8)
+    bf16 = loss_phase_grads(OLD, gpus=8, dp_replicate=8, dp_shard=1, global_batch_size=8, dtype="bfloat16")
+    fsdp = loss_phase_grads(OLD, gpus=8, global_batch_size=8)
+    assert ddp.peak_phase == 0 and bf16.peak_phase == 0 and fsdp.peak_phase == 0  # the loss peaks at this length
+    assert ddp.parts["grads_fp32"] == 4 * PARAMS and bf16.parts["grads_fp32"] == 2 * PARAMS
+    assert fsdp.parts["grads_fp32"] == 0
+
+
 def test_replicas_run_fsdp2_with_one_shard_since_2026_04():
     """The current release replicates through FSDP2 (HSDP with one shard): no DDP buckets, no autocast copies (a
     block's bf16 parameters are gathered for its forward and freed), and the gradient all-reduce in the reduce

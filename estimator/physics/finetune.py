@@ -197,6 +197,7 @@ class StageState:
     host_bytes: np.ndarray  # the same four on the host under CPU offload (pinned), 0 without
     trainable_sharded: np.ndarray  # trainable parameters after FSDP (the optimizer's and the D2H's work)
     stored_sharded_bytes: np.ndarray  # the rank's shard of every weight as stored (what offload copies H2D)
+    bucket_bytes: np.ndarray | float = 0.0  # of grads_bytes, DDP's buckets (on the GPU from the first forward on)
 
 
 def stage_state(w: Weights, lay: Layout, rp: RankParams, base: np.ndarray, stack: StackProfile | None = None
@@ -212,7 +213,7 @@ def stage_state(w: Weights, lay: Layout, rp: RankParams, base: np.ndarray, stack
     return StageState(
         params_bytes=params * on_gpu, grads_bytes=grads * on_gpu, optimizer_bytes=optim * on_gpu,
         frozen_bytes=frozen_b * on_gpu, host_bytes=xp.where(lay.offload, params + grads + optim + frozen_b, 0.0),
-        trainable_sharded=train, stored_sharded_bytes=params + frozen_b,
+        trainable_sharded=train, stored_sharded_bytes=params + frozen_b, bucket_bytes=per.buckets * train * on_gpu,
     )
 
 

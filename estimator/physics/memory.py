@@ -181,7 +181,9 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     in_flight = head_microbatches(lay)
     head = xp.where(last, act.head_per_token * lay.tokens_mb * in_flight + act.loss_saved_bytes * (in_flight - 1), 0.0)
 
-    loss = Phase(grads_fp32=xp.where(single & (m > 1), gf, 0.0), unsharded_params=up.loss, unsharded_grads=acc,
+    # DDP's buckets (state.bucket_bytes, part of gf) exist from the model's wrapping on: in the first forward too
+    buckets = state.bucket_bytes
+    loss = Phase(grads_fp32=xp.where(single & (m > 1), gf, buckets), unsharded_params=up.loss, unsharded_grads=acc,
                  activations=acts_blocks + head, logits_loss=xp.where(last, act.logits_bytes, 0.0),
                  transient=xp.zeros_like(p))
     # the block just reduced keeps its sharded fp32 gradients on the GPU (not under CPU offload)
@@ -194,7 +196,8 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     # 1F1B's later backwards meet both (its microbatches in flight stay in flight)
     gpipe = xp.logical_not(single) & (lay.schedule == int(Schedule.GPIPE))
     acc_first = xp.where(gpipe, 0.0, acc)
-    backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks, block_grads, w.dequant_bf16_bytes, acc_first)
+    backward = backward_phase(lay, rp, act, up, gf, acc, acts_blocks, block_grads, w.dequant_bf16_bytes, acc_first,
+                              buckets)
     # end of the backward, at the root: every sharded grad, the root's parameters and its bf16 weight gradients
     # (under TP the embedding's is a Partial of the whole vocabulary: DTensor has no vocab-sharded embedding
     # backward), the first block's reduce-scatter input, and the gradient arriving at the embedding output
@@ -258,18 +261,19 @@ def optimizer_temporary_bytes(stack: StackProfile, optimizer_bytes):
 
 
 def backward_phase(lay: Layout, rp: RankParams, act: Activations, up: Unsharded, gf, acc, acts_blocks,
-                   block_grads, dequant, acc_first) -> Phase:
+                   block_grads, dequant, acc_first, buckets=0.0) -> Phase:
     """A block's backward: in the first block to run (every activation, the next block prefetched, no
     reduce-scatter yet) or in the second (its predecessor's activations freed, that block's reduce-scatter
     input held, the one after it prefetched if the stage has three or more), or, on a pipeline stage, at the end
     of a microbatch's backward, whichever holds more. `acc`: the accumulated unsharded bytes (gradients, received
     inputs' gradients); `acc_first`: what of them the backward's first blocks meet (GPipe: none yet);
-    `block_grads`: the sharded gradients of one block on the GPU; `dequant`: QLoRA's dequantized bf16 weight."""
+    `block_grads`: the sharded gradients of one block on the GPU; `dequant`: QLoRA's dequantized bf16 weight;
+    `buckets`: DDP's gradient buckets, there from the start."""
     m, pp_nosync = lay.microbatches, xp.logical_not(lay.single_stage)
     # sharded grads: all of them from the second microbatch on, else the block just reduced; none with PP
-    # (the schedule's microbatches accumulate unsharded until the last one)
-    g_first = xp.where(pp_nosync, 0.0, xp.where(m > 1, gf, 0.0))
-    g_prev = xp.where(pp_nosync, 0.0, xp.where(m > 1, gf, block_grads))
+    # (the schedule's microbatches accumulate unsharded until the last one); DDP's buckets in any case
+    g_first = xp.where(pp_nosync, buckets, xp.where(m > 1, gf, buckets))
+    g_prev = xp.where(pp_nosync, buckets, xp.where(m > 1, gf, block_grads + buckets))
     up_last = xp.where(rp.layers >= 2, up.backward, up.current)
     up_prev = xp.where(rp.layers >= 3, up.backward, up.current)
     temp = act.backward_temp_bytes + dequant

@@ -63,6 +63,8 @@ class StateBytes:
     params: np.ndarray  # weights (+ an fp32 master copy)
     grads: np.ndarray  # gradients (+ data parallel's buckets)
     optimizer: np.ndarray  # AdamW's moments
+    buckets: np.ndarray | float = 0.0  # of `grads`, data parallel's buckets: allocated when DDP wraps the model and
+    # kept through every phase of every step (the gradients themselves appear in the first backward)
 
 
 def state_bytes(stack, lay: Layout) -> StateBytes:
@@ -80,11 +82,13 @@ def state_bytes(stack, lay: Layout) -> StateBytes:
     replicas = xp.where(lay.dp_replicate > 1, rs.grad_buckets, 0.0)
     bf16 = lay.bf16_state
     fsdp = lay.fsdp
+    buckets = xp.where(fsdp, 0.0, xp.where(bf16, xp.where(replicas > 0, BF16, 0.0), replicas))
     return StateBytes(
         params=xp.where(fsdp, PARAM_BYTES * scale, xp.where(bf16, BF16, rs.weights + rs.master * zero)),
         grads=xp.where(fsdp, GRAD_BYTES * scale,
                        xp.where(bf16, BF16 + xp.where(replicas > 0, BF16, 0.0), rs.grads + replicas)),
         optimizer=xp.where(fsdp, ADAMW_BYTES * scale, xp.where(bf16, ADAMW_BYTES / 2, rs.optimizer) * zero),
+        buckets=buckets,
     )
 
 
