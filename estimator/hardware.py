@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from meshplan.estimator import data_files
+from meshplan.estimator import data_files, xp
 from meshplan.estimator.errors import MeshplanError
 
 GIB = 2**30
@@ -113,11 +113,12 @@ class HardwareProfile(BaseModel):
     def supports_fp8(self) -> bool:
         return self.peak_tflops_fp8 is not None
 
-    def scale_up_gpus(self, gpus_per_node: int | None = None) -> int:
-        """GPUs joined by the scale-up fabric (NVLink) for nodes of `gpus_per_node` GPUs (default: the profile's):
-        the NVLink domain where it spans hosts, else the node."""
-        gpn = self.gpus_per_node if gpus_per_node is None else int(gpus_per_node)
-        return max(gpn, self.scale_up_domain_gpus or 0)
+    def scale_up_gpus(self, gpus_per_node=None):
+        """GPUs joined by the scale-up fabric (NVLink) for nodes of `gpus_per_node` GPUs (default: the profile's; a
+        number, or an array of the estimator's configurations): the NVLink domain where it spans hosts, else the
+        node. Groups of at most this many consecutive ranks ride NVLink; larger ones cross the network."""
+        gpn = self.gpus_per_node if gpus_per_node is None else gpus_per_node
+        return xp.maximum(gpn, self.scale_up_domain_gpus or 0)
 
     @property
     def usable_hbm_gib(self) -> float:

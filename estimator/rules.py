@@ -169,7 +169,8 @@ RULES: tuple[Rule, ...] = (
     Rule(1, "tp_heads", "tp {tp} does not divide the {heads} attention heads, {kv_heads} KV heads and "
          "MLP width{mlp_widths}", _tp_widths),
     Rule(2, "tp_across_nodes", "tp {tp} spans nodes: NVLink joins {scale_up_gpus} GPUs (TP traffic would cross the "
-         "network)", lambda m, c, hw: c.tp > _scale_up(c, hw), policy=True),
+         "network)", lambda m, c, hw: c.tp > (hw.scale_up_gpus(c.gpus_per_node) if hw is not None
+                                              else c.gpus_per_node), policy=True),
     Rule(3, "pp_layers", "pp {pp} x vpp {vpp} = {stages} stages exceed the {layers} layers + {layer_units_extra} for "
          "the embedding and output (each stage needs one)", _stages_exceed_layers),
     Rule(31, "pp_stage_less", "{stage_less}", _stage_less),
@@ -298,14 +299,6 @@ def plan_skips(stack) -> frozenset[str]:
     with torchtitan's semantics, which refuses, say, a tied embedding split by TP whatever framework was estimated."""
     soft = {r.key for r in RULES if r.ranking or r.predicted}
     return stack_skips(stack) & soft
-
-
-def _scale_up(c: ConfigArrays, hw: HardwareProfile | None):
-    """GPUs NVLink joins for each configuration: its nodes, or the hardware's NVLink domain where that spans hosts
-    (GB200 NVL72)."""
-    if hw is None or not hw.scale_up_domain_gpus:
-        return c.gpus_per_node
-    return np.maximum(c.gpus_per_node, hw.scale_up_domain_gpus)
 
 
 def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from meshplan.estimator.errors import InputError, LaunchError
 from meshplan.planner.export import SUFFIX, render
+from meshplan.planner.export.scripts import check_engine
 from meshplan.planner.plan_file import Plan, default_run_dir, load_plan, plan_fingerprint, save_plan
 
 BACKENDS = ("local", "torchrun", "slurm", "mpirun")
@@ -132,11 +133,7 @@ def resolve_run(plan: Plan, backend: str, run_dir: Path, steps: int | None, devi
     """The training core's own validation of the plan (its RunConfig, no torch needed) and what the run will be."""
     from meshplan.launcher.core.config import RunConfig
     from meshplan.launcher.plan_run import run_config_fields
-    from meshplan.planner.plan_file import core_refusal
-
-    why = core_refusal(plan) if engine == "core" else None
-    if why:
-        raise LaunchError(why)
+    check_engine(plan, engine)
     try:
         cfg = RunConfig.from_dict(run_config_fields(plan, run_dir, steps, device))
     except ValueError as exc:

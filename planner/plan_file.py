@@ -84,6 +84,12 @@ class Parallel(BaseModel):
         default="standard", description="torchtitan's parallelism.expert_parallel_comm_backend: standard (PyTorch "
         "all-to-all) or deepep (DeepEP's kernels; torchtitan exports run it, meshplan's own core does not)")
 
+    @property
+    def uses_deepep(self) -> bool:
+        """DeepEP dispatches the experts' tokens: the backend says deepep and EP runs (without EP it has nothing to
+        send)."""
+        return self.expert_parallel_comm_backend == "deepep" and self.ep > 1
+
 
 class FineTuning(BaseModel):
     """Fine-tuning from a pretrained checkpoint (absent: pre-training from a random initialisation)."""
@@ -225,7 +231,7 @@ class Plan(BaseModel):
 def core_refusal(plan: Plan) -> str | None:
     """Why meshplan's own training core cannot run `plan` as planned (None: it can): a plan whose experts travel
     by DeepEP runs under torchtitan only (the core dispatches with PyTorch's all-to-all)."""
-    if plan.parallel.expert_parallel_comm_backend == "deepep" and plan.parallel.ep > 1:
+    if plan.parallel.uses_deepep:
         return ("the plan dispatches its experts with DeepEP (expert_parallel_comm_backend deepep), which meshplan's "
                 "training core does not run: launch it with --engine torchtitan, export it for torchtitan "
                 "(meshplan export PLAN -f torchtitan-py for 0.3, -f torchtitan-toml for 0.2.2), or plan with "

@@ -109,9 +109,8 @@ class SearchResult:
             **({"dtype": "bfloat16"} if c.bf16_state[i] else {}),  # fp32 state (the default) reads as before
             # the default policy reads as before
             **({"fsdp_reshard_after_forward": RESHARD_POLICIES[int(c.reshard[i])]} if c.reshard[i] else {}),
-            # the experts' dispatch backend matters only where EP runs (torchtitan ignores it with ep 1)
-            **({"expert_parallel_comm_backend": EP_COMM_BACKENDS[int(c.ep_backend[i])]}
-               if c.ep_backend[i] and c.ep[i] > 1 else {}),
+            # set only where EP runs (enumerate_space): the standard backend reads as before the field existed
+            **({"expert_parallel_comm_backend": EP_COMM_BACKENDS[int(c.ep_backend[i])]} if c.ep_backend[i] else {}),
         }
 
     def train_config(self, i: int) -> TrainConfig:

@@ -23,7 +23,7 @@ from meshplan.estimator.physics.layout import (
     resharded,
     sequence_shards,
 )
-from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s, scale_up_gpus
+from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.physics.shapes import RankParams
 from meshplan.estimator.physics.state import BF16, GRAD_BYTES, PARAM_BYTES, state_scale
 from meshplan.estimator.stack import StackProfile
@@ -65,7 +65,7 @@ def tp_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: La
     Float8 all-gathers the activations in fp8 (1 byte). Eager DTensor copies each collective's tensor once more on
     the compute stream (`copy_s`, HBM-bound). TP stays inside a node in the plans meshplan ranks; a
     configuration whose TP group spans nodes (Megatron-LM and nanotron run them) rings over the nodes' NICs."""
-    h, t, gpn = float(model.hidden), lay.tp, scale_up_gpus(hw, lay)
+    h, t, gpn = float(model.hidden), lay.tp, hw.scale_up_gpus(lay.gpus_per_node)
     spans = t > gpn  # a flat ring: every step waits for the slowest (inter-node) link
     bw = group_bytes_per_s(hw, xp.minimum(t, gpn), spans, xp.ceil(t / gpn))
     lat = xp.where(spans, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6
@@ -123,7 +123,7 @@ def cp_exposed_s(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay
     backward), overlapped with the attention of the previous block."""
     kv_attn = float(model.q_dim if stack.repeat_kv else model.kv_dim)
     kv_bytes = 2 * lay.tokens_mb * kv_attn / lay.tp * 2.0
-    gpn, t, cp = scale_up_gpus(hw, lay), lay.tp, lay.cp
+    gpn, t, cp = hw.scale_up_gpus(lay.gpus_per_node), lay.tp, lay.cp
     spans = cp * t > gpn
     bw = group_bytes_per_s(hw, xp.minimum(as_float(cp), xp.maximum(1.0, gpn / t)), spans)
     lat = xp.where(spans, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6
@@ -159,7 +159,7 @@ def fsdp_times(hw: HardwareProfile, stack: StackProfile, lay: Layout, rp: RankPa
     routed experts gather and reduce over their own group (dp_shard x cp x tp / ep ranks, strided by ep in
     torchtitan's sparse mesh), one collective per MoE block. Under LoRA the blocks gather their frozen weights
     (QLoRA: NF4) and adapters, and only the adapters' gradients are reduce-scattered."""
-    n, t, gpn = lay.fsdp_ranks, lay.tp, scale_up_gpus(hw, lay)
+    n, t, gpn = lay.fsdp_ranks, lay.tp, hw.scale_up_gpus(lay.gpus_per_node)
     ranks_node = xp.maximum(1.0, xp.minimum(n, gpn / t))
     nodes = xp.ceil(n / ranks_node)
     bw, hop = _fsdp_group(hw, n, ranks_node, nodes)
@@ -241,7 +241,7 @@ def dp_replicate_s(hw: HardwareProfile, stack: StackProfile, lay: Layout, traina
     backward; Megatron-LM's and nanotron's DDP only on the last: `replicate_sync_every_microbatch`) and there is no
     pipeline. HSDP all-reduces in the reduce dtype, DDP the gradients as they are (fp32,
     bf16 under training.dtype bfloat16)."""
-    dr, world, gpn = lay.dp_replicate, lay.world, scale_up_gpus(hw, lay)
+    dr, world, gpn = lay.dp_replicate, lay.world, hw.scale_up_gpus(lay.gpus_per_node)
     in_node = xp.minimum(dr, gpn)  # replicas inside one node (all of them on one node)
     bw = xp.where(world > gpn, inter_node_bytes_per_s(hw) * xp.minimum(gpn, world / dr),
                   intra_node_bytes_per_s(hw, in_node))

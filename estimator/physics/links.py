@@ -7,13 +7,6 @@ from meshplan.estimator import xp
 from meshplan.estimator.hardware import HardwareProfile
 
 
-def scale_up_gpus(hw: HardwareProfile, lay):
-    """GPUs the scale-up fabric (NVLink) joins, per configuration of `lay` (a Layout): its node, or the profile's
-    NVLink domain where that spans hosts (`scale_up_domain_gpus`: GB200 NVL72 joins 72 GPUs of 4-GPU trays). Groups
-    of at most this many consecutive ranks ride NVLink; larger ones cross the network."""
-    return xp.maximum(lay.gpus_per_node, float(hw.scale_up_domain_gpus or 0))
-
-
 def mesh_rings(ranks):
     """Edge-disjoint directed rings through `ranks` GPUs wired all-to-all (no switch): the complete symmetric
     digraph on k vertices splits into k - 1 directed Hamiltonian cycles, except at k = 4 (and 6), where at most
@@ -47,4 +40,9 @@ def intra_node_all_to_all_bytes_per_s(hw: HardwareProfile, ranks):
 def inter_node_bytes_per_s(hw: HardwareProfile) -> float:
     """Achievable ring-collective bandwidth across nodes, bytes/s per GPU: the NIC line rate (Gb/s) / 8 x NCCL's
     efficiency across nodes."""
-    return hw.inter_node_gbps / 8 * 1e9 * hw.inter_node_efficiency
+    return nic_bytes_per_s(hw) * hw.inter_node_efficiency
+
+
+def nic_bytes_per_s(hw: HardwareProfile) -> float:
+    """A GPU's NIC line rate across nodes, bytes/s (the profile's Gb/s / 8), before any library's efficiency."""
+    return hw.inter_node_gbps / 8 * 1e9

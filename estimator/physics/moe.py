@@ -26,7 +26,7 @@ from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.links import (
     inter_node_bytes_per_s,
     intra_node_all_to_all_bytes_per_s,
-    scale_up_gpus,
+    nic_bytes_per_s,
 )
 from meshplan.estimator.physics.state import BF16
 from meshplan.estimator.stack import MoEBehaviour, StackProfile
@@ -133,16 +133,16 @@ def all_to_all_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes: np.ndarra
     links. The ep ranks are consecutive (torchtitan's sparse mesh (pp, dp_replicate, efsdp, ep)): inside a node
     NVLink carries it; across nodes each rank's NIC carries the share from other nodes while NVLink carries the
     rest in parallel. Both at the stack's all-to-all efficiency, plus one latency per peer."""
-    ep, gpn = lay.ep, scale_up_gpus(hw, lay)
+    ep, gpn = lay.ep, hw.scale_up_gpus(lay.gpus_per_node)
     in_node = xp.minimum(ep, gpn)
     eff = r.behaviour.all_to_all_efficiency
     nvlink = nbytes * (in_node - 1) / ep / (intra_node_all_to_all_bytes_per_s(hw, in_node) * eff)
     network = nbytes * xp.maximum(ep - in_node, 0.0) / ep / (inter_node_bytes_per_s(hw) * eff)
-    deep = r.behaviour.deepep
-    if deep is None and xp.any_(lay.deepep):
-        raise ConfigError("this stack profile has no DeepEP backend (torchtitan has one from 2025-12, PR #2107): "
-                          "use expert_parallel_comm_backend standard or a newer stack")
-    if deep is not None and xp.any_(lay.deepep):
+    if xp.any_(lay.deepep):
+        deep = r.behaviour.deepep
+        if deep is None:
+            raise ConfigError("this stack profile has no DeepEP backend (torchtitan has one from 2025-12, PR #2107): "
+                              "use expert_parallel_comm_backend standard or a newer stack")
         nvlink_d, network_d = _deepep_s(hw, r, lay, nbytes, in_node, deep)
         nvlink = xp.where(lay.deepep, nvlink_d, nvlink)
         network = xp.where(lay.deepep, network_d, network)
@@ -154,7 +154,7 @@ def distinct_groups(experts: float, top_k: float, groups) -> np.ndarray:
     """Expected number of `groups` equal groups of the `experts` that a token's `top_k` distinct experts land in,
     routed uniformly (balanced routing, as the force-balanced runs): groups x (1 - P(none of a group's experts))."""
     g = xp.as_float(groups)
-    miss = g * 0.0 + 1.0
+    miss = xp.full_like(g, 1.0)
     for i in range(int(top_k)):
         miss = miss * xp.maximum(experts - experts / g - i, 0.0) / (experts - i)
     return g * (1.0 - miss)
@@ -172,7 +172,7 @@ def _deepep_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes, in_node, dee
     remote_nodes = distinct_groups(r.experts, r.top_k, nodes) * (nodes - 1) / xp.maximum(nodes, 1.0)
     nvlink = per_token * ranks * (in_node - 1) / in_node \
         / (intra_node_all_to_all_bytes_per_s(hw, in_node) * deep.nvlink_efficiency)
-    network = per_token * remote_nodes / (hw.inter_node_gbps / 8 * 1e9 * deep.rdma_efficiency)
+    network = per_token * remote_nodes / (nic_bytes_per_s(hw) * deep.rdma_efficiency)
     return nvlink, xp.where(nodes > 1, network, 0.0)
 
 

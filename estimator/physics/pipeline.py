@@ -8,7 +8,7 @@ from meshplan.estimator import xp
 from meshplan.estimator.config import Schedule
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.physics.layout import Layout
-from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s, scale_up_gpus
+from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
 from meshplan.estimator.stack import StackProfile
 
 
@@ -58,7 +58,7 @@ def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float, 
     """Exposed stage-to-stage time per step (s): each microbatch chunk sends its activation forward and receives
     its gradient backward (bf16, tokens x hidden / tp: the whole sequence where TP runs without sequence
     parallelism, `seq_shards`), plus the schedule's per-microbatch overhead."""
-    spans_nodes = lay.world > scale_up_gpus(hw, lay)
+    spans_nodes = lay.world > hw.scale_up_gpus(lay.gpus_per_node)
     p2p_bytes = lay.tokens_mb * hidden / seq_shards * 2.0 * 2  # activation forward + gradient backward per boundary
     bw = xp.where(spans_nodes, inter_node_bytes_per_s(hw), intra_node_bytes_per_s(hw, 2))  # one stage to the next
     per_mb = p2p_bytes / bw * stack.pp_p2p_exposed + stack.pp_overhead_s_per_microbatch

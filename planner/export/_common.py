@@ -58,6 +58,22 @@ LLAMA3_PRESETS = {k: v for k, v in TITAN_MODELS.items() if v.name == "llama3"}
 DEEPEP_MODELS = {"0.2.2": ("deepseek_v3", "llama4"), "0.3.0": ("deepseek_v3", "qwen3")}
 
 
+def deepep_problem(plan: Plan, release: str) -> str | None:
+    """Why torchtitan `release` would not run this plan's DeepEP dispatch as planned (None when it would, or when
+    the plan has none): a model whose parallelize function or registry ignores the setting."""
+    if not plan.parallel.uses_deepep:
+        return None
+    preset = preset_of(plan)
+    module = TITAN_MODELS[preset].name if preset else plan.model.name
+    if module in DEEPEP_MODELS[release]:
+        return None
+    elsewhere = [r for r, modules in DEEPEP_MODELS.items() if r != release and module in modules]
+    return (f"torchtitan {release} runs DeepEP (expert_parallel_comm_backend deepep) for "
+            f"{', '.join(DEEPEP_MODELS[release])} only, and would dispatch {module}'s experts with the standard "
+            "all-to-all; plan with --ep-comm-backend standard"
+            + "".join(f", or export for torchtitan {r}" for r in elsewhere))
+
+
 def q(value: object) -> str:
     """Shell-quote one value (str() first); the result is always a single inert word."""
     return shlex.quote(str(value))

@@ -20,11 +20,11 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.physics.stages import less_fields
 from meshplan.estimator.rules import predicted_warnings, titan_layers_per_stage
 from meshplan.planner.export._common import (
-    DEEPEP_MODELS,
     RESHARD_NOTES,
     TITAN_MODELS,
     check_batch,
     comment,
+    deepep_problem,
     describe,
     dp_degree,
     estimated_with_fsdp_everywhere,
@@ -138,15 +138,7 @@ def titan_moe_problem(plan: Plan, release: str) -> str | None:
         known = ", ".join(f"{k} ({v.name} {v.flavor})" for k, v in TITAN_MODELS.items() if v.name != "llama3")
         return (f"torchtitan {release} builds mixture-of-experts and MLA models from its own flavors only, and none "
                 f"has the shapes of {plan.model.name}; plan one of {known}")
-    p = plan.parallel
-    if p.expert_parallel_comm_backend == "deepep" and p.ep > 1:
-        module = TITAN_MODELS[preset].name
-        if module not in DEEPEP_MODELS[release]:
-            return (f"torchtitan {release} runs DeepEP (expert_parallel_comm_backend deepep) for "
-                    f"{', '.join(DEEPEP_MODELS[release])} only, and would dispatch {module}'s experts with the "
-                    "standard all-to-all; plan with --ep-comm-backend standard"
-                    + (", or export -f torchtitan-py for 0.3.0" if module in DEEPEP_MODELS["0.3.0"] else ""))
-    return None
+    return deepep_problem(plan, release)
 
 
 
@@ -265,7 +257,7 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         par += [("expert_parallel_degree", p.ep, f"{plan.model.moe.experts // p.ep} of {plan.model.moe.experts} "
                  "routed experts per GPU"),
                 ("expert_tensor_parallel_degree", 1, "experts whole on each EP rank (torchtitan 0.3's only mode)")]
-        if p.expert_parallel_comm_backend != "standard" and p.ep > 1:
+        if p.uses_deepep:
             par.append(("expert_parallel_comm_backend", p.expert_parallel_comm_backend,
                         "DeepEP's dispatch and combine kernels (the deep_ep package must be installed)"))
     if pp_mbs is not None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export._common import (
-    DEEPEP_MODELS,
     TITAN_MODELS,
+    deepep_problem,
     dp_degree,
     estimated_with_fsdp_everywhere,
     preset_of,
@@ -151,10 +151,9 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
         titan = TITAN_MODELS[preset_or_error(plan, what)]
         flavor, config_fn, module = titan.flavor, titan.config, titan.module
     p, t, o = plan.parallel, plan.training, plan.training.optimizer
-    if p.expert_parallel_comm_backend == "deepep" and p.ep > 1 and module not in DEEPEP_MODELS[RELEASE]:
-        raise MeshplanError(f"{what}: torchtitan {RELEASE} runs DeepEP for {', '.join(DEEPEP_MODELS[RELEASE])} only "
-                            f"and would dispatch {module}'s experts with the standard all-to-all; plan with "
-                            "--ep-comm-backend standard")
+    problem = deepep_problem(plan, RELEASE)
+    if problem:
+        raise MeshplanError(f"{what}: {problem}")
     conv = converter(plan, what) if model else None
     local_bs, pp_mbs = local_batch(plan)
     training = {"local_batch_size": local_bs, "global_batch_size": t.global_batch_size, "seq_len": t.seq_len,

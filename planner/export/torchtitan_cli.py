@@ -91,7 +91,7 @@ def render_cli(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int =
     if j.config and CONFIG_FLAVOR.get(j.config) != j.flavor:
         problem = (f"the plan's model is the {j.flavor} flavor but {j.config}() builds {CONFIG_FLAVOR.get(j.config)}, "
                    f"and torchtitan {RELEASE}'s command line cannot change the model; export -f torchtitan-py")
-    if not problem and plan.parallel.expert_parallel_comm_backend != "standard" and plan.parallel.ep > 1:
+    if not problem and plan.parallel.uses_deepep:
         problem = (f"the plan's experts travel by DeepEP, which torchtitan {RELEASE}'s command line cannot choose "
                    "(model_registry's moe_comm_backend); export -f torchtitan-py")
     n = plan.cluster.nodes

@@ -217,6 +217,4 @@ def _comm_backend(plan: Plan) -> str:
     """model_registry's moe_comm_backend argument where the plan's experts travel by DeepEP (torchtitan 0.3 chooses
     the MoE token dispatcher when it builds the model spec, not in its parallelism config)."""
     p = plan.parallel
-    if p.expert_parallel_comm_backend == "standard" or p.ep == 1:
-        return ""
-    return f", moe_comm_backend={lit(p.expert_parallel_comm_backend)}"
+    return f", moe_comm_backend={lit(p.expert_parallel_comm_backend)}" if p.uses_deepep else ""

@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Select, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from meshplan.estimator.config import EP_COMM_BACKENDS
 from meshplan.ui.tui.form import (
     DEFAULTS,
     FIELDS,
@@ -563,7 +564,7 @@ def parser() -> argparse.ArgumentParser:
                        f"[default: {DEFAULTS[name] or 'the profile'}]")
     p.add_argument("--theme", choices=tuple(THEMES), default="dark")
     p.add_argument("--stack", default="torchtitan", help="stack profile id or YAML path [default: torchtitan]")
-    p.add_argument("--ep-comm-backend", dest="ep_backend", choices=("standard", "deepep"), default="standard",
+    p.add_argument("--ep-comm-backend", dest="ep_backend", choices=EP_COMM_BACKENDS, default="standard",
                    help="the experts' dispatch where EP runs [default: standard]")
     return p
 

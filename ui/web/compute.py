@@ -135,10 +135,7 @@ def config_columns(res: SearchResult, idx: np.ndarray) -> pd.DataFrame:
         "dtype": np.where(c.bf16_state[idx] > 0, "bfloat16", "float32").astype(object),
         "fsdp_reshard_after_forward": np.asarray(RESHARD_POLICIES, dtype=object)[
             c.reshard[idx] if c.reshard is not None else np.zeros(len(idx), dtype=np.int64)],
-        # the experts' dispatch backend where EP runs (SearchResult.config's rule)
-        "expert_parallel_comm_backend": np.asarray(EP_COMM_BACKENDS, dtype=object)[
-            np.where(c.ep[idx] > 1, c.ep_backend[idx], 0) if c.ep_backend is not None
-            else np.zeros(len(idx), dtype=np.int64)],
+        "expert_parallel_comm_backend": np.asarray(EP_COMM_BACKENDS, dtype=object)[c.ep_backend[idx]],
     })
 
 
