@@ -16,6 +16,7 @@ import numpy as np
 
 from meshplan.estimator.config import (
     AC_MODES,
+    COMPILE_COMPONENTS,
     EP_COMM_BACKENDS,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
@@ -23,6 +24,7 @@ from meshplan.estimator.config import (
     PP_SCHEDULES,
     RESHARD_POLICIES,
     TrainConfig,
+    compile_mask,
     lora_mask,
 )
 from meshplan.estimator.physics.stages import DEFAULT_LESS
@@ -59,13 +61,15 @@ class ConfigArrays:
     pp_last_stage_less_layers: np.ndarray | None = None
     reshard: np.ndarray | None = None  # index into RESHARD_POLICIES (0: the stack's default)
     ep_backend: np.ndarray | None = None  # index into EP_COMM_BACKENDS (0: standard all-to-all, 1: DeepEP)
+    # bitmask over COMPILE_COMPONENTS (`compile_mask`) of what `compile` compiles: model 1, loss 2 (default both)
+    compile_components: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
         for name, default in (("finetune", 0), ("lora_rank", 16), ("lora_targets", lora_mask(LORA_TARGETS)),
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
                               ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0),
-                              ("ep_backend", 0)):
+                              ("ep_backend", 0), ("compile_components", compile_mask(COMPILE_COMPONENTS))):
             if getattr(self, name) is None:
                 setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -110,4 +114,5 @@ def _codes(c: TrainConfig) -> dict[str, int]:
         "pp_last_stage_less_layers": c.pp_last_stage_less_layers,
         "reshard": RESHARD_POLICIES.index(c.fsdp_reshard_after_forward),
         "ep_backend": EP_COMM_BACKENDS.index(c.expert_parallel_comm_backend),
+        "compile_components": compile_mask(c.compile_components),
     }

@@ -33,6 +33,10 @@ ReshardPolicy = Literal["default", "always", "never"]
 # (all_to_all_single, one row per routed expert) or deepep (DeepEP's kernels: a token once per destination rank,
 # once per destination node over RDMA, forwarded over NVLink)
 EPCommBackend = Literal["standard", "deepep"]
+# torchtitan's compile.components: what compile.enable compiles, each block of the model (per-block torch.compile)
+# and the cross-entropy loss (build_cross_entropy_loss); torchtitan's default is both, some of its own configs
+# (deepseek_v3_16b.toml in 2025) compile the loss only
+CompileComponent = Literal["model", "loss"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
 AC_MODES: tuple[str, ...] = get_args(ACMode)
 FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
@@ -40,6 +44,7 @@ FINETUNE_MODES: tuple[str, ...] = get_args(FineTuneMode)
 TRAINING_DTYPES: tuple[str, ...] = get_args(TrainingDtype)
 RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
 EP_COMM_BACKENDS: tuple[str, ...] = get_args(EPCommBackend)
+COMPILE_COMPONENTS: tuple[str, ...] = get_args(CompileComponent)
 # the linears LoRA can adapt: attention q / k / v / output (torchtune's q_proj, k_proj, v_proj, output_proj) and the
 # MLP's w1 (gate), w2 (down), w3 (up); the default is every one of them
 LORA_TARGETS: tuple[str, ...] = get_args(LoRATarget)
@@ -80,6 +85,11 @@ class FineTune(IntEnum):
     QLORA = 3
 
 
+def compile_mask(components) -> int:
+    """The compiled components as a bitmask over COMPILE_COMPONENTS (model = 1, loss = 2)."""
+    return sum(1 << COMPILE_COMPONENTS.index(t) for t in set(components))
+
+
 def lora_mask(targets) -> int:
     """The LoRA targets as a bitmask over LORA_TARGETS (q = 1, k = 2, v = 4, o = 8, w1 = 16, w2 = 32, w3 = 64)."""
     return sum(1 << LORA_TARGETS.index(t) for t in set(targets))
@@ -118,6 +128,9 @@ class TrainConfig(BaseModel):
     micro_batch_size: int = 1
     ac: ACMode = "selective"
     compile: bool = False
+    compile_components: tuple[CompileComponent, ...] = Field(
+        default=COMPILE_COMPONENTS, description="torchtitan's compile.components: what compile compiles, the model "
+        "(each block) and / or the loss")
     float8: Float8Recipe = "none"
     async_tp: bool = False
     finetune: FineTuneMode = Field(default="none", description="none (pre-training), full, lora or qlora")
@@ -203,6 +216,10 @@ class TrainConfig(BaseModel):
             raise InputError(f"global_batch_size must be positive, got {c.global_batch_size}",
                              field="global_batch_size")
         check_size(c.global_batch_size, "global_batch_size", MAX_GLOBAL_BATCH)
+        if not c.compile_components:
+            raise InputError("compile_components is empty: name model, loss or both (or set compile false)",
+                             field="compile_components")
+        c.compile_components = tuple(t for t in COMPILE_COMPONENTS if t in c.compile_components)
         if not c.lora_targets:
             raise InputError("lora_targets is empty: name at least one of " + ", ".join(LORA_TARGETS),
                              field="lora_targets")

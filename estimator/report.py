@@ -279,6 +279,9 @@ def config_dict(cfg: TrainConfig) -> dict:
         "ac": cfg.ac,
         "float8": cfg.float8,
         "compile": cfg.compile,
+        # what compile compiles, where it is not torchtitan's default (model and loss): the JSON reads as before
+        **({"compile_components": list(cfg.compile_components)}
+           if cfg.compile and len(cfg.compile_components) < 2 else {}),
         "async_tp": cfg.async_tp,
         **finetune_dict(cfg),
     }

@@ -26,6 +26,7 @@ import numpy as np
 from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import (
+    COMPILE_COMPONENTS,
     EP_COMM_BACKENDS,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
@@ -34,6 +35,7 @@ from meshplan.estimator.config import (
     FineTune,
     Float8,
     Schedule,
+    compile_mask,
     lora_mask,
 )
 from meshplan.estimator.hardware import HardwareProfile
@@ -200,8 +202,9 @@ RULES: tuple[Rule, ...] = (
          "tp {tp} or pp {pp} (use tp 1 and pp 1)",
          lambda m, c, hw: ((c.tp > 1) | (c.pp > 1)) & bool(m.tied_embeddings)),
     Rule(14, "async_tp_tp1", "async TP needs tp > 1", lambda m, c, hw: (c.async_tp > 0) & (c.tp == 1)),
-    Rule(13, "async_tp_compile", "async TP is a torch.compile pass: it needs compile on",
-         lambda m, c, hw: (c.async_tp > 0) & (c.compile == 0)),
+    Rule(13, "async_tp_compile", "async TP is a torch.compile pass: it needs compile on, with model "
+         "in compile_components",
+         lambda m, c, hw: (c.async_tp > 0) & ((c.compile == 0) | ((c.compile_components & 1) == 0))),
     Rule(15, "schedule_vpp", "pp schedule {pp_schedule} with vpp {vpp}: Interleaved1F1B takes 2 or more stages "
          "per rank, the other schedules exactly 1",
          lambda m, c, hw: xp.where(c.schedule == INTERLEAVED, (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),
@@ -371,6 +374,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         lora_targets=col(lora_mask(cfg.get("lora_targets") or LORA_TARGETS)),
         cpu_offload=col(bool(cfg.get("cpu_offload", False))), bf16_state=col(cfg.get("dtype") == "bfloat16"),
         ep_backend=col(EP_COMM_BACKENDS.index(cfg.get("expert_parallel_comm_backend") or "standard")),
+        compile_components=col(compile_mask(cfg.get("compile_components") or COMPILE_COMPONENTS)),
         **{f: col(cfg.get(f, DEFAULT_LESS)) for f in LESS_FIELDS},
     )
 

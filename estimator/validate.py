@@ -37,7 +37,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from meshplan.estimator import data_files, intervals
-from meshplan.estimator.config import EP_COMM_BACKENDS, RESHARD_POLICIES, TrainConfig
+from meshplan.estimator.config import COMPILE_COMPONENTS, EP_COMM_BACKENDS, RESHARD_POLICIES, TrainConfig
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
@@ -67,7 +67,9 @@ ATTENTION_COLUMNS = ("head_dim", "qk_norm")
 # MLA_COLUMNS); a row without them whose name and dimensions are an MLA preset's takes the preset's
 # read when present: torchtitan's training.dtype and parallelism.fsdp_reshard_after_forward (a row without the
 # second takes it from its notes, "reshard_after_forward policy=never", else default)
-OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend")
+# second takes it from its notes, "reshard_after_forward policy=never", else default), the experts' dispatcher and
+# torchtitan's compile.components (model, loss, or both: "model loss", "model;loss"; empty: both)
+OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend", "compile_components")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -323,6 +325,17 @@ def ep_comm_backend(row: dict) -> str:
     return cell or "standard"
 
 
+def compile_components(row: dict) -> tuple[str, ...]:
+    """torchtitan's compile.components of a row: its `compile_components` column (model and / or loss, separated by
+    spaces, ';' or '+'), else both (torchtitan's default)."""
+    names = [t for t in re.split(r"[\s;+]+", (row.get("compile_components") or "").strip().lower()) if t]
+    for name in names:
+        if name not in COMPILE_COMPONENTS:
+            raise MeshplanError(f"row {row.get('id', '?')}: compile_components {name!r} is not one of "
+                                + ", ".join(COMPILE_COMPONENTS))
+    return tuple(t for t in COMPILE_COMPONENTS if t in names) or COMPILE_COMPONENTS
+
+
 def data_parallel(row: dict, stack) -> tuple[int, int]:
     """(dp_replicate, dp_shard) of a row. A framework without FSDP (`fsdp: none` in its stack profile: nanotron's
     data parallelism is DDP, ZeRO-1 at most) runs every data-parallel rank as a replica, however the row's writer
@@ -361,7 +374,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             global_batch_size=batch_that_divides(row, _global_batch(row), cell_int(row, "micro_batch_size", 1)),
             micro_batch_size=cell_int(row, "micro_batch_size", 1),
             ac=ac_name(row.get("ac")),
-            compile=stack.default_compile if compile_ is None else compile_,
+            compile=stack.default_compile if compile_ is None else compile_, compile_components=compile_components(row),
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
             async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),

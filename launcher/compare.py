@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from meshplan.estimator import data_files
+from meshplan.estimator.config import COMPILE_COMPONENTS
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.report import estimate
 from meshplan.estimator.stack import stack_names
@@ -26,6 +27,7 @@ from meshplan.estimator.validate import (
     MLA_COLUMNS,
     MOE_COLUMNS,
 )
+from meshplan.planner.export._common import compiled_components
 from meshplan.planner.plan_file import Plan, load_plan
 
 WARMUP_STEPS = 2  # the first steps include compilation and allocator warm-up; medians skip them
@@ -38,7 +40,8 @@ GROUND_TRUTH_COLUMNS = (
 )
 assert set(CONFIG_COLUMNS) | set(MEASURED_COLUMNS) <= set(GROUND_TRUTH_COLUMNS)
 # after the schema's columns, where a run needs them: an attention head's width that is not hidden / heads (Qwen3)
-OPTIONAL_COLUMNS = ATTENTION_COLUMNS + MOE_COLUMNS + MLA_COLUMNS
+# and what compile compiled where it was not torchtitan's default (model and loss)
+OPTIONAL_COLUMNS = ATTENTION_COLUMNS + MOE_COLUMNS + MLA_COLUMNS + ("compile_components",)
 
 
 @dataclass
@@ -191,6 +194,8 @@ def config_row(plan: Plan, hardware: str) -> dict:
         **({"qk_norm": "true"} if m.qk_norm else {}),
         **({"ep": p.ep, **{c: getattr(m.moe, c) for c in MOE_COLUMNS if c != "ep"}} if m.moe else {}),
         **({c: getattr(m.mla, c) for c in MLA_COLUMNS} if m.mla else {}),
+        **({"compile_components": " ".join(compiled_components(p))}
+           if p.compile and set(p.compile_components) != set(COMPILE_COMPONENTS) else {}),
     }
 
 

@@ -33,6 +33,7 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "seq_len": t.seq_len,
         "ac": p.ac,
         "compile": p.compile,
+        "compile_components": list(p.compile_components),
         "float8": p.float8,
         "async_tp": p.async_tp,
         "steps": steps or t.steps,

@@ -20,8 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from meshplan.estimator import data_files
 from meshplan.estimator.config import (
+    COMPILE_COMPONENTS,
     LORA_TARGETS,
     ACMode,
+    CompileComponent,
     EPCommBackend,
     Float8Recipe,
     LoRATarget,
@@ -74,6 +76,9 @@ class Parallel(BaseModel):
     ac: ACMode = "selective"
     float8: Float8Recipe = "none"
     compile: bool = False
+    compile_components: tuple[CompileComponent, ...] = Field(
+        default=COMPILE_COMPONENTS, min_length=1, description="torchtitan's compile.components: what compile "
+        "compiles, model (each block) and / or loss")
     async_tp: bool = False
     cpu_offload: bool = Field(default=False, description="FSDP2 CPUOffloadPolicy: sharded weights, gradients and "
                                                          "optimizer state on the host, the optimizer step on the CPU")
@@ -217,7 +222,7 @@ class Plan(BaseModel):
             pp_first_stage_less_layers=p.pp_first_stage_less_layers, pp_last_stage_less_layers=p.pp_last_stage_less_layers,
             seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
-            cpu_offload=p.cpu_offload, dtype=self.training.dtype, **self.finetune_fields(),
+            compile_components=p.compile_components, cpu_offload=p.cpu_offload, dtype=self.training.dtype, **self.finetune_fields(),
             fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
             expert_parallel_comm_backend=p.expert_parallel_comm_backend,
         )
@@ -273,7 +278,8 @@ def make_plan(
             dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep,
             pp_schedule=cfg.pp_schedule, vpp=cfg.vpp or 1, pp_first_stage_less_layers=cfg.pp_first_stage_less_layers,
             pp_last_stage_less_layers=cfg.pp_last_stage_less_layers, micro_batch_size=cfg.micro_batch_size, ac=cfg.ac,
-            float8=cfg.float8, compile=cfg.compile, async_tp=cfg.async_tp, cpu_offload=cfg.cpu_offload,
+            float8=cfg.float8, compile=cfg.compile, compile_components=cfg.compile_components, async_tp=cfg.async_tp,
+            cpu_offload=cfg.cpu_offload,
             fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
             # a dense model or a layout without EP sends no experts' tokens: the plan reads "standard"
             expert_parallel_comm_backend=cfg.expert_parallel_comm_backend if cfg.ep > 1 else "standard",
@@ -321,9 +327,9 @@ def plan_fingerprint(plan: Plan) -> str:
     # before them keep their fingerprint (and resume)
     model = _model_dump(plan.model)
     # when FSDP frees gathered weights changes no checkpoint: a run may resume under another policy
-    # nor how the experts' tokens travel (the same parameters, the same checkpoint)
-    parallel = plan.parallel.model_dump(mode="json",
-                                        exclude={"fsdp_reshard_after_forward", "expert_parallel_comm_backend"})
+    # nor how the experts' tokens travel (the same parameters, the same checkpoint), nor what compile compiles
+    parallel = plan.parallel.model_dump(mode="json", exclude={"fsdp_reshard_after_forward",
+                                                              "expert_parallel_comm_backend", "compile_components"})
     for field, unset in (("ep", 1), ("cpu_offload", False), *((f, DEFAULT_LESS) for f in LESS_FIELDS)):
         if parallel.get(field) == unset:
             parallel.pop(field)
@@ -412,6 +418,8 @@ def plan_yaml(plan: Plan) -> str:
         body["parallel"].pop("fsdp_reshard_after_forward")
     if plan.parallel.expert_parallel_comm_backend == "standard":  # reads as before the field existed
         body["parallel"].pop("expert_parallel_comm_backend")
+    if set(plan.parallel.compile_components) == set(COMPILE_COMPONENTS):  # torchtitan's default: as before the field
+        body["parallel"].pop("compile_components")
     for field in LESS_FIELDS:  # torchtitan's default split: the plan reads as it did before the fields existed
         if body["parallel"][field] == DEFAULT_LESS:
             body["parallel"].pop(field)

@@ -122,15 +122,15 @@ def backward_temporaries(model: ModelSpec, lay: Layout, a_none: np.ndarray) -> n
 def loss_buffers(model: ModelSpec, stack: StackProfile, lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(bytes of the loss's logits buffers for one microbatch, bytes of them the loss keeps from its forward to its
     backward, vocabulary entries per rank): the stack's bytes per logit element, loss-parallel under TP
-    (vocab-sharded) or, with compile, the compiled loss's. What it keeps is an eager cross-entropy's fp32
+    (vocab-sharded) or, when compile compiles the loss (compile_components), the compiled loss's. What it keeps is an eager cross-entropy's fp32
     log-softmax (a compiled loss: its bf16 input); traced on the training core (eager, GPipe on 4 stages), the last
     stage held 3.95 bytes per element for each microbatch still waiting for its backward."""
     loss_par = lay.has_tp & bool(stack.loss_parallel)
     vocab_rank = float(model.vocab) / xp.where(loss_par, lay.tp, 1.0)
     per_el = xp.where(loss_par, stack.loss_parallel_bytes_per_element, stack.logits_bytes_per_element)
     saved_el = stack.loss_saved_bytes_per_element
-    if stack.compiled_loss_bytes_per_element is not None:  # compile also compiles the loss (not loss-parallel)
-        compiled = lay.compiled & xp.logical_not(loss_par)
+    if stack.compiled_loss_bytes_per_element is not None:  # compile.components has the loss (not loss-parallel)
+        compiled = lay.loss_compiled & xp.logical_not(loss_par)
         per_el = xp.where(compiled, stack.compiled_loss_bytes_per_element, per_el)
         saved_el = xp.where(compiled, stack.compiled_loss_saved_bytes_per_element, saved_el)
     elements = lay.tokens_mb * vocab_rank

@@ -40,7 +40,7 @@ class Layout:
     tokens_mb: np.ndarray  # tokens of one microbatch held by one rank (sequence split over CP)
     full_ac: np.ndarray
     selective_ac: np.ndarray
-    compiled: np.ndarray
+    compiled: np.ndarray  # torch.compile compiles each block (compile on, compile_components has model)
     fp8: np.ndarray
     has_tp: np.ndarray
     single_stage: np.ndarray  # no pipeline parallelism
@@ -50,6 +50,7 @@ class Layout:
     offload: np.ndarray  # FSDP2 CPU offload: sharded params, grads and optimizer state on the host
     lora_rank: np.ndarray
     bf16_state: np.ndarray  # training.dtype bfloat16: parameters, gradients and AdamW state in bf16
+    loss_compiled: np.ndarray  # torch.compile compiles the loss (compile on, compile_components has loss)
     deepep: np.ndarray  # DeepEP dispatches the routed tokens (expert_parallel_comm_backend deepep, ep > 1)
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
@@ -87,7 +88,8 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         gpus_per_node=as_float(c.gpus_per_node), world=ds * dr * t * p * cp,
         microbatches=gbs / (dr * ds * mbs), fsdp_ranks=ds * cp, tokens_mb=mbs * s / cp, ep=ep,
         expert_fsdp_ranks=xp.where(ep > 1, ds * cp * t / ep, ds * cp),
-        full_ac=c.ac == int(AC.FULL), selective_ac=c.ac == int(AC.SELECTIVE), compiled=xp.as_bool(c.compile),
+        full_ac=c.ac == int(AC.FULL), selective_ac=c.ac == int(AC.SELECTIVE), compiled=xp.as_bool(c.compile) & ((c.compile_components & 1) > 0),
+        loss_compiled=xp.as_bool(c.compile) & ((c.compile_components & 2) > 0),
         fp8=c.float8 > int(Float8.NONE), has_tp=t > 1, single_stage=p == 1,
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,

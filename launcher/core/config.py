@@ -14,8 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from meshplan.estimator.config import (
+    COMPILE_COMPONENTS,
     LORA_TARGETS,
     ACMode,
+    CompileComponent,
     FineTuneMode,
     Float8Recipe,
     LoRATarget,
@@ -28,7 +30,7 @@ from meshplan.estimator.model_spec import ModelSpec, load_model
 from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
 
 RULE_FIELDS = {"dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "pp_schedule", "vpp", "micro_batch_size",
-               "global_batch_size", "seq_len", "ac", "compile", "float8", "async_tp", "finetune", "lora_rank",
+               "global_batch_size", "seq_len", "ac", "compile", "compile_components", "float8", "async_tp", "finetune", "lora_rank",
                "lora_targets", "cpu_offload", "dtype", *LESS_FIELDS}
 
 
@@ -58,6 +60,9 @@ class RunConfig(BaseModel):
     seq_len: int = Field(64, ge=2)
     ac: ACMode = "none"
     compile: bool = False
+    compile_components: tuple[CompileComponent, ...] = Field(
+        COMPILE_COMPONENTS, min_length=1, description="torchtitan's compile.components: what compile compiles, the "
+        "model (each block) and / or the loss")
     float8: Float8Recipe = "none"
     async_tp: bool = False
     dtype: TrainingDtype = Field("float32", description="torchtitan's training.dtype: float32 = fp32 parameters, "
@@ -145,6 +150,16 @@ class RunConfig(BaseModel):
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def compile_model(self) -> bool:
+        """torch.compile compiles each block (compile on, model among compile_components)."""
+        return self.compile and "model" in self.compile_components
+
+    @property
+    def compile_loss(self) -> bool:
+        """torch.compile compiles the loss (compile on, loss among compile_components)."""
+        return self.compile and "loss" in self.compile_components
 
     @property
     def ddp(self) -> bool:

@@ -293,7 +293,7 @@ def parallelize_part(
         )
     for block in model.layers.values():
         block.ac = cfg.ac
-        if cfg.compile:
+        if cfg.compile_model:
             if block.moe:  # routing makes data-dependent shapes: graph breaks around the dispatch
                 torch._dynamo.config.capture_scalar_outputs = True
                 block.compile()
@@ -324,7 +324,7 @@ def parallelize_part(
         materialize(model)
         return model
     if par.ddp_mesh is not None:
-        apply_ddp(model, par.ddp_mesh, cfg.compile)
+        apply_ddp(model, par.ddp_mesh, cfg.compile_model)
     # CPU offload: FSDP2 wants the weights materialised on the host (torchtitan's init_device "cpu")
     weights_device = torch.device("cpu") if offload else par.device
     if qlora:

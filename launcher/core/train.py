@@ -202,10 +202,10 @@ class Trainer:
         source = TokenSource(cfg.data, cfg.model.vocab, cfg.seq_len, cfg.seed, cfg.tokenizer)
         self.loader = ShardedLoader(source, cfg.global_batch_size, self.par.dp_rank, cfg.dp)
         self.step = 0
-        # torchtitan compiles the loss with the model (build_cross_entropy_loss; compile.components model + loss):
-        # inductor fuses the fp32 upcast and log-softmax, so the full fp32 logits are never held (the estimator's
-        # compiled_loss_bytes_per_element). The vocab-parallel loss under TP stays eager here.
-        self.loss_fn: LossFn = torch.compile(cross_entropy) if cfg.compile and cfg.tp == 1 else cross_entropy
+        # torchtitan compiles the loss when compile.components has it (build_cross_entropy_loss; default model +
+        # loss): inductor fuses the fp32 upcast and log-softmax, so the full fp32 logits are never held (the
+        # estimator's compiled_loss_bytes_per_element). The vocab-parallel loss under TP stays eager here.
+        self.loss_fn: LossFn = torch.compile(cross_entropy) if cfg.compile_loss and cfg.tp == 1 else cross_entropy
         self.n_stages = cfg.pp * cfg.vpp
         self.has_first = 0 in self.stage_ids
         self.has_last = (self.n_stages - 1) in self.stage_ids

@@ -66,7 +66,8 @@ def estimate_cmd(
     ),
     micro_batch_size: int = typer.Option(1, "--micro-batch-size", min=1, help="sequences per forward per DP rank"),
     ac: AC = typer.Option(AC.selective, "--ac", help="activation checkpointing"),
-    compile_: bool = typer.Option(False, "--compile/--no-compile", help="per-block torch.compile"),
+    compile_: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile (per block, and the loss)"),
+    compile_components: str = ft.COMPILE_COMPONENTS_OPT,
     float8: Float8 = typer.Option(Float8.none, "--float8", help="torchao Float8 recipe for Linear layers"),
     async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help="asynchronous TP (needs --tp > 1)"),
     finetune: ft.FineTune = ft.FINETUNE,
@@ -120,7 +121,8 @@ def estimate_cmd(
         gpus=gpus, gpus_per_node=gpus_per_node, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
         cp=cp, ep=ep, pp_schedule=pp_schedule.value, vpp=vpp, pp_first_stage_less_layers=pp_first_stage_less_layers,
         pp_last_stage_less_layers=pp_last_stage_less_layers, seq_len=seq_len, global_batch_size=global_batch_size or 0,
-        micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_, float8=float8.value, async_tp=async_tp,
+        micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_,
+        compile_components=ft.parse_compile_components(compile_components), float8=float8.value, async_tp=async_tp,
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
         expert_parallel_comm_backend=ep_comm_backend.value,
@@ -171,7 +173,7 @@ def render(result: dict, console: Console | None = None) -> None:
         + (f" ({c['pp_schedule']}, vpp {c['vpp']})" if c["pp"] > 1 else "")
         + (f", ep {c['ep']}" if c.get("ep", 1) > 1 else "")
         + f" | seq {c['seq_len']}, global batch {c['global_batch_size']}, micro-batch {c['micro_batch_size']}"
-        f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {'on' if c['compile'] else 'off'}, "
+        f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {_compiled(c)}, "
         f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "") + (", CPU offload" if c.get("cpu_offload") else "")
         + (f", training dtype {c['dtype']}" if c.get("dtype") else "")
         + (f", FSDP reshard after forward: {c['fsdp_reshard_after_forward']}"
@@ -224,3 +226,11 @@ def render(result: dict, console: Console | None = None) -> None:
     )
     for w in result["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
+
+
+def _compiled(c: dict) -> str:
+    """What compile compiles, as the header says it: off, on (model and loss) or "<component> only"."""
+    if not c["compile"]:
+        return "off"
+    parts = c.get("compile_components") or ["model", "loss"]
+    return "on" if len(parts) > 1 else f"{parts[0]} only"

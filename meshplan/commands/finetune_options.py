@@ -1,5 +1,5 @@
-"""The options `meshplan estimate` and `meshplan plan` share (one definition, one parser): fine-tuning, and the
-training dtype."""
+"""The options `meshplan estimate` and `meshplan plan` share (one definition, one parser): fine-tuning, the
+training dtype, FSDP's reshard policy, the experts' dispatcher and what compile compiles."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from enum import StrEnum
 
 import typer
 
-from meshplan.estimator.config import LORA_TARGETS
+from meshplan.estimator.config import COMPILE_COMPONENTS, LORA_TARGETS
 from meshplan.estimator.errors import InputError
 
 # Hugging Face / PEFT module names users know, mapped onto meshplan's (torchtitan's) linear names
@@ -65,6 +65,10 @@ EP_COMM_BACKEND = typer.Option(EPCommBackend.standard, "--ep-comm-backend",
                                "once per destination rank and node; NVIDIA only, the deep_ep package installed: "
                                "DeepEP v2 for torchtitan 0.3; "
                                "torchtitan exports run it, meshplan's own core does not)")
+COMPILE_COMPONENTS_OPT = typer.Option(
+    "model,loss", "--compile-components", help="torchtitan's compile.components, comma-separated: what --compile "
+    "compiles, model (each block) and / or loss (the cross-entropy over the vocabulary, whose compiled kernel keeps "
+    "no fp32 copy of the logits); torchtitan's deepseek_v3_16b.toml compiles the loss only")
 CPU_OFFLOAD = typer.Option(False, "--cpu-offload/--no-cpu-offload",
                            help="FSDP2 CPU offload: weights, gradients and AdamW state in host RAM, the optimizer "
                                 "step on the CPU (FSDP alone: tp, pp and ep 1)")
@@ -96,3 +100,15 @@ def finetune_fields(finetune: FineTune, lora_rank: int, lora_alpha: float, lora_
         raise InputError(f"lora_alpha must be positive, got {lora_alpha}", field="lora_alpha")
     return {"finetune": finetune.value, "lora_rank": lora_rank, "lora_alpha": lora_alpha,
             "lora_targets": parse_targets(lora_targets), "cpu_offload": cpu_offload}
+
+
+def parse_compile_components(text: str) -> tuple[str, ...]:
+    """`--compile-components` as COMPILE_COMPONENTS names; InputError (one line) for an unknown or no name."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    for name in names:
+        if name not in COMPILE_COMPONENTS:
+            raise InputError(f"compile_components: unknown component {name!r}; use model, loss or model,loss",
+                             field="compile_components")
+    if not names:
+        raise InputError("compile_components is empty: name model, loss or model,loss", field="compile_components")
+    return tuple(t for t in COMPILE_COMPONENTS if t in names)

@@ -47,7 +47,9 @@ def validate_cmd(
     preset of its dimensions takes the preset's.
     dtype (torchtitan's training.dtype: bfloat16 or float32) and
     fsdp_reshard_after_forward (default, always, never; a row without the
-    column takes what its notes say, e.g. "reshard_after_forward policy=never").
+    column takes what its notes say, e.g. "reshard_after_forward policy=never"),
+    expert_parallel_comm_backend (standard, deepep) and compile_components
+    (torchtitan's compile.components: model, loss or "model loss"; empty: both).
 
     A CSV's documented corrections sit beside it, never in it: runs.csv reads
     runs.corrections.yaml (each entry: rows, column, the value it replaces

@@ -7,6 +7,7 @@ import shlex
 import textwrap
 from dataclasses import dataclass
 
+from meshplan.estimator.config import COMPILE_COMPONENTS
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export.env import EnvVar
 from meshplan.planner.labels import model_size
@@ -145,7 +146,8 @@ def describe(plan: Plan) -> list[str]:
     c, p, t = plan.cluster, plan.parallel, plan.training
     m = plan.model
     pp = f" ({p.pp_schedule}, {p.vpp} stages per rank)" if p.pp > 1 else ""
-    feats = [f"AC {p.ac}", f"compile {'on' if p.compile else 'off'}", f"float8 {p.float8}"]
+    compiled = "off" if not p.compile else "on" if len(compiled_components(p)) > 1 else f"{compiled_components(p)[0]} only"
+    feats = [f"AC {p.ac}", f"compile {compiled}", f"float8 {p.float8}"]
     if p.ep > 1:
         feats.insert(0, f"expert parallel {p.ep}")
     if p.async_tp:
@@ -226,3 +228,8 @@ def env_lines(envs: list[EnvVar]) -> list[str]:
         out += comment(f"{e.name}: {e.why}")
         out.append(f'export {e.name}="${{{e.name}:-{value}}}"')
     return out
+
+
+def compiled_components(p) -> list[str]:
+    """torchtitan's compile.components of a plan's `parallel` section, in torchtitan's order (model, loss)."""
+    return [c for c in COMPILE_COMPONENTS if c in p.compile_components]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export._common import (
     TITAN_MODELS,
+    compiled_components,
     deepep_problem,
     dp_degree,
     estimated_with_fsdp_everywhere,
@@ -94,7 +95,7 @@ def preset_or_error(plan: Plan, what: str) -> str:
 def converter(plan: Plan, what: str) -> tuple[str, dict] | None:
     """The 0.3.0 model converter for the plan's Float8 recipe (None for bf16); MeshplanError for tensorwise."""
     p = plan.parallel
-    compiled = bool(p.compile)  # the export always compiles ["model", "loss"] when compile is on
+    compiled = bool(p.compile) and "model" in p.compile_components  # the model's linears run compiled
     if p.float8 == "none":
         return None
     if p.float8 == "rowwise":
@@ -189,7 +190,7 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
         checkpoint={"enable": True, "folder": "checkpoint", "interval": t.checkpoint_interval,
                     **{k: v for k, v, _ in titan_initial_load(plan, what)}},
         compile={"enable": bool(p.compile), "enable_async_tensor_parallel": bool(p.async_tp),
-                 "components": ["model", "loss"]},
+                 "components": compiled_components(p)},
         debug={"seed": t.seed},
         ac=AC_KINDS[p.ac],
         converter=conv,

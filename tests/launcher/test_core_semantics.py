@@ -66,25 +66,32 @@ def test_autocast_where_torchtitan_uses_it():
 LOSS_WORKER = PREAMBLE + """
 from meshplan.launcher.core.model import cross_entropy
 
-for compile in (False, True):
+for name, compile, components in (("off", False, ["model", "loss"]), ("both", True, ["model", "loss"]),
+                                  ("loss", True, ["loss"]), ("model", True, ["model"])):
     cfg = RunConfig.from_dict({"model": model, "seq_len": 16, "global_batch_size": 2,
-                               "micro_batch_size": 1, "compile": compile})
+                               "micro_batch_size": 1, "compile": compile, "compile_components": components})
     tr = Trainer(cfg, torch.device("cpu"))
-    out[str(compile)] = {"eager_loss": tr.loss_fn is cross_entropy,
-                         "compiled": getattr(tr.loss_fn, "_torchdynamo_orig_callable", None) is cross_entropy,
-                         "loss": tr.train_step()["loss"]}
+    out[name] = {"eager_loss": tr.loss_fn is cross_entropy,
+                 "compiled": getattr(tr.loss_fn, "_torchdynamo_orig_callable", None) is cross_entropy,
+                 "blocks": [b._compiled_call_impl is not None for b in tr.parts[0].layers.values()],
+                 "loss": tr.train_step()["loss"]}
 """ + EPILOGUE
 
 
 @pytest.mark.slow
 def test_compile_compiles_the_loss_as_torchtitan_does():
-    """compile: true compiles the loss too (torchtitan's build_cross_entropy_loss), so the fp32 logits are fused away
-    as the estimator's compiled_loss_bytes_per_element assumes; on one H100 the core without it held 7-8 GiB more
-    than estimated at 8k tokens x 128k vocabulary. Same loss either way."""
+    """compile: true compiles the blocks and the loss (torchtitan's compile.components model + loss;
+    build_cross_entropy_loss), so the fp32 logits are fused away as the estimator's compiled_loss_bytes_per_element
+    assumes; on one H100 the core without it held 7-8 GiB more than estimated at 8k tokens x 128k vocabulary.
+    compile_components loss compiles the loss alone (torchtitan's deepseek_v3_16b.toml), model the blocks alone.
+    Same loss every way."""
     out = run_world1(LOSS_WORKER, json.dumps(TINY_MODEL))
-    assert out["False"]["eager_loss"] and not out["False"]["compiled"]
-    assert out["True"]["compiled"] and not out["True"]["eager_loss"]
-    assert abs(out["True"]["loss"] - out["False"]["loss"]) < 1e-3
+    assert out["off"]["eager_loss"] and not out["off"]["compiled"] and not any(out["off"]["blocks"])
+    assert out["both"]["compiled"] and not out["both"]["eager_loss"] and all(out["both"]["blocks"])
+    assert out["loss"]["compiled"] and not any(out["loss"]["blocks"])
+    assert out["model"]["eager_loss"] and all(out["model"]["blocks"]) and out["model"]["blocks"]
+    for name in ("both", "loss", "model"):
+        assert abs(out[name]["loss"] - out["off"]["loss"]) < 1e-3, name
 
 
 FSDP_WORKER = PREAMBLE + """
