@@ -30,9 +30,10 @@ TrainingDtype = Literal["float32", "bfloat16"]
 # PP), always, never (each block's gathered parameters stay until its backward: no second all-gather, more memory)
 ReshardPolicy = Literal["default", "always", "never"]
 # torchtitan's parallelism.expert_parallel_comm_backend (0.2.2; 0.3's model_registry moe_comm_backend): standard
-# (all_to_all_single, one row per routed expert) or deepep (DeepEP's kernels: a token once per destination rank,
-# once per destination node over RDMA, forwarded over NVLink)
-EPCommBackend = Literal["standard", "deepep"]
+# (all_to_all_single, one row per routed expert), deepep (DeepEP's kernels: a token once per destination rank,
+# once per destination node over RDMA, forwarded over NVLink) or hybridep (NVIDIA's HybridEP, in DeepEP's hybrid-ep
+# branch: the same two-level route with TMA copies, aware of multi-node NVLink domains; torchtitan 0.3)
+EPCommBackend = Literal["standard", "deepep", "hybridep"]
 # torchtitan's compile.components: what compile.enable compiles, each block of the model (per-block torch.compile)
 # and the cross-entropy loss (build_cross_entropy_loss); torchtitan's default is both, some of its own configs
 # (deepseek_v3_16b.toml in 2025) compile the loss only
@@ -149,8 +150,8 @@ class TrainConfig(BaseModel):
         "microbatch instead of two, the whole stage's parameters in memory)")
     expert_parallel_comm_backend: EPCommBackend = Field(
         default="standard", description="torchtitan's parallelism.expert_parallel_comm_backend (MoE with ep > 1): "
-        "standard (PyTorch all-to-all) or deepep (DeepEP's dispatch and combine kernels; NVIDIA GPUs, the deep_ep "
-        "package installed)")
+        "standard (PyTorch all-to-all), deepep (DeepEP's dispatch and combine kernels) or hybridep (HybridEP's, "
+        "torchtitan 0.3); both NVIDIA GPUs with the deep_ep package installed")
 
     @property
     def dp(self) -> int:

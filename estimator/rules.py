@@ -188,12 +188,12 @@ RULES: tuple[Rule, ...] = (
          lambda m, c, hw: (c.float8 != int(Float8.NONE)) & (not hw.supports_fp8), needs_hw=True),
     Rule(8, "mxfp8_unsupported", "mxfp8 needs MX formats (Blackwell); {hardware} lacks them",
          lambda m, c, hw: (c.float8 == MXFP8) & (not hw.mx_formats), needs_hw=True),
-    Rule(33, "deepep_unsupported", "expert_parallel_comm_backend deepep needs NVIDIA GPUs (DeepEP's kernels use "
-         "NVLink and NVSHMEM); {hardware} is {vendor}: use standard",
-         lambda m, c, hw: (c.ep_backend == 1) & (hw.vendor != "nvidia"), needs_hw=True),
-    Rule(34, "deepep_without_ep", "expert_parallel_comm_backend deepep dispatches over expert parallelism, and ep is "
-         "1: set ep > 1 (torchtitan refuses DeepEP without EP) or use standard",
-         lambda m, c, hw: (c.ep_backend == 1) & (c.ep == 1) & (m.moe is not None)),
+    Rule(33, "deepep_unsupported", "expert_parallel_comm_backend {ep_comm_backend} needs NVIDIA GPUs (DeepEP's and "
+         "HybridEP's kernels use NVLink and RDMA from the GPU); {hardware} is {vendor}: use standard",
+         lambda m, c, hw: (c.ep_backend >= 1) & (hw.vendor != "nvidia"), needs_hw=True),
+    Rule(34, "deepep_without_ep", "expert_parallel_comm_backend {ep_comm_backend} dispatches over expert "
+         "parallelism, and ep is 1: set ep > 1 (torchtitan refuses it without EP) or use standard",
+         lambda m, c, hw: (c.ep_backend >= 1) & (c.ep == 1) & (m.moe is not None)),
     Rule(10, "tp_vocab", "tp {tp} does not divide the vocabulary ({vocab}), which loss parallel shards",
          lambda m, c, hw: (c.tp > 1) & (m.vocab % c.tp != 0)),
     Rule(11, "seq_tp", "seq_len {seq_len} does not divide by cp x tp = {cp_tp} (sequence parallel shards it)",
@@ -319,6 +319,7 @@ def values(model: ModelSpec, hw: HardwareProfile | None, cfg: dict) -> dict:
         heads=model.heads, kv_heads=model.kv_heads, ffn_hidden=model.ffn_hidden, layers=model.layers,
         vocab=model.vocab, hardware=hw.id if hw is not None else "this hardware", stages=pp * vpp, dp=dp,
         vendor=hw.vendor if hw is not None else "",
+        ep_comm_backend=cfg.get("expert_parallel_comm_backend") or "standard",
         global_batch=gb, micro_batch=mb, cp_tp=cfg.get("cp", 1) * cfg.get("tp", 1), model=model.name,
         experts=moe.experts if moe else 0, mlp_widths=widths,
         sparse=cfg.get("dp_shard", 1) * cfg.get("cp", 1) * cfg.get("tp", 1),

@@ -26,8 +26,8 @@ class Float8Recipe(BaseModel):
 
 
 class DeepEPBehaviour(BaseModel):
-    """DeepEP's normal (training) dispatch and combine kernels, as fractions of the links they run on; every field
-    documented in the stack YAML."""
+    """DeepEP's normal (training) dispatch and combine kernels, or HybridEP's, as fractions of the links they run
+    on; every field documented in the stack YAML."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -54,6 +54,8 @@ class MoEBehaviour(BaseModel):
     selective_ac_saves_all_to_all: bool = Field(description="op-level SAC keeps the all-to-all outputs")
     deepep: DeepEPBehaviour | None = Field(default=None, description="the stack's DeepEP backend "
                                            "(expert_parallel_comm_backend deepep); none: it has none")
+    hybridep: DeepEPBehaviour | None = Field(default=None, description="the stack's HybridEP backend "
+                                             "(expert_parallel_comm_backend hybridep); none: it has none")
 
 
 class FineTuneBehaviour(BaseModel):

@@ -87,13 +87,14 @@ class Parallel(BaseModel):
         "(keep each block's gathered weights from its forward to its backward)")
     expert_parallel_comm_backend: EPCommBackend = Field(
         default="standard", description="torchtitan's parallelism.expert_parallel_comm_backend: standard (PyTorch "
-        "all-to-all) or deepep (DeepEP's kernels; torchtitan exports run it, meshplan's own core does not)")
+        "all-to-all), deepep (DeepEP's kernels) or hybridep (HybridEP's); torchtitan exports run them, meshplan's "
+        "own core does not")
 
     @property
     def uses_deepep(self) -> bool:
-        """DeepEP dispatches the experts' tokens: the backend says deepep and EP runs (without EP it has nothing to
-        send)."""
-        return self.expert_parallel_comm_backend == "deepep" and self.ep > 1
+        """The deep_ep package's kernels dispatch the experts' tokens: the backend says deepep or hybridep (HybridEP
+        ships in DeepEP's hybrid-ep branch) and EP runs (without EP it has nothing to send)."""
+        return self.expert_parallel_comm_backend != "standard" and self.ep > 1
 
 
 class FineTuning(BaseModel):
@@ -233,14 +234,20 @@ class Plan(BaseModel):
         return self.training.global_batch_size * self.training.seq_len
 
 
+# the dispatchers' names as their projects write them, by expert_parallel_comm_backend
+KERNELS = {"deepep": "DeepEP", "hybridep": "HybridEP"}
+
+
 def core_refusal(plan: Plan) -> str | None:
     """Why meshplan's own training core cannot run `plan` as planned (None: it can): a plan whose experts travel
-    by DeepEP runs under torchtitan only (the core dispatches with PyTorch's all-to-all)."""
+    by DeepEP or HybridEP runs under torchtitan only (the core dispatches with PyTorch's all-to-all)."""
     if plan.parallel.uses_deepep:
-        return ("the plan dispatches its experts with DeepEP (expert_parallel_comm_backend deepep), which meshplan's "
-                "training core does not run: launch it with --engine torchtitan, export it for torchtitan "
-                "(meshplan export PLAN -f torchtitan-py for 0.3, -f torchtitan-toml for 0.2.2), or plan with "
-                "--ep-comm-backend standard")
+        backend = plan.parallel.expert_parallel_comm_backend
+        return (f"the plan dispatches its experts with {KERNELS[backend]} (expert_parallel_comm_backend {backend}), "
+                "which meshplan's training core does not run: launch it with --engine torchtitan, export it for "
+                "torchtitan (meshplan export PLAN -f torchtitan-py for 0.3"
+                + (", -f torchtitan-toml for 0.2.2" if backend == "deepep" else "")
+                + "), or plan with --ep-comm-backend standard")
     return None
 
 

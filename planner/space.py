@@ -82,7 +82,7 @@ class SearchSpace:
     dtype: str = "float32"
     # torchtitan's parallelism.fsdp_reshard_after_forward, one for the whole search: "default", "always" or "never"
     fsdp_reshard_after_forward: str = "default"
-    # torchtitan's parallelism.expert_parallel_comm_backend, one for the whole search: "standard" or "deepep"
+    # torchtitan's parallelism.expert_parallel_comm_backend, one for the whole search: standard, deepep or hybridep
     expert_parallel_comm_backend: str = "standard"
 
     def finetune_fields(self) -> dict:

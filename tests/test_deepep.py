@@ -68,10 +68,10 @@ def test_deepep_speeds_up_the_estimate_where_the_all_to_all_crosses_nodes():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--hardware", "mi300x", "--ep", "8"], "deepep needs NVIDIA GPUs (DeepEP's kernels use NVLink and NVSHMEM); "
-                                           "mi300x is amd: use standard"),
+    (["--hardware", "mi300x", "--ep", "8"], "deepep needs NVIDIA GPUs (DeepEP's and HybridEP's kernels use NVLink "
+                                           "and RDMA from the GPU); mi300x is amd: use standard"),
     (["--ep", "1"], "expert_parallel_comm_backend deepep dispatches over expert parallelism, and ep is 1"),
-    (["--ep", "8", "--stack", "torchtitan-2025-08"], "this stack profile has no DeepEP backend"),
+    (["--ep", "8", "--stack", "torchtitan-2025-08"], "this stack profile has no deepep backend (torchtitan has one from 2025-12"),
     (["--ep", "8", "--ep-comm-backend", "nccl"], "--ep-comm-backend"),
 ])
 def test_estimate_refuses_deepep_where_it_cannot_run_in_one_line(cli, args, needle):

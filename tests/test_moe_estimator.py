@@ -265,11 +265,14 @@ def test_checkpointing_runs_the_permutes_forward_again():
 
 def test_an_older_release_states_only_what_differs_in_its_moe():
     """A dated stack's `moe` section merges over the current release's key by key: torchtitan up to Aug 2025
-    differs only in recomputing the all-to-all under op-SAC, and in having no DeepEP yet (2025-12)."""
+    differs only in recomputing the all-to-all under op-SAC, and in having no DeepEP (2025-12) nor HybridEP
+    (2026-03) yet."""
     old = load_stack("torchtitan-2025-08")
     assert old.moe.selective_ac_saves_all_to_all is False and TT.moe.selective_ac_saves_all_to_all is True
     assert old.moe.deepep is None and TT.moe.deepep is not None
-    assert old.moe.model_copy(update={"selective_ac_saves_all_to_all": True, "deepep": TT.moe.deepep}) == TT.moe
+    assert old.moe.hybridep is None and TT.moe.hybridep is not None
+    assert old.moe.model_copy(update={"selective_ac_saves_all_to_all": True, "deepep": TT.moe.deepep,
+                                      "hybridep": TT.moe.hybridep}) == TT.moe
 
 
 def test_the_measured_moe_runs_are_predicted_from_their_columns():

@@ -241,8 +241,9 @@ c2.selectbox("FSDP reshard after forward", list(RESHARD_POLICIES), key="reshard"
                   "the backward (one all-gather a microbatch, more memory)")
 sb.radio("EP dispatch (MoE)", list(EP_COMM_BACKENDS), key="ep_backend", horizontal=True,
          help="torchtitan's parallelism.expert_parallel_comm_backend, for layouts with expert parallelism: standard "
-              "(PyTorch all-to-all, a row per routed expert) or deepep (DeepEP: a token once per destination rank "
-              "and node; NVIDIA only; plans run under torchtitan, not meshplan's own core)")
+              "(PyTorch all-to-all, a row per routed expert), deepep (DeepEP: a token once per destination rank "
+              "and node) or hybridep (HybridEP, the same route; torchtitan 0.3, made for NVL72); NVIDIA only; "
+              "plans run under torchtitan, not meshplan's own core")
 
 pins: dict = {}
 try:

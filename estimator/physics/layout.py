@@ -51,7 +51,8 @@ class Layout:
     lora_rank: np.ndarray
     bf16_state: np.ndarray  # training.dtype bfloat16: parameters, gradients and AdamW state in bf16
     loss_compiled: np.ndarray  # torch.compile compiles the loss (compile on, compile_components has loss)
-    deepep: np.ndarray  # DeepEP dispatches the routed tokens (expert_parallel_comm_backend deepep, ep > 1)
+    deepep: np.ndarray  # DeepEP or HybridEP dispatches the routed tokens (expert_parallel_comm_backend, ep > 1)
+    hybridep: np.ndarray  # HybridEP does (its own link efficiencies, the same route as DeepEP's)
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
 
@@ -93,7 +94,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         fp8=c.float8 > int(Float8.NONE), has_tp=t > 1, single_stage=p == 1,
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,
-        deepep=(as_float(c.ep_backend) == 1.0) & (ep > 1),
+        deepep=(as_float(c.ep_backend) >= 1.0) & (ep > 1), hybridep=(as_float(c.ep_backend) == 2.0) & (ep > 1),
     )
 
 

@@ -138,14 +138,16 @@ def all_to_all_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes: np.ndarra
     eff = r.behaviour.all_to_all_efficiency
     nvlink = nbytes * (in_node - 1) / ep / (intra_node_all_to_all_bytes_per_s(hw, in_node) * eff)
     network = nbytes * xp.maximum(ep - in_node, 0.0) / ep / (inter_node_bytes_per_s(hw) * eff)
-    if xp.any_(lay.deepep):
-        deep = r.behaviour.deepep
+    for rows, name, deep, since in ((lay.deepep & xp.logical_not(lay.hybridep), "deepep", r.behaviour.deepep, "2025-12, PR #2107"),
+                                    (lay.hybridep, "hybridep", r.behaviour.hybridep, "2026-03, PR #2207")):
+        if not xp.any_(rows):
+            continue
         if deep is None:
-            raise ConfigError("this stack profile has no DeepEP backend (torchtitan has one from 2025-12, PR #2107): "
-                              "use expert_parallel_comm_backend standard or a newer stack")
+            raise ConfigError(f"this stack profile has no {name} backend (torchtitan has one from {since}): use "
+                              "expert_parallel_comm_backend standard or a newer stack")
         nvlink_d, network_d = _deepep_s(hw, r, lay, nbytes, in_node, deep)
-        nvlink = xp.where(lay.deepep, nvlink_d, nvlink)
-        network = xp.where(lay.deepep, network_d, network)
+        nvlink = xp.where(rows, nvlink_d, nvlink)
+        network = xp.where(rows, network_d, network)
     latency = xp.where(ep > gpn, hw.inter_node_latency_us, hw.intra_node_latency_us) * 1e-6 * np.log2(xp.maximum(ep, 2))
     return xp.where(ep > 1, xp.maximum(nvlink, network) + latency, 0.0)
 
@@ -161,11 +163,12 @@ def distinct_groups(experts: float, top_k: float, groups) -> np.ndarray:
 
 
 def _deepep_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes, in_node, deep) -> tuple[np.ndarray, np.ndarray]:
-    """(NVLink seconds, RDMA seconds) of one DeepEP dispatch or combine in which the standard all-to-all would move
+    """(NVLink seconds, RDMA seconds) of one DeepEP (or HybridEP) dispatch or combine in which the standard all-to-all would move
     `nbytes` (top_k rows a token) to the busiest rank. DeepEP sends a token once per destination rank (not once per
     expert) and, across nodes, once per destination node over RDMA to the GPU of the same index there, which
     forwards it over NVLink to the ranks that need it: NVLink carries every copy but those landing on their own
-    GPU, the NIC each remote node's copy, at DeepEP's measured fractions of the links (`moe.deepep`)."""
+    GPU, the NIC each remote node's copy, at the kernels' measured fractions of the links (`moe.deepep`,
+    `moe.hybridep`: HybridEP routes the same way, docs/Hybrid-EP_Implementation.md of DeepEP's hybrid-ep branch)."""
     per_token = nbytes / max(r.top_k, 1.0)  # one row of the busiest rank's share
     ranks = distinct_groups(r.experts, r.top_k, lay.ep)
     nodes = xp.ceil(lay.ep / in_node)

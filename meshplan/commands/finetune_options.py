@@ -57,14 +57,15 @@ RESHARD = typer.Option(ReshardPolicy.default, "--fsdp-reshard-after-forward",
 class EPCommBackend(StrEnum):
     standard = "standard"
     deepep = "deepep"
+    hybridep = "hybridep"
 
 
 EP_COMM_BACKEND = typer.Option(EPCommBackend.standard, "--ep-comm-backend",
                                help="torchtitan's parallelism.expert_parallel_comm_backend (MoE, ep > 1): standard "
-                               "(PyTorch all-to-all, a row per routed expert) or deepep (DeepEP's kernels: a token "
-                               "once per destination rank and node; NVIDIA only, the deep_ep package installed: "
-                               "DeepEP v2 for torchtitan 0.3; "
-                               "torchtitan exports run it, meshplan's own core does not)")
+                               "(PyTorch all-to-all, a row per routed expert), deepep (DeepEP's kernels: a token "
+                               "once per destination rank and node; DeepEP v2 for torchtitan 0.3) or hybridep "
+                               "(HybridEP's, the same route, made for NVL72: torchtitan 0.3 only); NVIDIA only, the "
+                               "deep_ep package installed; torchtitan exports run them, meshplan's own core does not")
 COMPILE_COMPONENTS_OPT = typer.Option(
     "model,loss", "--compile-components", help="torchtitan's compile.components, comma-separated: what --compile "
     "compiles, model (each block) and / or loss (the cross-entropy over the vocabulary, whose compiled kernel keeps "

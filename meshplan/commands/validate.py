@@ -48,7 +48,7 @@ def validate_cmd(
     dtype (torchtitan's training.dtype: bfloat16 or float32) and
     fsdp_reshard_after_forward (default, always, never; a row without the
     column takes what its notes say, e.g. "reshard_after_forward policy=never"),
-    expert_parallel_comm_backend (standard, deepep) and compile_components
+    expert_parallel_comm_backend (standard, deepep, hybridep) and compile_components
     (torchtitan's compile.components: model, loss or "model loss"; empty: both).
 
     A CSV's documented corrections sit beside it, never in it: runs.csv reads

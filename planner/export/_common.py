@@ -11,7 +11,7 @@ from meshplan.estimator.config import COMPILE_COMPONENTS
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export.env import EnvVar
 from meshplan.planner.labels import model_size
-from meshplan.planner.plan_file import Plan
+from meshplan.planner.plan_file import KERNELS, Plan
 
 
 @dataclass(frozen=True)
@@ -55,24 +55,32 @@ TITAN_MODELS = {
 }
 LLAMA3_PRESETS = {k: v for k, v in TITAN_MODELS.items() if v.name == "llama3"}
 # the torchtitan models whose parallelize function (0.2.2: parallelism.expert_parallel_comm_backend) or model
-# registry (0.3.0: model_registry's moe_comm_backend) choose DeepEP; the others ignore the setting
-DEEPEP_MODELS = {"0.2.2": ("deepseek_v3", "llama4"), "0.3.0": ("deepseek_v3", "qwen3")}
+# registry (0.3.0: model_registry's moe_comm_backend) choose each dispatcher; the others ignore the setting.
+# HybridEP (PR #2207, 2026-03) came after 0.2.2.
+DEEPEP_MODELS = {"deepep": {"0.2.2": ("deepseek_v3", "llama4"), "0.3.0": ("deepseek_v3", "qwen3")},
+                 "hybridep": {"0.2.2": (), "0.3.0": ("deepseek_v3", "qwen3")}}
 
 
 def deepep_problem(plan: Plan, release: str) -> str | None:
-    """Why torchtitan `release` would not run this plan's DeepEP dispatch as planned (None when it would, or when
-    the plan has none): a model whose parallelize function or registry ignores the setting."""
+    """Why torchtitan `release` would not run this plan's DeepEP or HybridEP dispatch as planned (None when it
+    would, or when the plan has none): a release without it, or a model whose parallelize function or registry
+    ignores the setting."""
     if not plan.parallel.uses_deepep:
         return None
+    backend = plan.parallel.expert_parallel_comm_backend
+    models = DEEPEP_MODELS[backend]
     preset = preset_of(plan)
     module = TITAN_MODELS[preset].name if preset else plan.model.name
-    if module in DEEPEP_MODELS[release]:
+    if module in models[release]:
         return None
-    elsewhere = [r for r, modules in DEEPEP_MODELS.items() if r != release and module in modules]
-    return (f"torchtitan {release} runs DeepEP (expert_parallel_comm_backend deepep) for "
-            f"{', '.join(DEEPEP_MODELS[release])} only, and would dispatch {module}'s experts with the standard "
-            "all-to-all; plan with --ep-comm-backend standard"
-            + "".join(f", or export for torchtitan {r}" for r in elsewhere))
+    elsewhere = "".join(f", or export for torchtitan {r}" for r, names in models.items()
+                        if r != release and module in names)
+    if not models[release]:
+        return (f"torchtitan {release} has no {backend} backend (expert_parallel_comm_backend {backend}); plan "
+                f"with --ep-comm-backend standard or deepep{elsewhere}")
+    return (f"torchtitan {release} runs {KERNELS[backend]} (expert_parallel_comm_backend {backend}) for "
+            f"{', '.join(models[release])} only, and would dispatch {module}'s experts with the standard "
+            f"all-to-all; plan with --ep-comm-backend standard{elsewhere}")
 
 
 def q(value: object) -> str:

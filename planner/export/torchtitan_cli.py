@@ -27,7 +27,7 @@ from meshplan.planner.export.torchtitan_03 import (
     job,
     layout_note,
 )
-from meshplan.planner.plan_file import Plan
+from meshplan.planner.plan_file import KERNELS, Plan
 
 CLI_VERSION = f"torchtitan {RELEASE}"
 WHAT = "torchtitan-cli"
@@ -92,7 +92,8 @@ def render_cli(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int =
         problem = (f"the plan's model is the {j.flavor} flavor but {j.config}() builds {CONFIG_FLAVOR.get(j.config)}, "
                    f"and torchtitan {RELEASE}'s command line cannot change the model; export -f torchtitan-py")
     if not problem and plan.parallel.uses_deepep:
-        problem = (f"the plan's experts travel by DeepEP, which torchtitan {RELEASE}'s command line cannot choose "
+        problem = (f"the plan's experts travel by {KERNELS[plan.parallel.expert_parallel_comm_backend]}, which "
+                   f"torchtitan {RELEASE}'s command line cannot choose "
                    "(model_registry's moe_comm_backend); export -f torchtitan-py")
     n = plan.cluster.nodes
     usage = [
