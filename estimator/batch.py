@@ -59,7 +59,7 @@ def estimate_arrays(
     rp = rank_params(model, lay, stack.tp_shards_embedding, sequence_shards(stack, model, lay))
     act = activations(model, stack, lay, rp)
     mem, worst_stage = worst_stage_memory(model, stack, lay, rp, act, stage)
-    reserved = reserved_bytes(hw, stack, mem.allocated_bytes, lay)
+    reserved = reserved_bytes(hw, stack, mem.allocated_bytes, lay, model)
     step = step_time(model, hw, stack, lay, rp, act.vocab_rank)
     weights = finetune.weights(model, lay, rp)
     state = finetune.stage_state(weights, lay, rp, rp.most, stack)

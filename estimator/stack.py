@@ -52,6 +52,9 @@ class MoEBehaviour(BaseModel):
     permute_passes: float = Field(ge=0, description="bf16 passes over the hidden width per routed row, fwd+bwd")
     router_passes: float = Field(ge=0, description="fp32 passes over the expert scores per routed token, fwd+bwd")
     selective_ac_saves_all_to_all: bool = Field(description="op-level SAC keeps the all-to-all outputs")
+    recompute_fragmentation: float = Field(
+        default=0.0, ge=0, description="extra reserved / allocated where activation checkpointing recomputes MoE "
+        "layers: the reserved peak is the allocated peak x (1 + fragmentation) x (1 + this)")
     deepep: DeepEPBehaviour | None = Field(default=None, description="the stack's DeepEP backend "
                                            "(expert_parallel_comm_backend deepep); none: it has none")
     hybridep: DeepEPBehaviour | None = Field(default=None, description="the stack's HybridEP backend "

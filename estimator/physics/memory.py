@@ -332,9 +332,16 @@ def fragmentation(stack: StackProfile, lay: Layout) -> np.ndarray | float:
     return xp.where(one_stream(lay), stack.fragmentation_one_stream, stack.fragmentation)
 
 
-def reserved_bytes(hw: HardwareProfile, stack: StackProfile, allocated: np.ndarray, lay: Layout) -> np.ndarray:
-    """The caching allocator's reserved bytes for an allocated peak: x (1 + `fragmentation`), except near the
-    limit, where it frees cached blocks and retries instead of growing (capped at the usable HBM)."""
+def reserved_bytes(hw: HardwareProfile, stack: StackProfile, allocated: np.ndarray, lay: Layout,
+                   model: ModelSpec | None = None) -> np.ndarray:
+    """The caching allocator's reserved bytes for an allocated peak: x (1 + `fragmentation`), and for a MoE model
+    whose layers activation checkpointing recomputes x (1 + the stack's `moe.recompute_fragmentation`: dropless
+    routing gives the routed tensors new sizes every layer and step, and the recomputed ones are allocated while
+    the gradients are live), except near the limit, where the allocator frees cached blocks and retries instead of
+    growing (capped at the usable HBM)."""
     usable = hw.usable_hbm_gib * GIB
     reserved = allocated * (1 + fragmentation(stack, lay))
+    if model is not None and model.moe is not None and stack.moe is not None and stack.moe.recompute_fragmentation:
+        recomputes = lay.full_ac | lay.selective_ac
+        reserved = reserved * xp.where(recomputes, 1 + stack.moe.recompute_fragmentation, 1.0)
     return xp.where((reserved > usable) & (allocated <= usable), usable, reserved)
