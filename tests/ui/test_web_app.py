@@ -307,33 +307,39 @@ def test_training_dtype_and_reshard_policy_drive_the_search_labels_and_exports(w
     assert 'dtype = "bfloat16"' in toml and 'fsdp_reshard_after_forward = "never"' in toml
 
 
-def test_deepep_dispatch_drives_the_moe_search_labels_and_exports(web_app, web_downloads):
-    """A person's path: Qwen3 30B-A3B on two nodes with EP pinned to 8; "EP dispatch (MoE)" deepep labels every
-    ranked plan, raises its throughput (the all-to-all crosses nodes), reaches the link, the plan file and the
-    torchtitan 0.3.0 Python config; the launch scripts of meshplan's own core are not offered as runnable."""
+@pytest.mark.parametrize("backend, kernels, toml_refusal", [
+    ("deepep", "DeepEP", "torchtitan 0.2.2 runs DeepEP (expert_parallel_comm_backend deepep) for deepseek_v3, llama4 only"),
+    ("hybridep", "HybridEP", "torchtitan 0.2.2 has no hybridep backend (expert_parallel_comm_backend hybridep)"),
+])
+def test_deduplicating_dispatch_drives_the_moe_search_labels_and_exports(web_app, web_downloads, backend, kernels,
+                                                                         toml_refusal):
+    """A person's path: Qwen3 30B-A3B on two nodes with EP pinned to 8; "EP dispatch (MoE)" deepep (or hybridep)
+    labels every ranked plan, raises its throughput (the all-to-all crosses nodes), reaches the link, the plan file
+    and the torchtitan 0.3.0 Python config; the launch scripts of meshplan's own core are not offered as runnable,
+    nor the 0.2.2 TOML where that release would not run the dispatcher."""
     at = web_app(model="qwen3-30b-a3b", nodes=2, seq_len=4096, batch_unit="sequences", batch_seqs=64)
     at.multiselect(key="pin_ep").set_value([8])
     at.multiselect(key="pin_float8").set_value(["none"]).run()  # torchtitan 0.3.0 has no tensorwise recipe
     no_errors(at)
     standard = ranked(at)
-    assert not standard.configuration.str.contains("deepep").any()
-    at.radio(key="ep_backend").set_value("deepep").run()
+    assert not standard.configuration.str.contains(backend).any()
+    at.radio(key="ep_backend").set_value(backend).run()
     no_errors(at)
     deep = ranked(at)
-    assert deep.configuration.str.endswith("deepep").all()
+    assert deep.configuration.str.endswith(backend).all()
     assert deep.tokens_per_sec_per_gpu.max() > standard.tokens_per_sec_per_gpu.max()
-    assert at.query_params["ep_backend"] == "deepep"
+    assert at.query_params["ep_backend"] == backend
     at.session_state["view"] = "Export"
     at.run()
     name = next(n for n in web_downloads if n.endswith(".yaml"))
     plan = Plan.model_validate(yaml.safe_load(web_downloads[name]))
-    assert plan.parallel.ep == 8 and plan.parallel.expert_parallel_comm_backend == "deepep"
+    assert plan.parallel.ep == 8 and plan.parallel.expert_parallel_comm_backend == backend
     py = next(v for n, v in web_downloads.items() if n.endswith(".py"))
     py = (py() if callable(py) else py).decode()
-    assert "moe_comm_backend='deepep'" in py
+    assert f"moe_comm_backend='{backend}'" in py
     warnings = " ".join(w.value for w in at.warning)
-    assert "Slurm batch script: the plan dispatches its experts with DeepEP" in warnings
-    assert "torchtitan 0.2.2 runs DeepEP (expert_parallel_comm_backend deepep) for deepseek_v3, llama4 only" in warnings
+    assert f"Slurm batch script: the plan dispatches its experts with {kernels}" in warnings
+    assert toml_refusal in warnings
 
 
 def test_a_stack_profile_of_ones_own(web_app, web_downloads, monkeypatch, tmp_path):
