@@ -533,3 +533,37 @@ async def _test_deepep_dispatch_for_the_session(tmp_path):
 def test_deepep_dispatch_for_the_session(tmp_path):
     asyncio.run(_test_deepep_dispatch_for_the_session(tmp_path))
 
+
+
+async def _test_hybridep_dispatch_for_the_session(tmp_path):
+    """`meshplan tui --ep-comm-backend hybridep`: the header says so and the export keeps it in the plan and 0.3's
+    config module, and leaves out what would not run it: 0.2.2's TOML (HybridEP came after that release) and the
+    core's launch scripts."""
+    values = {"model": "deepseek-v3-16b", "nodes": "2", "seq_len": "4096", "batch": "64", "tokens": ""}
+    app = MeshplanApp(values, ep_backend="hybridep")
+    async with app.run_test(size=(120, 34)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        assert "EP hybridep" in screen.result.describe()
+        # the layouts with EP and rowwise Float8, which 0.3.0 has (it has no tensorwise recipe)
+        await pilot.press("escape", "p", "slash", *"+hybridep fp8:row", "enter")
+        await pilot.pause()
+        res = screen.result.res
+        assert screen.rows and all(res.configs.ep[i] > 1 and res.config(int(i))["float8"] == "rowwise"
+                                   for i in screen.rows)
+        await pilot.press("e")
+        out = tmp_path / "exported"
+        app.focused.value = str(out)
+        await pilot.press("enter")
+        await pilot.pause()
+    from meshplan.planner.plan_file import load_plan
+
+    plan = load_plan(next(out.glob("*.yaml")))
+    assert plan.parallel.ep > 1 and plan.parallel.expert_parallel_comm_backend == "hybridep"
+    assert "moe_comm_backend='hybridep'" in (out / "meshplan_job.py").read_text()
+    assert not list(out.glob("*.toml"))  # torchtitan 0.2.2 has no HybridEP
+    assert not list(out.glob("*-torchrun.sh")) and not list(out.glob("*.sbatch"))  # the core refuses the plan
+
+
+def test_hybridep_dispatch_for_the_session(tmp_path):
+    asyncio.run(_test_hybridep_dispatch_for_the_session(tmp_path))
