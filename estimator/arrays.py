@@ -63,13 +63,15 @@ class ConfigArrays:
     ep_backend: np.ndarray | None = None  # index into EP_COMM_BACKENDS (0: standard all-to-all, 1: DeepEP)
     # bitmask over COMPILE_COMPONENTS (`compile_mask`) of what `compile` compiles: model 1, loss 2 (default both)
     compile_components: np.ndarray | None = None
+    force_balance: np.ndarray | None = None  # 1: MoE tokens routed round-robin (torchtitan's moe_force_load_balance)
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
         for name, default in (("finetune", 0), ("lora_rank", 16), ("lora_targets", lora_mask(LORA_TARGETS)),
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
                               ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0),
-                              ("ep_backend", 0), ("compile_components", compile_mask(COMPILE_COMPONENTS))):
+                              ("ep_backend", 0), ("compile_components", compile_mask(COMPILE_COMPONENTS)),
+                              ("force_balance", 0)):
             if getattr(self, name) is None:
                 setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -115,4 +117,5 @@ def _codes(c: TrainConfig) -> dict[str, int]:
         "reshard": RESHARD_POLICIES.index(c.fsdp_reshard_after_forward),
         "ep_backend": EP_COMM_BACKENDS.index(c.expert_parallel_comm_backend),
         "compile_components": compile_mask(c.compile_components),
+        "force_balance": int(c.moe_force_load_balance),
     }

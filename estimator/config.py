@@ -148,6 +148,10 @@ class TrainConfig(BaseModel):
         "block's gathered parameters after its forward without PP, keep them for the step with PP), always, or "
         "never (keep every block's gathered bf16 parameters from its forward to its backward: one all-gather a "
         "microbatch instead of two, the whole stage's parameters in memory)")
+    moe_force_load_balance: bool = Field(
+        default=False, description="torchtitan's debug.moe_force_load_balance (MoE): route round-robin, token t to "
+        "experts t*k .. t*k+k-1, every expert the same rows: the balanced benchmark routing of torchtitan's and NeMo "
+        "AutoModel's published MoE runs, not learned routing")
     expert_parallel_comm_backend: EPCommBackend = Field(
         default="standard", description="torchtitan's parallelism.expert_parallel_comm_backend (MoE with ep > 1): "
         "standard (PyTorch all-to-all), deepep (DeepEP's dispatch and combine kernels) or hybridep (HybridEP's, "

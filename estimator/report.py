@@ -283,6 +283,7 @@ def config_dict(cfg: TrainConfig) -> dict:
         # what compile compiles, where it is not torchtitan's default (model and loss): the JSON reads as before
         **({"compile_components": list(cfg.compile_components)}
            if cfg.compile and len(cfg.compile_components) < 2 else {}),
+        **({"moe_force_load_balance": True} if cfg.moe_force_load_balance else {}),
         "async_tp": cfg.async_tp,
         **finetune_dict(cfg),
     }

@@ -376,6 +376,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         cpu_offload=col(bool(cfg.get("cpu_offload", False))), bf16_state=col(cfg.get("dtype") == "bfloat16"),
         ep_backend=col(EP_COMM_BACKENDS.index(cfg.get("expert_parallel_comm_backend") or "standard")),
         compile_components=col(compile_mask(cfg.get("compile_components") or COMPILE_COMPONENTS)),
+        force_balance=col(bool(cfg.get("moe_force_load_balance", False))),
         **{f: col(cfg.get(f, DEFAULT_LESS)) for f in LESS_FIELDS},
     )
 

@@ -69,7 +69,10 @@ ATTENTION_COLUMNS = ("head_dim", "qk_norm")
 # second takes it from its notes, "reshard_after_forward policy=never", else default)
 # second takes it from its notes, "reshard_after_forward policy=never", else default), the experts' dispatcher and
 # torchtitan's compile.components (model, loss, or both: "model loss", "model;loss"; empty: both)
-OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend", "compile_components")
+# and torchtitan's debug.moe_force_load_balance (round-robin routing; a row without the column: its notes naming
+# moe_force_load_balance)
+OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend", "compile_components",
+                  "moe_force_load_balance")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -336,6 +339,15 @@ def compile_components(row: dict) -> tuple[str, ...]:
     return tuple(t for t in COMPILE_COMPONENTS if t in names) or COMPILE_COMPONENTS
 
 
+def force_load_balance(row: dict) -> bool:
+    """torchtitan's debug.moe_force_load_balance of a row (round-robin routing): its `moe_force_load_balance`
+    column, else whether its notes name moe_force_load_balance."""
+    cell = cell_bool(row, "moe_force_load_balance")
+    if cell is not None:
+        return cell
+    return "moe_force_load_balance" in (row.get("notes") or "")
+
+
 def data_parallel(row: dict, stack) -> tuple[int, int]:
     """(dp_replicate, dp_shard) of a row. A framework without FSDP (`fsdp: none` in its stack profile: nanotron's
     data parallelism is DDP, ZeRO-1 at most) runs every data-parallel rank as a replica, however the row's writer
@@ -375,6 +387,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             micro_batch_size=cell_int(row, "micro_batch_size", 1),
             ac=ac_name(row.get("ac")),
             compile=stack.default_compile if compile_ is None else compile_, compile_components=compile_components(row),
+            moe_force_load_balance=force_load_balance(row),
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
             async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),
@@ -491,6 +504,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
             cells = {k: row.get(k) for k in CONFIG_COLUMNS + RELEASE_COLUMNS + MOE_COLUMNS + ATTENTION_COLUMNS
                      + MLA_COLUMNS + OPTION_COLUMNS}
             cells["fsdp_reshard_after_forward"] = reshard_policy(row)  # the column, else what the notes state
+            cells["moe_force_load_balance"] = str(force_load_balance(row)).lower()  # the same
             est = estimate_row(cells, base["stack"])
             tps, peak = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
             fits = peak <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib

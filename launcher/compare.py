@@ -41,7 +41,7 @@ GROUND_TRUTH_COLUMNS = (
 assert set(CONFIG_COLUMNS) | set(MEASURED_COLUMNS) <= set(GROUND_TRUTH_COLUMNS)
 # after the schema's columns, where a run needs them: an attention head's width that is not hidden / heads (Qwen3)
 # and what compile compiled where it was not torchtitan's default (model and loss)
-OPTIONAL_COLUMNS = ATTENTION_COLUMNS + MOE_COLUMNS + MLA_COLUMNS + ("compile_components",)
+OPTIONAL_COLUMNS = ATTENTION_COLUMNS + MOE_COLUMNS + MLA_COLUMNS + ("compile_components", "moe_force_load_balance")
 
 
 @dataclass
@@ -196,6 +196,7 @@ def config_row(plan: Plan, hardware: str) -> dict:
         **({c: getattr(m.mla, c) for c in MLA_COLUMNS} if m.mla else {}),
         **({"compile_components": " ".join(compiled_components(p))}
            if p.compile and set(p.compile_components) != set(COMPILE_COMPONENTS) else {}),
+        **({"moe_force_load_balance": "true"} if plan.training.moe_force_load_balance else {}),
     }
 
 

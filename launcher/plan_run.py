@@ -34,6 +34,7 @@ def run_config_fields(plan: Plan, run_dir: str | Path | None = None, steps: int 
         "ac": p.ac,
         "compile": p.compile,
         "compile_components": list(p.compile_components),
+        "moe_force_balance": t.moe_force_load_balance,
         "float8": p.float8,
         "async_tp": p.async_tp,
         "steps": steps or t.steps,

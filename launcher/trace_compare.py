@@ -21,8 +21,6 @@ def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int, offload:
     from meshplan.estimator.batch import ConfigArrays, estimate_arrays
     from meshplan.estimator.config import TrainConfig
 
-    if cfg.moe_force_balance and stack.moe is not None:
-        stack = stack.model_copy(update={"moe": stack.moe.model_copy(update={"load_imbalance": 1.0})})
     tc = TrainConfig(
         gpus=cfg.world_size, gpus_per_node=min(hw.gpus_per_node, cfg.world_size), dp_replicate=cfg.dp_replicate,
         dp_shard=cfg.dp_shard, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, ep=cfg.ep, pp_schedule=cfg.pp_schedule, vpp=cfg.vpp,
@@ -30,7 +28,7 @@ def analytical_terms(cfg: RunConfig, hw: Any, stack: Any, pp_rank: int, offload:
         seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, micro_batch_size=cfg.micro_batch_size,
         ac=cfg.ac, compile=False, float8="none", async_tp=False, finetune=cfg.finetune, lora_rank=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets, cpu_offload=offload, dtype=cfg.dtype,
-        fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
+        fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward, moe_force_load_balance=cfg.moe_force_balance,
     ).resolve(cfg.model, hw)
     r = estimate_arrays(cfg.model, hw, stack, ConfigArrays.from_configs([tc]), stage=pp_rank)
     return {k: float(v[0]) for k, v in r.items()}

@@ -147,6 +147,8 @@ class Training(BaseModel):
                                  "keeps all of them in bf16, without an fp32 master copy (RoPE and the loss in fp32)")
     grad_clip: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     seed: int = 0
+    moe_force_load_balance: bool = Field(default=False, description="torchtitan's debug.moe_force_load_balance "
+                                         "(MoE): round-robin routing, every expert the same rows (benchmarks)")
     checkpoint_interval: int = Field(default=500, ge=1, description="steps between DCP checkpoints")
     optimizer: Optimizer = Field(default_factory=Optimizer)
     lr_schedule: LRSchedule = Field(default_factory=LRSchedule)
@@ -224,6 +226,7 @@ class Plan(BaseModel):
             seq_len=self.training.seq_len, global_batch_size=self.training.global_batch_size,
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
             compile_components=p.compile_components, cpu_offload=p.cpu_offload, dtype=self.training.dtype, **self.finetune_fields(),
+            moe_force_load_balance=self.training.moe_force_load_balance,
             fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
             expert_parallel_comm_backend=p.expert_parallel_comm_backend,
         )
@@ -293,6 +296,7 @@ def make_plan(
         ),
         training=Training(
             seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens, dtype=cfg.dtype,
+            moe_force_load_balance=cfg.moe_force_load_balance and model.moe is not None,
             **training_defaults(cfg.finetune, steps),
         ),
         finetune=finetuning_of(cfg, init_from),
@@ -432,6 +436,8 @@ def plan_yaml(plan: Plan) -> str:
             body["parallel"].pop(field)
     if plan.training.dtype == DEFAULT_DTYPE:  # fp32 state: the plan reads as it did before the field existed
         body["training"].pop("dtype")
+    if not plan.training.moe_force_load_balance:  # learned routing: as before the field existed
+        body["training"].pop("moe_force_load_balance")
     body["hardware"].pop("aliases", None)  # names to look the part up by, not what the plan ran on
     for field in ("nvlink_pair_gbs", "scale_up_domain_gpus"):  # a part without them reads as before they existed
         if body["hardware"].get(field) is None:

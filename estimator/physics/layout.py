@@ -53,6 +53,7 @@ class Layout:
     loss_compiled: np.ndarray  # torch.compile compiles the loss (compile on, compile_components has loss)
     deepep: np.ndarray  # DeepEP or HybridEP dispatches the routed tokens (expert_parallel_comm_backend, ep > 1)
     hybridep: np.ndarray  # HybridEP does (its own link efficiencies, the same route as DeepEP's)
+    force_balance: np.ndarray  # MoE tokens go round-robin (moe_force_load_balance): balanced, consecutive experts
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
 
@@ -95,6 +96,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,
         deepep=(as_float(c.ep_backend) >= 1.0) & (ep > 1), hybridep=(as_float(c.ep_backend) == 2.0) & (ep > 1),
+        force_balance=xp.as_bool(c.force_balance),
     )
 
 

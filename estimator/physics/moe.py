@@ -14,7 +14,9 @@ per-token terms; times are seconds per MoE layer per microbatch. Constants come 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -69,8 +71,10 @@ def routing(model: ModelSpec, stack: StackProfile, lay: Layout) -> Routing | Non
     m, t, ep = model.moe, lay.tp, lay.ep
     has_ep = ep > 1
     src = float(m.top_k) / xp.where(has_ep, t, 1.0)
+    # round-robin routing (moe_force_load_balance) gives every expert the same rows
+    imbalance = xp.where(has_ep & xp.logical_not(lay.force_balance), b.load_imbalance, 1.0)
     return Routing(
-        behaviour=b, src_rows=src, expert_rows=src * xp.where(has_ep, b.load_imbalance, 1.0),
+        behaviour=b, src_rows=src, expert_rows=src * imbalance,
         router_tokens=1.0 / xp.where(has_ep, t, 1.0),
         width=float(m.expert_ffn_hidden) / xp.where(has_ep, 1.0, t),
         local_experts=float(m.experts) / xp.where(has_ep, ep, 1.0), shared_width=float(m.shared_ffn_hidden),
@@ -162,6 +166,25 @@ def distinct_groups(experts: float, top_k: float, groups) -> np.ndarray:
     return g * (1.0 - miss)
 
 
+@lru_cache(maxsize=256)
+def _round_robin_hits(experts: int, top_k: int, groups: int) -> float:
+    """Mean number of `groups` equal contiguous blocks of the `experts` that a round-robin token's experts fall in
+    (torchtitan's moe_force_load_balance: token t to experts t*k .. t*k+k-1 mod E), over one period of tokens."""
+    block = experts / groups
+    period = experts // math.gcd(top_k, experts)
+    hits = [len({int(((t * top_k + i) % experts) // block) for i in range(top_k)}) for t in range(period)]
+    return sum(hits) / period
+
+
+def round_robin_groups(experts: float, top_k: float, groups):
+    """`distinct_groups` for round-robin routing (moe_force_load_balance): a token's top_k experts are consecutive,
+    so they land in few groups (DeepSeek-V3 671B at EP 32: 8 experts a rank, every token's 8 on one rank)."""
+    if not isinstance(groups, np.ndarray):
+        return _round_robin_hits(int(experts), int(top_k), max(int(groups), 1))
+    return np.asarray([_round_robin_hits(int(experts), int(top_k), max(int(g), 1)) for g in groups.ravel()],
+                      dtype=float).reshape(groups.shape)
+
+
 def _deepep_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes, in_node, deep) -> tuple[np.ndarray, np.ndarray]:
     """(NVLink seconds, RDMA seconds) of one DeepEP (or HybridEP) dispatch or combine in which the standard all-to-all would move
     `nbytes` (top_k rows a token) to the busiest rank. DeepEP sends a token once per destination rank (not once per
@@ -170,9 +193,15 @@ def _deepep_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes, in_node, dee
     GPU, the NIC each remote node's copy, at the kernels' measured fractions of the links (`moe.deepep`,
     `moe.hybridep`: HybridEP routes the same way, docs/Hybrid-EP_Implementation.md of DeepEP's hybrid-ep branch)."""
     per_token = nbytes / max(r.top_k, 1.0)  # one row of the busiest rank's share
-    ranks = distinct_groups(r.experts, r.top_k, lay.ep)
     nodes = xp.ceil(lay.ep / in_node)
-    remote_nodes = distinct_groups(r.experts, r.top_k, nodes) * (nodes - 1) / xp.maximum(nodes, 1.0)
+    if xp.any_(lay.force_balance):  # round-robin: consecutive experts, few ranks and nodes a token
+        ranks = xp.where(lay.force_balance, round_robin_groups(r.experts, r.top_k, lay.ep),
+                         distinct_groups(r.experts, r.top_k, lay.ep))
+        hit = xp.where(lay.force_balance, round_robin_groups(r.experts, r.top_k, nodes),
+                       distinct_groups(r.experts, r.top_k, nodes))
+    else:
+        ranks, hit = distinct_groups(r.experts, r.top_k, lay.ep), distinct_groups(r.experts, r.top_k, nodes)
+    remote_nodes = hit * (nodes - 1) / xp.maximum(nodes, 1.0)
     nvlink = per_token * ranks * (in_node - 1) / in_node \
         / (intra_node_all_to_all_bytes_per_s(hw, in_node) * deep.nvlink_efficiency)
     network = per_token * remote_nodes / (nic_bytes_per_s(hw) * deep.rdma_efficiency)

@@ -78,6 +78,11 @@ def estimate_cmd(
     dtype: ft.TrainingDtype = ft.DTYPE,
     fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
     ep_comm_backend: ft.EPCommBackend = ft.EP_COMM_BACKEND,
+    moe_force_load_balance: bool = typer.Option(
+        False, "--moe-force-load-balance/--no-moe-force-load-balance", help="torchtitan's debug."
+        "moe_force_load_balance (MoE): route round-robin, token t to experts t*k .. t*k+k-1, every expert the same "
+        "rows: how torchtitan's and NeMo AutoModel's published MoE benchmarks ran (consecutive experts share ranks, "
+        "so DeepEP / HybridEP send a token to fewer ranks and nodes than learned routing does)"),
     init_from: str = typer.Option(None, "--init-from", help="with -o: the Hugging Face checkpoint folder the plan "
                                   "starts from (recorded in the plan; `meshplan launch --init-from` sets it too)"),
     stack: str = typer.Option(
@@ -125,7 +130,7 @@ def estimate_cmd(
         compile_components=ft.parse_compile_components(compile_components), float8=float8.value, async_tp=async_tp,
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
-        expert_parallel_comm_backend=ep_comm_backend.value,
+        expert_parallel_comm_backend=ep_comm_backend.value, moe_force_load_balance=moe_force_load_balance,
     )
     stack = stack or "torchtitan"
     result = estimate(spec, hw, cfg, load_stack(stack))
@@ -179,6 +184,7 @@ def render(result: dict, console: Console | None = None) -> None:
         + (f", FSDP reshard after forward: {c['fsdp_reshard_after_forward']}"
            if c.get("fsdp_reshard_after_forward") else "")
         + (f", EP comm backend {c['expert_parallel_comm_backend']}" if c.get("expert_parallel_comm_backend") else "")
+        + (", round-robin routing (moe_force_load_balance)" if c.get("moe_force_load_balance") else "")
     )
     if c.get("finetune"):
         what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[c["finetune"]]

@@ -49,7 +49,9 @@ def validate_cmd(
     fsdp_reshard_after_forward (default, always, never; a row without the
     column takes what its notes say, e.g. "reshard_after_forward policy=never"),
     expert_parallel_comm_backend (standard, deepep, hybridep) and compile_components
-    (torchtitan's compile.components: model, loss or "model loss"; empty: both).
+    (torchtitan's compile.components: model, loss or "model loss"; empty: both),
+    moe_force_load_balance (true: round-robin routing; empty: whether the notes
+    name moe_force_load_balance).
 
     A CSV's documented corrections sit beside it, never in it: runs.csv reads
     runs.corrections.yaml (each entry: rows, column, the value it replaces

@@ -299,7 +299,10 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
             ("recipe_name", "mxfp8_cublas", ""),
             ("filter_fqns", high_precision, high_note),
         ]))
-    sections.append(("debug", [("seed", t.seed, "")]))
+    debug: list[tuple[str, object, str]] = [("seed", t.seed, "")]
+    if t.moe_force_load_balance:
+        debug.append(("moe_force_load_balance", True, "round-robin routing, every expert the same rows (benchmark)"))
+    sections.append(("debug", debug))
 
     for name, items in sections:
         out.append("")

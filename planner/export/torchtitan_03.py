@@ -191,7 +191,7 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
                     **{k: v for k, v, _ in titan_initial_load(plan, what)}},
         compile={"enable": bool(p.compile), "enable_async_tensor_parallel": bool(p.async_tp),
                  "components": compiled_components(p)},
-        debug={"seed": t.seed},
+        debug={"seed": t.seed, **({"moe_force_load_balance": True} if t.moe_force_load_balance else {})},
         ac=AC_KINDS[p.ac],
         converter=conv,
         lora=lora,
