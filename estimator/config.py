@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from meshplan.estimator.errors import ConfigError, InputError
 from meshplan.estimator.hardware import HardwareProfile
@@ -46,6 +46,9 @@ TRAINING_DTYPES: tuple[str, ...] = get_args(TrainingDtype)
 RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
 EP_COMM_BACKENDS: tuple[str, ...] = get_args(EPCommBackend)
 COMPILE_COMPONENTS: tuple[str, ...] = get_args(CompileComponent)
+# compile.components as every model holding it keeps them: each once, in torchtitan's order (model, loss)
+CompileComponents = Annotated[tuple[CompileComponent, ...],
+                              AfterValidator(lambda v: tuple(t for t in COMPILE_COMPONENTS if t in v))]
 # the linears LoRA can adapt: attention q / k / v / output (torchtune's q_proj, k_proj, v_proj, output_proj) and the
 # MLP's w1 (gate), w2 (down), w3 (up); the default is every one of them
 LORA_TARGETS: tuple[str, ...] = get_args(LoRATarget)
@@ -91,6 +94,18 @@ def compile_mask(components) -> int:
     return sum(1 << COMPILE_COMPONENTS.index(t) for t in set(components))
 
 
+# the bits of `compile_mask` the estimator's arrays test: the blocks compiled, the loss compiled
+COMPILE_MODEL = compile_mask(("model",))
+COMPILE_LOSS = compile_mask(("loss",))
+
+
+def compile_label(compile_: bool, components) -> str:
+    """What compile compiles, as the reports say it: off, on (model and loss), or "<component> only"."""
+    if not compile_:
+        return "off"
+    return "on" if len(components) > 1 else f"{components[0]} only"
+
+
 def lora_mask(targets) -> int:
     """The LoRA targets as a bitmask over LORA_TARGETS (q = 1, k = 2, v = 4, o = 8, w1 = 16, w2 = 32, w3 = 64)."""
     return sum(1 << LORA_TARGETS.index(t) for t in set(targets))
@@ -129,7 +144,7 @@ class TrainConfig(BaseModel):
     micro_batch_size: int = 1
     ac: ACMode = "selective"
     compile: bool = False
-    compile_components: tuple[CompileComponent, ...] = Field(
+    compile_components: CompileComponents = Field(
         default=COMPILE_COMPONENTS, description="torchtitan's compile.components: what compile compiles, the model "
         "(each block) and / or the loss")
     float8: Float8Recipe = "none"
@@ -224,7 +239,6 @@ class TrainConfig(BaseModel):
         if not c.compile_components:
             raise InputError("compile_components is empty: name model, loss or both (or set compile false)",
                              field="compile_components")
-        c.compile_components = tuple(t for t in COMPILE_COMPONENTS if t in c.compile_components)
         if not c.lora_targets:
             raise InputError("lora_targets is empty: name at least one of " + ", ".join(LORA_TARGETS),
                              field="lora_targets")

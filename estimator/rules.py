@@ -27,6 +27,7 @@ from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import (
     COMPILE_COMPONENTS,
+    COMPILE_MODEL,
     EP_COMM_BACKENDS,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
@@ -204,7 +205,7 @@ RULES: tuple[Rule, ...] = (
     Rule(14, "async_tp_tp1", "async TP needs tp > 1", lambda m, c, hw: (c.async_tp > 0) & (c.tp == 1)),
     Rule(13, "async_tp_compile", "async TP is a torch.compile pass: it needs compile on, with model "
          "in compile_components",
-         lambda m, c, hw: (c.async_tp > 0) & ((c.compile == 0) | ((c.compile_components & 1) == 0))),
+         lambda m, c, hw: (c.async_tp > 0) & ((c.compile == 0) | ((c.compile_components & COMPILE_MODEL) == 0))),
     Rule(15, "schedule_vpp", "pp schedule {pp_schedule} with vpp {vpp}: Interleaved1F1B takes 2 or more stages "
          "per rank, the other schedules exactly 1",
          lambda m, c, hw: xp.where(c.schedule == INTERLEAVED, (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),

@@ -336,7 +336,7 @@ def compile_components(row: dict) -> tuple[str, ...]:
         if name not in COMPILE_COMPONENTS:
             raise MeshplanError(f"row {row.get('id', '?')}: compile_components {name!r} is not one of "
                                 + ", ".join(COMPILE_COMPONENTS))
-    return tuple(t for t in COMPILE_COMPONENTS if t in names) or COMPILE_COMPONENTS
+    return tuple(names) or COMPILE_COMPONENTS  # TrainConfig keeps each once, in torchtitan's order
 
 
 def force_load_balance(row: dict) -> bool:

@@ -27,7 +27,6 @@ from meshplan.estimator.validate import (
     MLA_COLUMNS,
     MOE_COLUMNS,
 )
-from meshplan.planner.export._common import compiled_components
 from meshplan.planner.plan_file import Plan, load_plan
 
 WARMUP_STEPS = 2  # the first steps include compilation and allocator warm-up; medians skip them
@@ -194,8 +193,8 @@ def config_row(plan: Plan, hardware: str) -> dict:
         **({"qk_norm": "true"} if m.qk_norm else {}),
         **({"ep": p.ep, **{c: getattr(m.moe, c) for c in MOE_COLUMNS if c != "ep"}} if m.moe else {}),
         **({c: getattr(m.mla, c) for c in MLA_COLUMNS} if m.mla else {}),
-        **({"compile_components": " ".join(compiled_components(p))}
-           if p.compile and set(p.compile_components) != set(COMPILE_COMPONENTS) else {}),
+        **({"compile_components": " ".join(p.compile_components)}
+           if p.compile and p.compile_components != COMPILE_COMPONENTS else {}),
         **({"moe_force_load_balance": "true"} if plan.training.moe_force_load_balance else {}),
     }
 

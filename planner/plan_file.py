@@ -23,7 +23,7 @@ from meshplan.estimator.config import (
     COMPILE_COMPONENTS,
     LORA_TARGETS,
     ACMode,
-    CompileComponent,
+    CompileComponents,
     EPCommBackend,
     Float8Recipe,
     LoRATarget,
@@ -76,7 +76,7 @@ class Parallel(BaseModel):
     ac: ACMode = "selective"
     float8: Float8Recipe = "none"
     compile: bool = False
-    compile_components: tuple[CompileComponent, ...] = Field(
+    compile_components: CompileComponents = Field(
         default=COMPILE_COMPONENTS, min_length=1, description="torchtitan's compile.components: what compile "
         "compiles, model (each block) and / or loss")
     async_tp: bool = False
@@ -429,7 +429,7 @@ def plan_yaml(plan: Plan) -> str:
         body["parallel"].pop("fsdp_reshard_after_forward")
     if plan.parallel.expert_parallel_comm_backend == "standard":  # reads as before the field existed
         body["parallel"].pop("expert_parallel_comm_backend")
-    if set(plan.parallel.compile_components) == set(COMPILE_COMPONENTS):  # torchtitan's default: as before the field
+    if plan.parallel.compile_components == COMPILE_COMPONENTS:  # torchtitan's default: as before the field
         body["parallel"].pop("compile_components")
     for field in LESS_FIELDS:  # torchtitan's default split: the plan reads as it did before the fields existed
         if body["parallel"][field] == DEFAULT_LESS:

@@ -42,13 +42,19 @@ def test_deepep_all_to_all_by_hand():
     standard = _layout(DS16, gpus=8, ep=8, seq_len=4096)
     t_std = moe.all_to_all_s(H100, r, standard, np.array([6e9]))[0]
     assert t_std == pytest.approx(6e9 * 7 / 8 / (450e9 * 0.82 * 0.75) + 15e-6, rel=1e-9)
-    # EP 32 over 4 nodes: a token crosses the network once per distinct remote node, at DeepEP's 1.0 of the
-    # 400 Gb/s line rate (50 GB/s); NVLink forwards its ranks' copies (7/8 of them) in parallel
-    wide = _layout(DS16, gpus=32, ep=32, seq_len=4096, expert_parallel_comm_backend="deepep")
+
+
+@pytest.mark.parametrize("backend, nvlink_share", [("deepep", 0.96), ("hybridep", 0.74)])
+def test_deduplicating_all_to_all_across_nodes_by_hand(backend, nvlink_share):
+    # EP 32 over 4 H100 nodes: a token crosses the network once per distinct remote node, at 1.0 of the 400 Gb/s
+    # line rate (50 GB/s) for both; NVLink forwards its ranks' copies (7/8 of them) in parallel, at the kernels'
+    # own share of the achievable 450e9 x 0.82 (stack moe.deepep / moe.hybridep); 5 latency steps of 12 us
+    wide = _layout(DS16, gpus=32, ep=32, seq_len=4096, expert_parallel_comm_backend=backend)
+    assert bool(wide.deepep[0]) and bool(wide.hybridep[0]) == (backend == "hybridep")
     rw = moe.routing(DS16, TT, wide)
     remote = 3 * (1 - np.prod([(48 - i) / (64 - i) for i in range(6)]))
     ranks32 = 32 * (1 - np.prod([(62 - i) / (64 - i) for i in range(6)]))
-    nvlink = 1e9 * ranks32 * 7 / 8 / (450e9 * 0.82 * 0.96)
+    nvlink = 1e9 * ranks32 * 7 / 8 / (450e9 * 0.82 * nvlink_share)
     t = moe.all_to_all_s(H100, rw, wide, np.array([6e9]))[0]
     assert t == pytest.approx(max(1e9 * remote / 50e9, nvlink) + 12e-6 * 5, rel=1e-9)
 

@@ -1,40 +1,19 @@
 """HybridEP as the experts' dispatcher (torchtitan 0.3's moe_comm_backend "hybridep", PR #2207): DeepEP's route
 (a token once per destination rank, once per remote node over RDMA) at HybridEP's own measured link fractions,
-the rules, the plan file, the exports (0.3.0 only) and the core's refusal. tests/test_torchtitan_deepep.py runs
-the 0.3.0 export under the release itself."""
+the rules, the plan file, the exports (0.3.0 only) and the core's refusal. The all-to-all by hand is in
+tests/test_deepep.py; tests/test_torchtitan_deepep.py runs the 0.3.0 export under the release itself."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from test_deepep import DS16, H100, TT, _layout  # DS16: 64 routed experts, top 6; _layout on H100
+from test_deepep import H100, TT
 
 from meshplan.estimator import MeshplanError, TrainConfig, estimate, load_hardware, load_model
-from meshplan.estimator.physics import moe
 from meshplan.estimator.validate import validate_rows
 from meshplan.planner.export import render
 from meshplan.planner.plan_file import core_refusal, load_plan, make_plan, plan_fingerprint, save_plan
 
 GB200 = load_hardware("gb200")
-
-
-def test_hybridep_all_to_all_by_hand():
-    # EP 32 over 4 H100 nodes: DeepEP's route, HybridEP's fractions (stack moe.hybridep: NVLink 0.74 of the
-    # achievable 450e9 x 0.82, the NIC at 1.0 of its 50 GB/s); 5 latency steps of 12 us across nodes
-    wide = _layout(DS16, gpus=32, ep=32, seq_len=4096, expert_parallel_comm_backend="hybridep")
-    assert bool(wide.deepep[0]) and bool(wide.hybridep[0])
-    r = moe.routing(DS16, TT, wide)
-    remote = 3 * (1 - np.prod([(48 - i) / (64 - i) for i in range(6)]))
-    ranks32 = 32 * (1 - np.prod([(62 - i) / (64 - i) for i in range(6)]))
-    nvlink = 1e9 * ranks32 * 7 / 8 / (450e9 * 0.82 * 0.74)
-    t = moe.all_to_all_s(H100, r, wide, np.array([6e9]))[0]
-    assert t == pytest.approx(max(1e9 * remote / 50e9, nvlink) + 12e-6 * 5, rel=1e-9)
-    # the same layout with DeepEP: the same RDMA time, NVLink at DeepEP's 0.96
-    deep = _layout(DS16, gpus=32, ep=32, seq_len=4096, expert_parallel_comm_backend="deepep")
-    assert not bool(deep.hybridep[0])
-    nv_deep = 1e9 * ranks32 * 7 / 8 / (450e9 * 0.82 * 0.96)
-    assert moe.all_to_all_s(H100, r, deep, np.array([6e9]))[0] == pytest.approx(
-        max(1e9 * remote / 50e9, nv_deep) + 12e-6 * 5, rel=1e-9)
 
 
 def test_hybridep_on_an_nvl72_domain_and_across_nodes():

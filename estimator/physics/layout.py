@@ -8,7 +8,7 @@ import numpy as np
 
 from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
-from meshplan.estimator.config import AC, RESHARD_POLICIES, FineTune, Float8
+from meshplan.estimator.config import AC, COMPILE_LOSS, COMPILE_MODEL, RESHARD_POLICIES, FineTune, Float8
 
 
 def as_float(x) -> np.ndarray:
@@ -90,8 +90,8 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         gpus_per_node=as_float(c.gpus_per_node), world=ds * dr * t * p * cp,
         microbatches=gbs / (dr * ds * mbs), fsdp_ranks=ds * cp, tokens_mb=mbs * s / cp, ep=ep,
         expert_fsdp_ranks=xp.where(ep > 1, ds * cp * t / ep, ds * cp),
-        full_ac=c.ac == int(AC.FULL), selective_ac=c.ac == int(AC.SELECTIVE), compiled=xp.as_bool(c.compile) & ((c.compile_components & 1) > 0),
-        loss_compiled=xp.as_bool(c.compile) & ((c.compile_components & 2) > 0),
+        full_ac=c.ac == int(AC.FULL), selective_ac=c.ac == int(AC.SELECTIVE), compiled=xp.as_bool(c.compile) & ((c.compile_components & COMPILE_MODEL) > 0),
+        loss_compiled=xp.as_bool(c.compile) & ((c.compile_components & COMPILE_LOSS) > 0),
         fp8=c.float8 > int(Float8.NONE), has_tp=t > 1, single_stage=p == 1,
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,

@@ -185,6 +185,15 @@ def round_robin_groups(experts: float, top_k: float, groups):
                       dtype=float).reshape(groups.shape)
 
 
+def _groups_hit(r: Routing, lay: Layout, groups) -> np.ndarray:
+    """Groups (ranks, nodes) a token's experts land in: uniform learned routing, or round-robin's consecutive
+    experts where the configuration forces balance."""
+    uniform = distinct_groups(r.experts, r.top_k, groups)
+    if not xp.any_(lay.force_balance):
+        return uniform
+    return xp.where(lay.force_balance, round_robin_groups(r.experts, r.top_k, groups), uniform)
+
+
 def _deepep_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes, in_node, deep) -> tuple[np.ndarray, np.ndarray]:
     """(NVLink seconds, RDMA seconds) of one DeepEP (or HybridEP) dispatch or combine in which the standard all-to-all would move
     `nbytes` (top_k rows a token) to the busiest rank. DeepEP sends a token once per destination rank (not once per
@@ -194,14 +203,8 @@ def _deepep_s(hw: HardwareProfile, r: Routing, lay: Layout, nbytes, in_node, dee
     `moe.hybridep`: HybridEP routes the same way, docs/Hybrid-EP_Implementation.md of DeepEP's hybrid-ep branch)."""
     per_token = nbytes / max(r.top_k, 1.0)  # one row of the busiest rank's share
     nodes = xp.ceil(lay.ep / in_node)
-    if xp.any_(lay.force_balance):  # round-robin: consecutive experts, few ranks and nodes a token
-        ranks = xp.where(lay.force_balance, round_robin_groups(r.experts, r.top_k, lay.ep),
-                         distinct_groups(r.experts, r.top_k, lay.ep))
-        hit = xp.where(lay.force_balance, round_robin_groups(r.experts, r.top_k, nodes),
-                       distinct_groups(r.experts, r.top_k, nodes))
-    else:
-        ranks, hit = distinct_groups(r.experts, r.top_k, lay.ep), distinct_groups(r.experts, r.top_k, nodes)
-    remote_nodes = hit * (nodes - 1) / xp.maximum(nodes, 1.0)
+    ranks = _groups_hit(r, lay, lay.ep)
+    remote_nodes = _groups_hit(r, lay, nodes) * (nodes - 1) / xp.maximum(nodes, 1.0)
     nvlink = per_token * ranks * (in_node - 1) / in_node \
         / (intra_node_all_to_all_bytes_per_s(hw, in_node) * deep.nvlink_efficiency)
     network = per_token * remote_nodes / (nic_bytes_per_s(hw) * deep.rdma_efficiency)

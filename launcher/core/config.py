@@ -17,7 +17,7 @@ from meshplan.estimator.config import (
     COMPILE_COMPONENTS,
     LORA_TARGETS,
     ACMode,
-    CompileComponent,
+    CompileComponents,
     FineTuneMode,
     Float8Recipe,
     LoRATarget,
@@ -60,7 +60,7 @@ class RunConfig(BaseModel):
     seq_len: int = Field(64, ge=2)
     ac: ACMode = "none"
     compile: bool = False
-    compile_components: tuple[CompileComponent, ...] = Field(
+    compile_components: CompileComponents = Field(
         COMPILE_COMPONENTS, min_length=1, description="torchtitan's compile.components: what compile compiles, the "
         "model (each block) and / or the loss")
     float8: Float8Recipe = "none"

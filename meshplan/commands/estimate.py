@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.commands import finetune_options as ft
-from meshplan.estimator.config import TrainConfig
+from meshplan.estimator.config import COMPILE_COMPONENTS, TrainConfig, compile_label
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import token_budget
 from meshplan.estimator.model_spec import load_model
@@ -178,7 +178,7 @@ def render(result: dict, console: Console | None = None) -> None:
         + (f" ({c['pp_schedule']}, vpp {c['vpp']})" if c["pp"] > 1 else "")
         + (f", ep {c['ep']}" if c.get("ep", 1) > 1 else "")
         + f" | seq {c['seq_len']}, global batch {c['global_batch_size']}, micro-batch {c['micro_batch_size']}"
-        f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {_compiled(c)}, "
+        f" ({thr['microbatches']} per step) | AC {c['ac']}, compile {compile_label(c['compile'], c.get('compile_components') or COMPILE_COMPONENTS)}, "
         f"float8 {c['float8']}" + (", async TP" if c["async_tp"] else "") + (", CPU offload" if c.get("cpu_offload") else "")
         + (f", training dtype {c['dtype']}" if c.get("dtype") else "")
         + (f", FSDP reshard after forward: {c['fsdp_reshard_after_forward']}"
@@ -232,11 +232,3 @@ def render(result: dict, console: Console | None = None) -> None:
     )
     for w in result["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
-
-
-def _compiled(c: dict) -> str:
-    """What compile compiles, as the header says it: off, on (model and loss) or "<component> only"."""
-    if not c["compile"]:
-        return "off"
-    parts = c.get("compile_components") or ["model", "loss"]
-    return "on" if len(parts) > 1 else f"{parts[0]} only"

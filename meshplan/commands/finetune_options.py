@@ -112,4 +112,4 @@ def parse_compile_components(text: str) -> tuple[str, ...]:
                              field="compile_components")
     if not names:
         raise InputError("compile_components is empty: name model, loss or model,loss", field="compile_components")
-    return tuple(t for t in COMPILE_COMPONENTS if t in names)
+    return tuple(names)  # TrainConfig keeps each once, in torchtitan's order

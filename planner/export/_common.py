@@ -7,7 +7,7 @@ import shlex
 import textwrap
 from dataclasses import dataclass
 
-from meshplan.estimator.config import COMPILE_COMPONENTS
+from meshplan.estimator.config import compile_label
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export.env import EnvVar
 from meshplan.planner.labels import model_size
@@ -57,7 +57,7 @@ LLAMA3_PRESETS = {k: v for k, v in TITAN_MODELS.items() if v.name == "llama3"}
 # the torchtitan models whose parallelize function (0.2.2: parallelism.expert_parallel_comm_backend) or model
 # registry (0.3.0: model_registry's moe_comm_backend) choose each dispatcher; the others ignore the setting.
 # HybridEP (PR #2207, 2026-03) came after 0.2.2.
-DEEPEP_MODELS = {"deepep": {"0.2.2": ("deepseek_v3", "llama4"), "0.3.0": ("deepseek_v3", "qwen3")},
+DISPATCH_MODELS = {"deepep": {"0.2.2": ("deepseek_v3", "llama4"), "0.3.0": ("deepseek_v3", "qwen3")},
                  "hybridep": {"0.2.2": (), "0.3.0": ("deepseek_v3", "qwen3")}}
 
 
@@ -68,7 +68,7 @@ def deepep_problem(plan: Plan, release: str) -> str | None:
     if not plan.parallel.uses_deepep:
         return None
     backend = plan.parallel.expert_parallel_comm_backend
-    models = DEEPEP_MODELS[backend]
+    models = DISPATCH_MODELS[backend]
     preset = preset_of(plan)
     module = TITAN_MODELS[preset].name if preset else plan.model.name
     if module in models[release]:
@@ -154,8 +154,7 @@ def describe(plan: Plan) -> list[str]:
     c, p, t = plan.cluster, plan.parallel, plan.training
     m = plan.model
     pp = f" ({p.pp_schedule}, {p.vpp} stages per rank)" if p.pp > 1 else ""
-    compiled = "off" if not p.compile else "on" if len(compiled_components(p)) > 1 else f"{compiled_components(p)[0]} only"
-    feats = [f"AC {p.ac}", f"compile {compiled}", f"float8 {p.float8}"]
+    feats = [f"AC {p.ac}", f"compile {compile_label(p.compile, p.compile_components)}", f"float8 {p.float8}"]
     if p.ep > 1:
         feats.insert(0, f"expert parallel {p.ep}")
     if p.async_tp:
@@ -237,7 +236,3 @@ def env_lines(envs: list[EnvVar]) -> list[str]:
         out.append(f'export {e.name}="${{{e.name}:-{value}}}"')
     return out
 
-
-def compiled_components(p) -> list[str]:
-    """torchtitan's compile.components of a plan's `parallel` section, in torchtitan's order (model, loss)."""
-    return [c for c in COMPILE_COMPONENTS if c in p.compile_components]

@@ -24,7 +24,6 @@ from meshplan.planner.export._common import (
     TITAN_MODELS,
     check_batch,
     comment,
-    compiled_components,
     deepep_problem,
     describe,
     dp_degree,
@@ -280,7 +279,7 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
         ac.append(("selective_ac_option", "op", "op-level selective AC, as the estimate assumes"))
     sections.append(("activation_checkpoint", ac))
     sections.append(("compile", [("enable", p.compile, "torch.compile of the components below"),
-                                 ("components", compiled_components(p), "model: each block; loss: the loss")]))
+                                 ("components", list(p.compile_components), "model: each block; loss: the loss")]))
     high_precision = ["output", "router.gate"] if moe else ["output"]
     high_note = "keep the output projection" + (" and the MoE routers" if moe else "") + " in bf16"
     if p.float8 == "tensorwise":

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.export._common import (
     TITAN_MODELS,
-    compiled_components,
     deepep_problem,
     dp_degree,
     estimated_with_fsdp_everywhere,
@@ -190,7 +189,7 @@ def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = 
         checkpoint={"enable": True, "folder": "checkpoint", "interval": t.checkpoint_interval,
                     **{k: v for k, v, _ in titan_initial_load(plan, what)}},
         compile={"enable": bool(p.compile), "enable_async_tensor_parallel": bool(p.async_tp),
-                 "components": compiled_components(p)},
+                 "components": list(p.compile_components)},
         debug={"seed": t.seed, **({"moe_force_load_balance": True} if t.moe_force_load_balance else {})},
         ac=AC_KINDS[p.ac],
         converter=conv,
