@@ -143,10 +143,9 @@ def _moe(obj: dict, arch: Arch, name: str, notes: list[str]) -> tuple[dict | Non
         if obj.get("num_nextn_predict_layers"):
             notes.append(f"{name}'s multi-token-prediction module (num_nextn_predict_layers = "
                          f"{obj['num_nextn_predict_layers']}) is not planned: meshplan trains the main model")
-        if (obj.get("topk_group") or 1) < (obj.get("n_group") or 1):
-            notes.append(f"{name} routes each token to at most {obj['topk_group']} of {obj['n_group']} expert groups "
-                         "(node-limited routing); the all-to-all is timed for top-k experts anywhere in the EP group")
-        return {"experts": _int(obj, "n_routed_experts", name), "top_k": _int(obj, "num_experts_per_tok", name),
+        groups = _int(obj, "n_group", name, 1) if obj.get("n_group") else 1
+        limited = {"expert_groups": groups, "limited_groups": _int(obj, "topk_group", name)} if groups > 1 else {}
+        return {**limited, "experts": _int(obj, "n_routed_experts", name), "top_k": _int(obj, "num_experts_per_tok", name),
                 "expert_ffn_hidden": _int(obj, "moe_intermediate_size", name),
                 "shared_ffn_hidden": (obj.get("n_shared_experts") or 0) * _int(obj, "moe_intermediate_size", name),
                 "first_dense_layers": k, "dense_layer_ids": dense,

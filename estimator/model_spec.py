@@ -40,12 +40,36 @@ class MoESpec(BaseModel):
     score_func: Literal["softmax", "sigmoid"] = "softmax"
     router_bias: bool = Field(default=False, description="a per-expert routing bias (DeepSeek-V3 aux-loss-free)")
     shared_gate: bool = Field(default=False, description="a sigmoid gate on the shared expert (Qwen2-MoE)")
+    expert_groups: int = Field(default=1, ge=1, description="node-limited routing (DeepSeek n_group, torchtitan "
+                                                            "num_expert_groups): equal groups of consecutive "
+                                                            "routed experts; 1: none")
+    limited_groups: int | None = Field(default=None, ge=1, description="the groups a token's experts may come from "
+                                                                       "(DeepSeek topk_group, torchtitan "
+                                                                       "num_limited_groups); None: every group")
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
         if self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds the {self.experts} experts")
+        g, m = self.expert_groups, self.limited_groups
+        if g == 1:
+            if m not in (None, 1):
+                raise ValueError(f"limited_groups {m} needs expert_groups above 1 (the experts in that many groups)")
+            return self
+        if self.experts % g or self.experts // g < 2:
+            raise ValueError(f"expert_groups ({g}) must divide the {self.experts} experts into groups of 2 or more "
+                             "(torchtitan's node-limited routing)")
+        if m is None or m > g:
+            raise ValueError(f"expert_groups {g} needs limited_groups between 1 and {g} (DeepSeek topk_group)")
+        if m * (self.experts // g) < self.top_k:
+            raise ValueError(f"limited_groups {m} x {self.experts // g} experts a group is fewer than top_k "
+                             f"({self.top_k})")
         return self
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether a token's experts come from fewer than all the expert groups (node-limited routing)."""
+        return self.expert_groups > 1 and (self.limited_groups or self.expert_groups) < self.expert_groups
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether block `i` (0-based) has the MoE MLP."""

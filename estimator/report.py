@@ -220,6 +220,8 @@ def model_summary(model: ModelSpec, seq_len: int, cfg: TrainConfig | None = None
         out["moe"] = {"experts": m.experts, "top_k": m.top_k, "expert_ffn_hidden": m.expert_ffn_hidden,
                       "shared_ffn_hidden": m.shared_ffn_hidden, "moe_layers": model.moe_layers,
                       "routed_params": int(model.routed_params)}
+        if m.group_limited:  # node-limited routing: a token's experts from limited_groups of expert_groups
+            out["moe"] |= {"expert_groups": m.expert_groups, "limited_groups": m.limited_groups}
     if model.mla is not None:
         out["attention"] = "multi-head latent attention"
     if model.vision_params:

@@ -58,7 +58,9 @@ CONFIG_COLUMNS = (
 # a mixture-of-experts model's experts and expert-parallel degree (a MoE row without them is recognised by its model
 # name and dimensions when a preset has both, else predicted as the dense model its columns describe)
 RELEASE_COLUMNS = ("source",)
-MOE_COLUMNS = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden", "first_dense_layers")
+GROUP_COLUMNS = ("expert_groups", "limited_groups")  # node-limited routing (DeepSeek n_group / topk_group)
+MOE_COLUMNS = ("ep", "experts", "top_k", "expert_ffn_hidden", "shared_ffn_hidden", "first_dense_layers",
+               *GROUP_COLUMNS)
 # read when present: an attention head's width where it is not hidden / heads (Qwen3 32B: 64 heads of 128 over a
 # 5120-wide stream) and QK-norm (true / false). A row without them that names a preset of its dimensions takes the
 # preset's.

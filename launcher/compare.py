@@ -23,6 +23,7 @@ from meshplan.estimator.stack import stack_names
 from meshplan.estimator.validate import (
     ATTENTION_COLUMNS,
     CONFIG_COLUMNS,
+    GROUP_COLUMNS,
     MEASURED_COLUMNS,
     MLA_COLUMNS,
     MOE_COLUMNS,
@@ -191,7 +192,9 @@ def config_row(plan: Plan, hardware: str) -> dict:
         "compile": str(p.compile).lower(), "ac": p.ac, "async_tp": str(p.async_tp).lower(),
         **({"head_dim": m.head_dim} if m.head_dim is not None and m.head_dim * m.heads != m.hidden else {}),
         **({"qk_norm": "true"} if m.qk_norm else {}),
-        **({"ep": p.ep, **{c: getattr(m.moe, c) for c in MOE_COLUMNS if c != "ep"}} if m.moe else {}),
+        **({"ep": p.ep, **{c: getattr(m.moe, c) for c in MOE_COLUMNS if c not in ("ep", *GROUP_COLUMNS)}}
+           if m.moe else {}),
+        **({c: getattr(m.moe, c) for c in GROUP_COLUMNS} if m.moe and m.moe.group_limited else {}),
         **({c: getattr(m.mla, c) for c in MLA_COLUMNS} if m.mla else {}),
         **({"compile_components": " ".join(p.compile_components)}
            if p.compile and p.compile_components != COMPILE_COMPONENTS else {}),

@@ -337,6 +337,8 @@ def plan_fingerprint(plan: Plan) -> str:
     # fields added after a plan's schema was first published count only when set, so the runs of a plan written
     # before them keep their fingerprint (and resume)
     model = _model_dump(plan.model)
+    for field in ROUTING_FIELDS:  # how tokens pick experts changes no parameter
+        (model.get("moe") or {}).pop(field, None)
     # when FSDP frees gathered weights changes no checkpoint: a run may resume under another policy
     # nor how the experts' tokens travel (the same parameters, the same checkpoint), nor what compile compiles
     parallel = plan.parallel.model_dump(mode="json", exclude={"fsdp_reshard_after_forward",
@@ -358,14 +360,22 @@ def plan_fingerprint(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# the MoE fields of node-limited routing (DeepSeek n_group / topk_group): unset, a plan reads as before them
+ROUTING_FIELDS = {"expert_groups": 1, "limited_groups": None}
+
+
 def _model_dump(model: ModelSpec) -> dict:
     """The model spec as JSON values, without the architecture fields a model leaves unset (MoE, MLA, a vision
-    tower, local attention): a plan of a dense full-attention model reads as it did before they existed."""
+    tower, local attention, node-limited routing): a plan of a dense full-attention model reads as it did before
+    they existed."""
     out = model.model_dump(mode="json")
     for field, unset in (("moe", None), ("mla", None), ("vision_params", 0), ("attention_window", 0),
                          ("window_kind", "sliding"), ("window_layer_share", 0.0)):
         if out.get(field) == unset:
             out.pop(field, None)
+    for field, unset in ROUTING_FIELDS.items():
+        if (out.get("moe") or {}).get(field, unset) == unset:
+            (out.get("moe") or {}).pop(field, None)
     return out
 
 

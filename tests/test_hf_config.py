@@ -86,7 +86,10 @@ def test_moe_fields_mean_what_each_family_means():
     assert (ds.moe.first_dense_layers, ds.moe_layers, ds.dense_layers) == (3, 58, 3)
     assert (ds.moe.shared_ffn_hidden, ds.moe.score_func, ds.moe.router_bias) == (2048, "sigmoid", True)
     assert ds.mla.q_lora_rank == 1536 and ds.d_head == 192 and ds.v_head == 128 and ds.kv_heads == 128
-    assert any("multi-token-prediction" in n for n in ds.notes) and any("node-limited" in n for n in ds.notes)
+    assert any("multi-token-prediction" in n for n in ds.notes)
+    assert (ds.moe.expert_groups, ds.moe.limited_groups, ds.moe.group_limited) == (8, 4, True)  # n_group, topk_group
+    lite = from_hf_config({**DEEPSEEK_V3, "n_group": 1, "topk_group": 1, "n_routed_experts": 64}, "lite")
+    assert (lite.moe.expert_groups, lite.moe.limited_groups, lite.moe.group_limited) == (1, None, False)
     mav = from_hf_config(LLAMA4_MAVERICK, "maverick")
     assert mav.moe_layers == 24 and mav.moe_layer_mask[:4] == (False, True, False, True)  # layers 1, 3, 5, ...
     assert mav.ffn_hidden == 16384 and mav.moe.shared_ffn_hidden == 8192  # dense layers: intermediate_size_mlp

@@ -142,6 +142,8 @@ class MoE(nn.Module):
         super().__init__()
         m = spec.moe
         self.num_experts, self.top_k, self.score_func = m.experts, m.top_k, m.score_func
+        # node-limited routing (torchtitan's num_expert_groups / num_limited_groups); 1 group: none
+        self.expert_groups, self.limited_groups = m.expert_groups, m.limited_groups or m.expert_groups
         self.router = nn.Linear(spec.hidden, m.experts, bias=False)
         self.experts = GroupedExperts(spec)
         self.shared_experts = SharedExperts(spec) if m.shared_ffn_hidden else None
@@ -165,10 +167,22 @@ class MoE(nn.Module):
             ids = torch.arange(T * self.top_k, device=xt.device).view(T, self.top_k) % self.num_experts
         else:
             with torch.no_grad():
-                ids = torch.topk(scores + self.expert_bias, self.top_k, dim=-1).indices
+                ids = torch.topk(self.limit_groups(scores + self.expert_bias), self.top_k, dim=-1).indices
         top = scores.gather(1, ids)
         top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
         return ids, top, scores
+
+    def limit_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """Node-limited routing as torchtitan's router does it: the experts' choice scores (T, E) with every expert
+        outside the token's `limited_groups` best groups (a group's score: the sum of its two best experts') at
+        -inf; unchanged where the model routes anywhere."""
+        if self.limited_groups >= self.expert_groups:
+            return choice
+        grouped = choice.unflatten(-1, (self.expert_groups, self.num_experts // self.expert_groups))
+        best = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = torch.zeros_like(best, dtype=torch.bool).scatter_(
+            -1, best.topk(self.limited_groups, dim=-1).indices, True)
+        return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(-2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

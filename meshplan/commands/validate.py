@@ -40,8 +40,8 @@ def validate_cmd(
     (with its bias).
 
     Columns read beyond the schema when present: ep, experts, top_k,
-    expert_ffn_hidden, shared_ffn_hidden, first_dense_layers (a mixture of
-    experts); head_dim (a head's width where it is not hidden / heads) and
+    expert_ffn_hidden, shared_ffn_hidden, first_dense_layers, expert_groups,
+    limited_groups (a mixture of experts; node-limited routing); head_dim (a head's width where it is not hidden / heads) and
     qk_norm; q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
     v_head_dim (multi-head latent attention). A row without them that names a
     preset of its dimensions takes the preset's.

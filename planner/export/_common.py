@@ -120,7 +120,9 @@ def preset_of(plan: Plan) -> str | None:
                 ref = load_model(name)
             except MeshplanError:
                 return None
-            ignore = {"name", "description", "notes"}
+            # the shapes: how tokens pick experts (node-limited routing) is the flavor's, whatever the plan says
+            ignore = {"name": True, "description": True, "notes": True,
+                      "moe": {"expert_groups": True, "limited_groups": True}}
             if ref.model_dump(exclude=ignore) == plan.model.model_dump(exclude=ignore):
                 return name
     return None

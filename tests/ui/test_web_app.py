@@ -39,6 +39,9 @@ def test_every_preset_runs(web_app, preset):
     df = ranked(at)
     assert len(df) > 0 and df["rank"].iloc[0] == 1
     assert len(at.get("plotly_chart")) == 2  # memory bars and step time of the chosen plan
+    limited = [c.value for c in at.caption if "expert groups" in c.value]
+    assert bool(limited) == (preset == "deepseek-v3"), limited  # its node-limited routing, in the model's facts
+    assert all("from at most 4 of 8 expert groups" in c for c in limited)
 
 
 @pytest.mark.parametrize("hardware", ["h200-sxm", "b200", "mi300x", "a100-sxm-80g"])

@@ -24,10 +24,11 @@ def model_facts(m: ModelSpec) -> str:
     e = m.moe
     shared = f" + a shared expert of {e.shared_ffn_hidden:,}" if e.shared_ffn_hidden else ""
     dense = f"; {m.dense_layers} dense layers (MLP {m.ffn_hidden:,})" if m.dense_layers else ""
+    limited = f" from at most {e.limited_groups} of {e.expert_groups} expert groups" if e.group_limited else ""
     return (f"**{count_label(m.params)} parameters, {count_label(m.active_params)} active per token**: "
             f"{m.layers} layers, hidden {m.hidden:,}, {attn}, vocab {m.vocab:,}; mixture of experts in "
             f"{m.moe_layers} layers: {e.experts} routed experts (MLP {e.expert_ffn_hidden:,}), top-{e.top_k}"
-            f"{shared}{dense}; {kind}{tied}")
+            f"{limited}{shared}{dense}; {kind}{tied}")
 
 
 def hardware_facts(hw: HardwareProfile) -> list[str]:
