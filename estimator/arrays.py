@@ -64,6 +64,7 @@ class ConfigArrays:
     # bitmask over COMPILE_COMPONENTS (`compile_mask`) of what `compile` compiles: model 1, loss 2 (default both)
     compile_components: np.ndarray | None = None
     force_balance: np.ndarray | None = None  # 1: MoE tokens routed round-robin (torchtitan's moe_force_load_balance)
+    a2a_overlap: np.ndarray | None = None  # 1: the EP all-to-all overlaps another microbatch's compute (Megatron)
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
@@ -71,7 +72,7 @@ class ConfigArrays:
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
                               ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0),
                               ("ep_backend", 0), ("compile_components", compile_mask(COMPILE_COMPONENTS)),
-                              ("force_balance", 0)):
+                              ("force_balance", 0), ("a2a_overlap", 0)):
             if getattr(self, name) is None:
                 setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -118,4 +119,5 @@ def _codes(c: TrainConfig) -> dict[str, int]:
         "ep_backend": EP_COMM_BACKENDS.index(c.expert_parallel_comm_backend),
         "compile_components": compile_mask(c.compile_components),
         "force_balance": int(c.moe_force_load_balance),
+        "a2a_overlap": int(c.moe_a2a_overlap),
     }

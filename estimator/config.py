@@ -167,6 +167,10 @@ class TrainConfig(BaseModel):
         default=False, description="torchtitan's debug.moe_force_load_balance (MoE): route round-robin, token t to "
         "experts t*k .. t*k+k-1, every expert the same rows: the balanced benchmark routing of torchtitan's and NeMo "
         "AutoModel's published MoE runs, not learned routing")
+    moe_a2a_overlap: bool = Field(
+        default=False, description="Megatron-Core's overlap_moe_expert_parallel_comm (MoE with ep > 1): one "
+        "microbatch's dispatch and combine run while another's compute does (1F1B all-to-all overlap). For `validate` "
+        "rows of frameworks that run it; torchtitan has no counterpart, so the planner never plans it")
     expert_parallel_comm_backend: EPCommBackend = Field(
         default="standard", description="torchtitan's parallelism.expert_parallel_comm_backend (MoE with ep > 1): "
         "standard (PyTorch all-to-all), deepep (DeepEP's dispatch and combine kernels) or hybridep (HybridEP's, "

@@ -286,6 +286,7 @@ def config_dict(cfg: TrainConfig) -> dict:
         **({"compile_components": list(cfg.compile_components)}
            if cfg.compile and len(cfg.compile_components) < 2 else {}),
         **({"moe_force_load_balance": True} if cfg.moe_force_load_balance else {}),
+        **({"moe_a2a_overlap": True} if cfg.moe_a2a_overlap else {}),
         "async_tp": cfg.async_tp,
         **finetune_dict(cfg),
     }

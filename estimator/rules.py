@@ -378,6 +378,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         ep_backend=col(EP_COMM_BACKENDS.index(cfg.get("expert_parallel_comm_backend") or "standard")),
         compile_components=col(compile_mask(cfg.get("compile_components") or COMPILE_COMPONENTS)),
         force_balance=col(bool(cfg.get("moe_force_load_balance", False))),
+        a2a_overlap=col(bool(cfg.get("moe_a2a_overlap", False))),
         **{f: col(cfg.get(f, DEFAULT_LESS)) for f in LESS_FIELDS},
     )
 

@@ -68,13 +68,12 @@ ATTENTION_COLUMNS = ("head_dim", "qk_norm")
 # read when present: multi-head latent attention (DeepSeek-V2/V3) by its ranks and head widths (row_model's
 # MLA_COLUMNS); a row without them whose name and dimensions are an MLA preset's takes the preset's
 # read when present: torchtitan's training.dtype and parallelism.fsdp_reshard_after_forward (a row without the
-# second takes it from its notes, "reshard_after_forward policy=never", else default)
-# second takes it from its notes, "reshard_after_forward policy=never", else default), the experts' dispatcher and
-# torchtitan's compile.components (model, loss, or both: "model loss", "model;loss"; empty: both)
-# and torchtitan's debug.moe_force_load_balance (round-robin routing; a row without the column: its notes naming
-# moe_force_load_balance)
+# second takes it from its notes, "reshard_after_forward policy=never", else default), the experts' dispatcher,
+# torchtitan's compile.components (model, loss, or both: "model loss", "model;loss"; empty: both), torchtitan's
+# debug.moe_force_load_balance (round-robin routing; a row without the column: its notes naming
+# moe_force_load_balance) and Megatron-Core's 1F1B all-to-all overlap (moe_a2a_overlap: true / false)
 OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend", "compile_components",
-                  "moe_force_load_balance")
+                  "moe_force_load_balance", "moe_a2a_overlap")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -350,6 +349,12 @@ def force_load_balance(row: dict) -> bool:
     return "moe_force_load_balance" in (row.get("notes") or "")
 
 
+def a2a_overlap(row: dict) -> bool:
+    """Whether a row's framework overlapped the experts' all-to-all with another microbatch's compute (Megatron-Core's
+    overlap_moe_expert_parallel_comm, Megatron-Bridge's moe_a2a_overlap): its `moe_a2a_overlap` column."""
+    return bool(cell_bool(row, "moe_a2a_overlap"))
+
+
 def data_parallel(row: dict, stack) -> tuple[int, int]:
     """(dp_replicate, dp_shard) of a row. A framework without FSDP (`fsdp: none` in its stack profile: nanotron's
     data parallelism is DDP, ZeRO-1 at most) runs every data-parallel rank as a replica, however the row's writer
@@ -389,7 +394,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             micro_batch_size=cell_int(row, "micro_batch_size", 1),
             ac=ac_name(row.get("ac")),
             compile=stack.default_compile if compile_ is None else compile_, compile_components=compile_components(row),
-            moe_force_load_balance=force_load_balance(row),
+            moe_force_load_balance=force_load_balance(row), moe_a2a_overlap=a2a_overlap(row),
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
             async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),

@@ -54,6 +54,7 @@ class Layout:
     deepep: np.ndarray  # DeepEP or HybridEP dispatches the routed tokens (expert_parallel_comm_backend, ep > 1)
     hybridep: np.ndarray  # HybridEP does (its own link efficiencies, the same route as DeepEP's)
     force_balance: np.ndarray  # MoE tokens go round-robin (moe_force_load_balance): balanced, consecutive experts
+    a2a_overlap: np.ndarray  # the EP all-to-all overlaps another microbatch's compute (Megatron's 1F1B overlap)
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
 
@@ -96,7 +97,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         finetune=c.finetune > int(FineTune.NONE), lora=c.finetune >= int(FineTune.LORA), qlora=c.finetune == int(FineTune.QLORA), offload=xp.as_bool(c.cpu_offload),
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,
         deepep=(as_float(c.ep_backend) >= 1.0) & (ep > 1), hybridep=(as_float(c.ep_backend) == 2.0) & (ep > 1),
-        force_balance=xp.as_bool(c.force_balance),
+        force_balance=xp.as_bool(c.force_balance), a2a_overlap=xp.as_bool(c.a2a_overlap) & (ep > 1),
     )
 
 

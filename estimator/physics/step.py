@@ -84,8 +84,9 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     # the CPU launches a microbatch's kernels ahead of the GPU: launches cost time only where they outlast the GPU's
     # work (measured on one H100: hidden at 8k tokens a microbatch, ~0.7 ms a block exposed at 2k, eager)
     launch = xp.maximum(0.0, comp.overhead_s - busy_slow)
+    a2a = exposed_all_to_all_s(lay, comp.all_to_all_s, busy)
     t_mb = (busy_slow + launch + comp.fsdp_overhead_s + tp.exposed_s + cp + fsdp_exposed + fsdp.copy_out_s + offload_mb
-            + comp.all_to_all_s)
+            + a2a)
     parts = {
         "compute": m * comp.gemm_attention_s,
         "recompute": m * comp.recompute_s,
@@ -96,7 +97,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         + fsdp.copy_out_once_s + reduce_once,
         "tp_exposed": m * tp.exposed_s,
         "cp_exposed": m * cp,
-        "ep_all_to_all": m * comp.all_to_all_s,
+        "ep_all_to_all": m * a2a,
         "nf4_dequant": m * comp.dequant_s,
         "offload_exposed": m * offload_mb + offload_acc,
         "pp_bubble": pipeline.bubble_s(lay, t_mb),
@@ -112,6 +113,20 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
     return StepTime(parts=parts, step_s=step, microbatch_s=t_mb, tokens_per_sec_per_gpu=tps,
                     mfu=finetune.flops_per_token(model, lay, model_flops_per_token(model, lay.seq_len)) * tps
                     / (hw.peak_tflops_bf16 * 1e12), fsdp_overhead_s=m * comp.fsdp_overhead_s)
+
+
+def exposed_all_to_all_s(lay: Layout, all_to_all_s: np.ndarray, busy_s: np.ndarray) -> np.ndarray:
+    """Seconds a microbatch waits on its expert-parallel dispatch and combine. Exposed whole (torchtitan: each
+    all-to-all sits between the router and the experts of the same microbatch), or, with Megatron-Core's 1F1B
+    all-to-all overlap (`moe_a2a_overlap`), hidden behind the compute of the microbatch paired with it (one's
+    forward with another's backward) up to that compute's length; the microbatches without a partner (a rank's
+    first and last: the pipeline's warm-up and cool-down, pp of m) expose theirs."""
+    if not xp.any_(lay.a2a_overlap):
+        return all_to_all_s
+    m = lay.microbatches
+    paired = xp.maximum(m - lay.pp, 0.0) / xp.maximum(m, 1.0)
+    hidden = xp.minimum(all_to_all_s, busy_s) * paired
+    return xp.where(lay.a2a_overlap, all_to_all_s - hidden, all_to_all_s)
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: np.ndarray) -> np.ndarray:

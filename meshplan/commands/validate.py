@@ -51,7 +51,9 @@ def validate_cmd(
     expert_parallel_comm_backend (standard, deepep, hybridep) and compile_components
     (torchtitan's compile.components: model, loss or "model loss"; empty: both),
     moe_force_load_balance (true: round-robin routing; empty: whether the notes
-    name moe_force_load_balance).
+    name moe_force_load_balance), moe_a2a_overlap (true: Megatron-Core's 1F1B
+    all-to-all overlap, the experts' dispatch hidden behind another
+    microbatch's compute; torchtitan has none).
 
     A CSV's documented corrections sit beside it, never in it: runs.csv reads
     runs.corrections.yaml (each entry: rows, column, the value it replaces
