@@ -16,6 +16,7 @@ import numpy as np
 
 from meshplan.estimator.config import (
     AC_MODES,
+    ATTENTION_KERNELS,
     COMPILE_COMPONENTS,
     EP_COMM_BACKENDS,
     FINETUNE_MODES,
@@ -65,6 +66,7 @@ class ConfigArrays:
     compile_components: np.ndarray | None = None
     force_balance: np.ndarray | None = None  # 1: MoE tokens routed round-robin (torchtitan's moe_force_load_balance)
     a2a_overlap: np.ndarray | None = None  # 1: the EP all-to-all overlaps another microbatch's compute (Megatron)
+    attention: np.ndarray | None = None  # index into ATTENTION_KERNELS (0: the stack's, 1: SDPA, 2: FlexAttention)
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
@@ -72,7 +74,7 @@ class ConfigArrays:
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
                               ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0),
                               ("ep_backend", 0), ("compile_components", compile_mask(COMPILE_COMPONENTS)),
-                              ("force_balance", 0), ("a2a_overlap", 0)):
+                              ("force_balance", 0), ("a2a_overlap", 0), ("attention", 0)):
             if getattr(self, name) is None:
                 setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -120,4 +122,5 @@ def _codes(c: TrainConfig) -> dict[str, int]:
         "compile_components": compile_mask(c.compile_components),
         "force_balance": int(c.moe_force_load_balance),
         "a2a_overlap": int(c.moe_a2a_overlap),
+        "attention": ATTENTION_KERNELS.index(c.attention_kernel),
     }

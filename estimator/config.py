@@ -34,6 +34,10 @@ ReshardPolicy = Literal["default", "always", "never"]
 # once per destination node over RDMA, forwarded over NVLink) or hybridep (NVIDIA's HybridEP, in DeepEP's hybrid-ep
 # branch: the same two-level route with TMA copies, aware of multi-node NVLink domains; torchtitan 0.3)
 EPCommBackend = Literal["standard", "deepep", "hybridep"]
+# the attention kernel a job's language model calls: default (its stack's `attention_kernel`), sdpa
+# (F.scaled_dot_product_attention: FlashAttention-2 or cuDNN's, the stack's `sdpa_backend`) or flex (FlexAttention,
+# torchtitan's attn_backend "flex": a Triton kernel inductor autotunes)
+AttentionKernel = Literal["default", "sdpa", "flex"]
 # torchtitan's compile.components: what compile.enable compiles, each block of the model (per-block torch.compile)
 # and the cross-entropy loss (build_cross_entropy_loss); torchtitan's default is both, some of its own configs
 # (deepseek_v3_16b.toml in 2025) compile the loss only
@@ -45,6 +49,7 @@ FINETUNE_MODES: tuple[str, ...] = get_args(FineTuneMode)
 TRAINING_DTYPES: tuple[str, ...] = get_args(TrainingDtype)
 RESHARD_POLICIES: tuple[str, ...] = get_args(ReshardPolicy)
 EP_COMM_BACKENDS: tuple[str, ...] = get_args(EPCommBackend)
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
 COMPILE_COMPONENTS: tuple[str, ...] = get_args(CompileComponent)
 # compile.components as every model holding it keeps them: each once, in torchtitan's order (model, loss)
 CompileComponents = Annotated[tuple[CompileComponent, ...],
@@ -167,6 +172,10 @@ class TrainConfig(BaseModel):
         default=False, description="torchtitan's debug.moe_force_load_balance (MoE): route round-robin, token t to "
         "experts t*k .. t*k+k-1, every expert the same rows: the balanced benchmark routing of torchtitan's and NeMo "
         "AutoModel's published MoE runs, not learned routing")
+    attention_kernel: AttentionKernel = Field(
+        default="default", description="the attention kernel the job calls: default (the stack's: torchtitan 0.3 "
+        "runs FlexAttention, older releases and meshplan's core SDPA), sdpa or flex; `validate` reads it from a "
+        "row's `attention_kernel` column")
     moe_a2a_overlap: bool = Field(
         default=False, description="Megatron-Core's overlap_moe_expert_parallel_comm (MoE with ep > 1): one "
         "microbatch's dispatch and combine run while another's compute does (1F1B all-to-all overlap). For `validate` "

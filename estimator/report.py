@@ -14,6 +14,7 @@ from meshplan.estimator.batch import (
 from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
+from meshplan.estimator.physics.compute import attention_kernel
 from meshplan.estimator.physics.stages import blocks_on_ranks, less_fields
 from meshplan.estimator.stack import StackProfile, load_stack
 
@@ -161,6 +162,8 @@ def estimate(
             "fsdp_overhead_share": _r(fsdp_share, 4),
             "flop_convention": FLOP_CONVENTION,
             "mfu_peak_tflops": hw.peak_tflops_bf16,
+            # the attention kernel timed (the configuration's, else the stack's): FlexAttention, cuDNN's, FA-2
+            "attention_kernel": attention_kernel(hw, stack, cfg.attention_kernel)[0],
         },
         "warnings": warnings,
     }
@@ -287,6 +290,7 @@ def config_dict(cfg: TrainConfig) -> dict:
            if cfg.compile and len(cfg.compile_components) < 2 else {}),
         **({"moe_force_load_balance": True} if cfg.moe_force_load_balance else {}),
         **({"moe_a2a_overlap": True} if cfg.moe_a2a_overlap else {}),
+        **({"attention_kernel": cfg.attention_kernel} if cfg.attention_kernel != "default" else {}),
         "async_tp": cfg.async_tp,
         **finetune_dict(cfg),
     }

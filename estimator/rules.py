@@ -26,6 +26,7 @@ import numpy as np
 from meshplan.estimator import xp
 from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.config import (
+    ATTENTION_KERNELS,
     COMPILE_COMPONENTS,
     COMPILE_MODEL,
     EP_COMM_BACKENDS,
@@ -379,6 +380,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         compile_components=col(compile_mask(cfg.get("compile_components") or COMPILE_COMPONENTS)),
         force_balance=col(bool(cfg.get("moe_force_load_balance", False))),
         a2a_overlap=col(bool(cfg.get("moe_a2a_overlap", False))),
+        attention=col(ATTENTION_KERNELS.index(cfg.get("attention_kernel") or "default")),
         **{f: col(cfg.get(f, DEFAULT_LESS)) for f in LESS_FIELDS},
     )
 

@@ -178,6 +178,12 @@ class StackProfile(BaseModel):
         default="flash", description="the attention kernel SDPA runs: flash (FlashAttention-2, the hardware profile's "
                                      "`attention`) or cudnn (cuDNN's fused attention, its `attention_cudnn` where the "
                                      "profile has one)")
+    attention_kernel: Literal["sdpa", "flex"] = Field(
+        default="sdpa", description="the attention its language models call: sdpa (F.scaled_dot_product_attention, "
+                                    "the kernel `sdpa_backend` names) or flex (FlexAttention, a Triton kernel)")
+    flex_attention_factor: float = Field(
+        default=0.87, gt=0, le=1.5, description="FlexAttention's fwd+bwd throughput / FlashAttention-2's on the same "
+                                                "causal shape (the hardware profile's `attention`)")
     step_overhead_s: float = Field(ge=0, description="seconds a step spends beyond its kernels' work: the optimizer "
                                    "phase's launches, the loss read back for logging")
     dtensor_optimizer_s_per_layer: float = Field(

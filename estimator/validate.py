@@ -37,7 +37,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from meshplan.estimator import data_files, intervals
-from meshplan.estimator.config import COMPILE_COMPONENTS, EP_COMM_BACKENDS, RESHARD_POLICIES, TrainConfig
+from meshplan.estimator.config import (
+    ATTENTION_KERNELS,
+    COMPILE_COMPONENTS,
+    EP_COMM_BACKENDS,
+    RESHARD_POLICIES,
+    TrainConfig,
+)
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
@@ -71,9 +77,10 @@ ATTENTION_COLUMNS = ("head_dim", "qk_norm")
 # second takes it from its notes, "reshard_after_forward policy=never", else default), the experts' dispatcher,
 # torchtitan's compile.components (model, loss, or both: "model loss", "model;loss"; empty: both), torchtitan's
 # debug.moe_force_load_balance (round-robin routing; a row without the column: its notes naming
-# moe_force_load_balance) and Megatron-Core's 1F1B all-to-all overlap (moe_a2a_overlap: true / false)
+# moe_force_load_balance), Megatron-Core's 1F1B all-to-all overlap (moe_a2a_overlap: true / false) and the attention
+# kernel (attention_kernel: sdpa / flex; empty: the stack's, SDPA for meshplan's own runs)
 OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend", "compile_components",
-                  "moe_force_load_balance", "moe_a2a_overlap")
+                  "moe_force_load_balance", "moe_a2a_overlap", "attention_kernel")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -349,6 +356,21 @@ def force_load_balance(row: dict) -> bool:
     return "moe_force_load_balance" in (row.get("notes") or "")
 
 
+def attention_kernel(row: dict) -> str:
+    """The attention kernel a row's job called: its `attention_kernel` column (sdpa, flex; `flex_attention` and
+    `scaled_dot_product_attention` as logs name them), else SDPA for meshplan's own runs (the training core calls
+    F.scaled_dot_product_attention whatever its plan's stack), else its stack's ("default")."""
+    cell = (row.get("attention_kernel") or "").strip().lower()
+    if not cell:
+        framework = (row.get("framework") or "").strip()
+        return "sdpa" if FRAMEWORK_STACKS.get(framework) else "default"
+    kernel = {"flex_attention": "flex", "flexattention": "flex", "scaled_dot_product_attention": "sdpa"}.get(cell, cell)
+    if kernel not in ATTENTION_KERNELS:
+        raise MeshplanError(f"row {row.get('id', '?')}: attention_kernel {cell!r} is none of sdpa, flex (or empty: "
+                            "the stack's)")
+    return kernel
+
+
 def a2a_overlap(row: dict) -> bool:
     """Whether a row's framework overlapped the experts' all-to-all with another microbatch's compute (Megatron-Core's
     overlap_moe_expert_parallel_comm, Megatron-Bridge's moe_a2a_overlap): its `moe_a2a_overlap` column."""
@@ -395,6 +417,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             ac=ac_name(row.get("ac")),
             compile=stack.default_compile if compile_ is None else compile_, compile_components=compile_components(row),
             moe_force_load_balance=force_load_balance(row), moe_a2a_overlap=a2a_overlap(row),
+            attention_kernel=attention_kernel(row),
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
             async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),
@@ -512,6 +535,7 @@ def validate_rows(rows: list[dict], stack: str | None = None) -> list[RowResult]
                      + MLA_COLUMNS + OPTION_COLUMNS}
             cells["fsdp_reshard_after_forward"] = reshard_policy(row)  # the column, else what the notes state
             cells["moe_force_load_balance"] = str(force_load_balance(row)).lower()  # the same
+            cells["attention_kernel"] = attention_kernel(row)  # the column, else meshplan's core's SDPA
             est = estimate_row(cells, base["stack"])
             tps, peak = est["throughput"]["tokens_per_sec_per_gpu"], est["memory"]["peak_gib"]
             fits = peak <= _hardware((row.get("hardware") or "").strip()).usable_hbm_gib

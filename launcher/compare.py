@@ -154,7 +154,11 @@ def summarize_run(run_dir: str | Path) -> RunSummary:
             raise MeshplanError(f"{run_dir / 'metrics.jsonl'}: some steps lack '{key}'")
     mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
     stack = plan.stack_of()
-    predicted = plan.estimate or estimate(plan.model, plan.hardware, plan.train_config(), stack)
+    if stack.attention_kernel == "sdpa":
+        predicted = plan.estimate or estimate(plan.model, plan.hardware, plan.train_config(), stack)
+    else:  # the core calls F.scaled_dot_product_attention whatever its plan's stack times (torchtitan 0.3: Flex)
+        cfg = plan.train_config().model_copy(update={"attention_kernel": "sdpa"})
+        predicted = estimate(plan.model, plan.hardware, cfg, stack)
     phases = None
     if all(k in r for r in steady for k in PHASES):
         phases = {k: statistics.median(r[k] for r in steady) for k in PHASES}

@@ -11,7 +11,8 @@ from meshplan.estimator.arrays import ConfigArrays
 from meshplan.estimator.physics import comms, finetune, shapes
 from meshplan.estimator.physics.layout import layout_of
 
-M8, TT = load_model("llama3-8b"), load_stack("torchtitan")
+# the ratios below compare runs that called SDPA (torchtitan before 2026-06, DeepSpeed): the release of that attention
+M8, TT = load_model("llama3-8b"), load_stack("torchtitan-2026-05")
 
 
 def _tps(hw: str, **kw) -> float:

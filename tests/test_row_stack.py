@@ -24,7 +24,8 @@ from meshplan.estimator.validate_summary import summarize
         ("PyTorch blog, April 2025", "2025-04", "torchtitan-2025-08"),
         ("pytorch/torchtitan PR #1690, 2025-09", "2025-09", "torchtitan-2025-09"),  # cuDNN attention from 2025-10
         ("pytorch/torchtitan PR #2107, 2025-11", "2025-11", "torchtitan-2026-03"),  # FSDP only where it shards
-        ("pytorch/torchtitan PR #3000, 2026-04", "2026-04", "torchtitan"),  # FSDP2 on every layout from 2026-04-09
+        ("pytorch/torchtitan PR #3000, 2026-04", "2026-04", "torchtitan-2026-05"),  # FSDP2 on every layout, SDPA
+        ("pytorch/torchtitan PR #3900, 2026-07", "2026-07", "torchtitan"),  # FlexAttention from 2026-06-09
         ("pytorch/ao docs/source/workflows/training.md @36027d8", None, "torchtitan"),
         ("", None, "torchtitan"),
     ],

@@ -62,18 +62,25 @@ def hbm_bytes_per_s(hw: HardwareProfile) -> float:
     return hw.hbm_bandwidth_tbs * 1e12 * hw.efficiency.hbm
 
 
-def attention_kernel(hw: HardwareProfile, stack: StackProfile) -> tuple[str, float]:
-    """(name, fwd+bwd throughput / bf16 peak) of the attention kernel the stack's SDPA runs on this part: cuDNN's
-    fused attention where the stack prefers it and the profile states it, else FlashAttention-2."""
+def attention_kernel(hw: HardwareProfile, stack: StackProfile, kernel: str = "default") -> tuple[str, float]:
+    """(name, fwd+bwd throughput / bf16 peak) of the attention kernel a job runs on this part: `kernel` (sdpa,
+    flex), or the stack's (`attention_kernel`) by default. SDPA runs cuDNN's fused attention where the stack prefers
+    it and the profile states it, else FlashAttention-2; FlexAttention its Triton kernel, at the stack's
+    `flex_attention_factor` of FlashAttention-2."""
+    if (stack.attention_kernel if kernel == "default" else kernel) == "flex":
+        return "FlexAttention", hw.efficiency.attention * stack.flex_attention_factor
     cudnn = hw.efficiency.attention_cudnn
     if stack.sdpa_backend == "cudnn" and cudnn is not None:
         return "cuDNN's fused attention", cudnn
     return "FlashAttention-2", hw.efficiency.attention
 
 
-def attention_efficiency(hw: HardwareProfile, stack: StackProfile) -> float:
-    """Fwd+bwd attention throughput / bf16 peak of the kernel the stack's SDPA runs on this part (attention_kernel)."""
-    return attention_kernel(hw, stack)[1]
+def attention_efficiency(hw: HardwareProfile, stack: StackProfile, lay: Layout | None = None):
+    """Fwd+bwd attention throughput / bf16 peak of the kernel each configuration runs on this part
+    (attention_kernel: FlexAttention where `lay.flex_attention`, else SDPA's; the stack's without a layout)."""
+    if lay is None:
+        return attention_kernel(hw, stack)[1]
+    return xp.where(lay.flex_attention, attention_kernel(hw, stack, "flex")[1], attention_kernel(hw, stack, "sdpa")[1])
 
 
 def by_recipe(lay: Layout, stack: StackProfile, field: str, default) -> np.ndarray:
@@ -183,7 +190,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     attn_fwd_flops = 2.0 * lay.micro_batch * lay.seq_len * lay.seq_len * (q + float(model.v_dim)) / (t * lay.cp) * 0.5
     if model.attention_window:
         attn_fwd_flops = attn_fwd_flops * model.attention_share(lay.seq_len)
-    attn_eff = attention_efficiency(hw, stack) * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
+    attn_eff = attention_efficiency(hw, stack, lay) * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
     per_chunk = xp.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
     # recompute: full AC re-runs each block's forward; op-SAC re-runs every second mm (wk, wo, w3)

@@ -55,6 +55,7 @@ class Layout:
     hybridep: np.ndarray  # HybridEP does (its own link efficiencies, the same route as DeepEP's)
     force_balance: np.ndarray  # MoE tokens go round-robin (moe_force_load_balance): balanced, consecutive experts
     a2a_overlap: np.ndarray  # the EP all-to-all overlaps another microbatch's compute (Megatron's 1F1B overlap)
+    flex_attention: np.ndarray  # the job calls FlexAttention (its own choice, else its stack's), not SDPA
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
 
@@ -83,6 +84,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
     """The float view of configurations `c` the physics modules compute with; `stack` (a StackProfile) says whether
     FSDP2 wraps layouts it does not shard (`fsdp_every_layout`)."""
     every = bool(stack is not None and stack.fsdp_every_layout)
+    flex_default = bool(stack is not None and stack.attention_kernel == "flex")
     t, p, cp, v = as_float(c.tp), as_float(c.pp), as_float(c.cp), as_float(c.vpp)
     ds, dr, ep = as_float(c.dp_shard), as_float(c.dp_replicate), as_float(c.ep)
     s, mbs, gbs = as_float(c.seq_len), as_float(c.micro_batch), as_float(c.global_batch)
@@ -98,6 +100,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,
         deepep=(as_float(c.ep_backend) >= 1.0) & (ep > 1), hybridep=(as_float(c.ep_backend) == 2.0) & (ep > 1),
         force_balance=xp.as_bool(c.force_balance), a2a_overlap=xp.as_bool(c.a2a_overlap) & (ep > 1),
+        flex_attention=(c.attention == 2) | ((c.attention == 0) & flex_default),
     )
 
 

@@ -185,6 +185,7 @@ def render(result: dict, console: Console | None = None) -> None:
            if c.get("fsdp_reshard_after_forward") else "")
         + (f", EP comm backend {c['expert_parallel_comm_backend']}" if c.get("expert_parallel_comm_backend") else "")
         + (", round-robin routing (moe_force_load_balance)" if c.get("moe_force_load_balance") else "")
+        + (f", attention {thr['attention_kernel']}" if thr.get("attention_kernel") else "")
     )
     if c.get("finetune"):
         what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[c["finetune"]]

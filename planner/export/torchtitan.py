@@ -142,6 +142,27 @@ def titan_moe_problem(plan: Plan, release: str) -> str | None:
 
 
 
+# the attention 0.2.2's flavors call (models/*/__init__.py): DeepSeek-V3's FlexAttention (attn_type "flex"), Llama 3's
+# and Qwen3's SDPA (TransformerModelArgs' default); Llama 4's differs by flavor
+ATTENTION_022 = {"deepseek_v3": "flex", "llama3": "sdpa", "qwen3": "sdpa"}
+
+
+def attention_note_022(plan: Plan) -> str | None:
+    """What torchtitan 0.2.2 calls for this plan's attention where the estimate timed another kernel (the plan's
+    stack's `attention_kernel`), else None."""
+    preset = preset_of(plan)
+    ran = ATTENTION_022.get(TITAN_MODELS[preset].name) if preset else None
+    try:
+        timed = plan.stack_of().attention_kernel
+    except MeshplanError:
+        return None
+    if ran is None or ran == timed:
+        return None
+    names = {"flex": "FlexAttention", "sdpa": "SDPA (cuDNN's or FlashAttention-2's kernel)"}
+    return (f"torchtitan 0.2.2's {TITAN_MODELS[preset].flavor} flavor calls {names[ran]}, where the estimate timed "
+            f"{names[timed]} (stack {plan.stack}): its attention time differs from the estimate's")
+
+
 def layout_note_022(plan: Plan) -> str | None:
     """What torchtitan 0.2.2 runs differently from the estimate for a plan without FSDP (dp_shard x cp = 1) that was
     estimated with FSDP2 on every layout (the current `torchtitan` stack: 0.3.0's rules), else None. 0.2.2 wraps FSDP2
@@ -192,8 +213,9 @@ def render_toml(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_:
     )
     for line in describe(plan):
         out += comment(line)
-    if note := layout_note_022(plan):
-        out += comment(f"Note: {note}.")
+    for note in (layout_note_022(plan), attention_note_022(plan)):
+        if note:
+            out += comment(f"Note: {note}.")
     out += comment(f"plan file: {plan_path}")
     launch = (
         f"torchrun --nnodes {c.nodes} --nproc-per-node {c.gpus_per_node} --rdzv-backend c10d "

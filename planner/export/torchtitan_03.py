@@ -135,6 +135,25 @@ def layout_note(plan: Plan) -> str | None:
             f"(stack {plan.stack}; plan with --stack torchtitan for {RELEASE}'s)")
 
 
+def attention_note(plan: Plan) -> str | None:
+    """What 0.3.0 runs for attention where the plan's estimate timed SDPA (a stack of an older release): FlexAttention,
+    every language model's attention since 2026-06-09 (#3571; 0.3.0 refuses "sdpa"), else None."""
+    try:
+        timed = plan.stack_of().attention_kernel
+    except MeshplanError:
+        return None
+    if timed == "flex":
+        return None
+    return (f"torchtitan {RELEASE} calls FlexAttention for every language model (attn_backend flex; it refuses "
+            f"sdpa), where the estimate timed SDPA (stack {plan.stack}): plan with --stack torchtitan for "
+            f"{RELEASE}'s attention time")
+
+
+def notes(plan: Plan) -> list[str]:
+    """What 0.3.0 runs differently from the plan's estimate (its layout without FSDP, its attention)."""
+    return [n for n in (layout_note(plan), attention_note(plan)) if n]
+
+
 def job(plan: Plan, what: str = "torchtitan 0.3.0 export", custom_model: bool = False,
         model: bool = True) -> Job03:
     """The plan's torchtitan 0.3.0 values; MeshplanError when 0.3.0 cannot run this plan as planned.

@@ -25,7 +25,7 @@ from meshplan.planner.export.torchtitan_03 import (
     Job03,
     cli_float8_problem,
     job,
-    layout_note,
+    notes,
 )
 from meshplan.planner.plan_file import KERNELS, Plan
 
@@ -108,8 +108,7 @@ def render_cli(plan: Plan, plan_path: str, env: EnvDefaults, max_restarts: int =
     lines = header(plan, f"{CLI_VERSION} ({plan.cluster.nodes} x {plan.cluster.gpus_per_node} GPUs)", plan_path, usage)
     if problem:
         lines += ["#"] + comment(f"STOPS unless TT_CONFIG is set: {problem}.")
-    note = layout_note(plan)
-    if note:
+    for note in notes(plan):
         lines += ["#"] + comment(f"Note: {note}.")
     lines += ["set -euo pipefail", ""]
     lines += env_lines(env.for_backend("torchrun")) + [""]

@@ -33,7 +33,7 @@ from meshplan.planner.export.torchtitan_03 import (
     RELEASE,
     Job03,
     job,
-    layout_note,
+    notes,
     titan_lora_params,
 )
 from meshplan.planner.plan_file import Plan
@@ -139,8 +139,7 @@ def render_py(plan: Plan, plan_path: str, env: EnvDefaults | None = None, **_: o
     for line in describe(plan):
         out += comment(line)
     out += comment(f"plan file: {plan_path}")
-    note = layout_note(plan)
-    if note:
+    for note in notes(plan):
         out += ["#"] + comment(f"Note: {note}.")
     out += ["#"]
     out += comment(

@@ -185,13 +185,16 @@ def test_assumptions_state_each_stacks_fsdp_cost():
 
 
 def test_assumptions_name_the_attention_kernel_the_stack_runs():
-    """torchtitan's current release runs cuDNN's fused attention on Hopper (its profile's 0.41); its 2024 release
-    and llm-foundry FlashAttention-2 (0.33); a part without a cuDNN figure states its FlashAttention-2 one."""
+    """torchtitan's current release runs FlexAttention (0.87 of FlashAttention-2's 0.33 on an H100); its SDPA
+    releases cuDNN's fused attention on Hopper (the profile's 0.41); its 2024 release and llm-foundry
+    FlashAttention-2 (0.33); a part without a cuDNN figure states its FlashAttention-2 one."""
     from meshplan.ui.web.text import assumptions
 
     h100, b200 = load_hardware("h100-sxm"), load_hardware("b200")
-    assert "attention\n(cuDNN's fused attention) 0.41 of bf16 peak" in assumptions(h100, load_stack("torchtitan"), 0.9)
+    assert "attention\n(FlexAttention) 0.29 of bf16 peak" in assumptions(h100, load_stack("torchtitan"), 0.9)
+    assert "attention\n(cuDNN's fused attention) 0.41 of bf16 peak" in assumptions(
+        h100, load_stack("torchtitan-2026-05"), 0.9)
     for old in ("torchtitan-2024", "llm-foundry"):
         assert "attention\n(FlashAttention-2) 0.33 of bf16 peak" in assumptions(h100, load_stack(old), 0.9)
-    assert "(FlashAttention-2) 0.32 of bf16 peak" in assumptions(b200, load_stack("torchtitan"), 0.9)
+    assert "(FlashAttention-2) 0.32 of bf16 peak" in assumptions(b200, load_stack("torchtitan-2026-05"), 0.9)
     assert "a step adds 2 ms beyond its kernels' work" in assumptions(h100, load_stack("torchtitan"), 0.9)
