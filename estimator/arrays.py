@@ -67,6 +67,7 @@ class ConfigArrays:
     force_balance: np.ndarray | None = None  # 1: MoE tokens routed round-robin (torchtitan's moe_force_load_balance)
     a2a_overlap: np.ndarray | None = None  # 1: the EP all-to-all overlaps another microbatch's compute (Megatron)
     attention: np.ndarray | None = None  # index into ATTENTION_KERNELS (0: the stack's, 1: SDPA, 2: FlexAttention)
+    documents: np.ndarray | None = None  # mean tokens of a packed document (0: one document a sequence)
 
     def __post_init__(self) -> None:
         scalar = not isinstance(self.tp, np.ndarray)
@@ -74,7 +75,8 @@ class ConfigArrays:
                               ("cpu_offload", 0), ("bf16_state", 0), ("pp_first_stage_less_layers", DEFAULT_LESS),
                               ("pp_last_stage_less_layers", DEFAULT_LESS), ("reshard", 0),
                               ("ep_backend", 0), ("compile_components", compile_mask(COMPILE_COMPONENTS)),
-                              ("force_balance", 0), ("a2a_overlap", 0), ("attention", 0)):
+                              ("force_balance", 0), ("a2a_overlap", 0), ("attention", 0),
+                              ("documents", 0)):
             if getattr(self, name) is None:
                 setattr(self, name, int(default) if scalar else np.full(len(self.tp), default, dtype=np.int64))
 
@@ -123,4 +125,5 @@ def _codes(c: TrainConfig) -> dict[str, int]:
         "force_balance": int(c.moe_force_load_balance),
         "a2a_overlap": int(c.moe_a2a_overlap),
         "attention": ATTENTION_KERNELS.index(c.attention_kernel),
+        "documents": c.document_tokens or 0,
     }

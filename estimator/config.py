@@ -176,6 +176,11 @@ class TrainConfig(BaseModel):
         default="default", description="the attention kernel the job calls: default (the stack's: torchtitan 0.3 "
         "runs FlexAttention, older releases and meshplan's core SDPA), sdpa or flex; `validate` reads it from a "
         "row's `attention_kernel` column")
+    document_tokens: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="mean tokens of a training document packed into the sequences: "
+        "FlexAttention's block-causal mask (torchtitan 0.3) attends within documents only, so shorter documents cost "
+        "less attention; None: one document a sequence (the most attention a sequence can cost; SDPA's causal mask "
+        "always costs it)")
     moe_a2a_overlap: bool = Field(
         default=False, description="Megatron-Core's overlap_moe_expert_parallel_comm (MoE with ep > 1): one "
         "microbatch's dispatch and combine run while another's compute does (1F1B all-to-all overlap). For `validate` "

@@ -114,6 +114,12 @@ def estimate(
             "with one shard here and trains bf16 through its MixedPrecisionPolicy, so 'FSDP comm' is its parameter "
             "and gradient copies, no collective; --stack torchtitan-2026-03 estimates 0.2.2's rules (autocast; no "
             "mixed precision for TP or PP alone)")
+    kernel = stack.attention_kernel if cfg.attention_kernel == "default" else cfg.attention_kernel
+    if cfg.document_tokens and kernel != "flex":
+        warnings.append(
+            f"document_tokens {cfg.document_tokens}: this job's attention is SDPA's causal mask (stack {stack.id}), "
+            "which attends across documents, so their length changes nothing; FlexAttention's block-causal mask "
+            "(torchtitan 0.3, stack torchtitan) skips it")
     nvlink = hw.scale_up_gpus(cfg.gpus_per_node)
     if cfg.tp > nvlink:
         warnings.append(f"tp {cfg.tp} spans nodes (NVLink joins {nvlink} GPUs): TP traffic crosses the network")
@@ -291,6 +297,7 @@ def config_dict(cfg: TrainConfig) -> dict:
         **({"moe_force_load_balance": True} if cfg.moe_force_load_balance else {}),
         **({"moe_a2a_overlap": True} if cfg.moe_a2a_overlap else {}),
         **({"attention_kernel": cfg.attention_kernel} if cfg.attention_kernel != "default" else {}),
+        **({"document_tokens": cfg.document_tokens} if cfg.document_tokens else {}),
         "async_tp": cfg.async_tp,
         **finetune_dict(cfg),
     }

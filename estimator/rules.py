@@ -381,6 +381,7 @@ def arrays_of(cfg: dict) -> ConfigArrays:
         force_balance=col(bool(cfg.get("moe_force_load_balance", False))),
         a2a_overlap=col(bool(cfg.get("moe_a2a_overlap", False))),
         attention=col(ATTENTION_KERNELS.index(cfg.get("attention_kernel") or "default")),
+        documents=col(cfg.get("document_tokens") or 0),
         **{f: col(cfg.get(f, DEFAULT_LESS)) for f in LESS_FIELDS},
     )
 

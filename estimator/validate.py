@@ -48,7 +48,7 @@ from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label, load_hardware
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.report import estimate
-from meshplan.estimator.row_cells import FALSE, TRUE, cell_bool, cell_float, cell_int, squash
+from meshplan.estimator.row_cells import FALSE, TRUE, cell_bool, cell_float, cell_given, cell_int, squash
 from meshplan.estimator.row_corrections import CORRECTED, apply_corrections
 from meshplan.estimator.row_model import DIMENSION_COLUMNS, MLA_COLUMNS, row_model
 from meshplan.estimator.run_dates import documented_month, notes_month
@@ -78,9 +78,10 @@ ATTENTION_COLUMNS = ("head_dim", "qk_norm")
 # torchtitan's compile.components (model, loss, or both: "model loss", "model;loss"; empty: both), torchtitan's
 # debug.moe_force_load_balance (round-robin routing; a row without the column: its notes naming
 # moe_force_load_balance), Megatron-Core's 1F1B all-to-all overlap (moe_a2a_overlap: true / false) and the attention
-# kernel (attention_kernel: sdpa / flex; empty: the stack's, SDPA for meshplan's own runs)
+# kernel (attention_kernel: sdpa / flex; empty: the stack's, SDPA for meshplan's own runs) and the mean tokens of
+# the packed documents (document_tokens; empty: one document a sequence)
 OPTION_COLUMNS = ("dtype", "fsdp_reshard_after_forward", "expert_parallel_comm_backend", "compile_components",
-                  "moe_force_load_balance", "moe_a2a_overlap", "attention_kernel")
+                  "moe_force_load_balance", "moe_a2a_overlap", "attention_kernel", "document_tokens")
 MEASURED_COLUMNS = ("measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status")
 
 
@@ -418,6 +419,7 @@ def row_inputs(row: dict, stack_id: str | None = None) -> tuple[ModelSpec, str, 
             compile=stack.default_compile if compile_ is None else compile_, compile_components=compile_components(row),
             moe_force_load_balance=force_load_balance(row), moe_a2a_overlap=a2a_overlap(row),
             attention_kernel=attention_kernel(row),
+            document_tokens=cell_int(row, "document_tokens") if cell_given(row, "document_tokens") else None,
             float8=recipe if precision == "fp8" else "none",
             # async TP is applied to TP's linears: with tp 1 a framework has none to apply it to and runs without
             async_tp=bool(cell_bool(row, "async_tp")) and cell_int(row, "tp", 1) > 1, dtype=training_dtype(row),

@@ -58,6 +58,13 @@ def log(x):
     return math.log(x)
 
 
+def exp(x):
+    """np.exp(x)."""
+    if type(x) is _ARRAY:
+        return np.exp(x)
+    return math.exp(x)
+
+
 def zeros_like(x, dtype=None):
     """Zeros of `x`'s shape (an array), or for a scalar 0.0 (False for dtype np.bool_, 0 for np.int64)."""
     if type(x) is _ARRAY:

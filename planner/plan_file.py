@@ -149,6 +149,9 @@ class Training(BaseModel):
     seed: int = 0
     moe_force_load_balance: bool = Field(default=False, description="torchtitan's debug.moe_force_load_balance "
                                          "(MoE): round-robin routing, every expert the same rows (benchmarks)")
+    document_tokens: int | None = Field(default=None, ge=1, description="mean tokens of a training document packed "
+                                        "into the sequences (FlexAttention's block-causal mask attends within "
+                                        "documents); none: one document a sequence")
     checkpoint_interval: int = Field(default=500, ge=1, description="steps between DCP checkpoints")
     optimizer: Optimizer = Field(default_factory=Optimizer)
     lr_schedule: LRSchedule = Field(default_factory=LRSchedule)
@@ -227,6 +230,7 @@ class Plan(BaseModel):
             micro_batch_size=p.micro_batch_size, ac=p.ac, compile=p.compile, float8=p.float8, async_tp=p.async_tp,
             compile_components=p.compile_components, cpu_offload=p.cpu_offload, dtype=self.training.dtype, **self.finetune_fields(),
             moe_force_load_balance=self.training.moe_force_load_balance,
+            document_tokens=self.training.document_tokens,
             fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
             expert_parallel_comm_backend=p.expert_parallel_comm_backend,
         )
@@ -297,6 +301,7 @@ def make_plan(
         training=Training(
             seq_len=cfg.seq_len, global_batch_size=cfg.global_batch_size, steps=steps, tokens=tokens, dtype=cfg.dtype,
             moe_force_load_balance=cfg.moe_force_load_balance and model.moe is not None,
+            document_tokens=cfg.document_tokens,
             **training_defaults(cfg.finetune, steps),
         ),
         finetune=finetuning_of(cfg, init_from),
@@ -448,6 +453,8 @@ def plan_yaml(plan: Plan) -> str:
         body["training"].pop("dtype")
     if not plan.training.moe_force_load_balance:  # learned routing: as before the field existed
         body["training"].pop("moe_force_load_balance")
+    if plan.training.document_tokens is None:  # one document a sequence: as before the field existed
+        body["training"].pop("document_tokens")
     body["hardware"].pop("aliases", None)  # names to look the part up by, not what the plan ran on
     for field in ("nvlink_pair_gbs", "scale_up_domain_gpus"):  # a part without them reads as before they existed
         if body["hardware"].get(field) is None:

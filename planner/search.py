@@ -111,6 +111,7 @@ class SearchResult:
             **({"fsdp_reshard_after_forward": RESHARD_POLICIES[int(c.reshard[i])]} if c.reshard[i] else {}),
             # set only where EP runs (enumerate_space): the standard backend reads as before the field existed
             **({"expert_parallel_comm_backend": EP_COMM_BACKENDS[int(c.ep_backend[i])]} if c.ep_backend[i] else {}),
+            **({"document_tokens": int(c.documents[i])} if c.documents[i] else {}),
         }
 
     def train_config(self, i: int) -> TrainConfig:

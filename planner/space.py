@@ -84,6 +84,8 @@ class SearchSpace:
     fsdp_reshard_after_forward: str = "default"
     # torchtitan's parallelism.expert_parallel_comm_backend, one for the whole search: standard, deepep or hybridep
     expert_parallel_comm_backend: str = "standard"
+    # mean tokens of a packed training document (FlexAttention's block-causal mask), one for the whole search
+    document_tokens: int | None = None
 
     def finetune_fields(self) -> dict:
         """The search's fine-tuning settings as TrainConfig fields (empty for pre-training)."""
@@ -233,6 +235,7 @@ def enumerate_space(
         reshard=np.full(n, RESHARD_POLICIES.index(sp.fsdp_reshard_after_forward), dtype=np.int64),
         # the search's dispatch backend where EP runs; a layout without EP has no experts' tokens to send
         ep_backend=np.where(col(9) > 1, EP_COMM_BACKENDS.index(sp.expert_parallel_comm_backend), 0).astype(np.int64),
+        documents=np.full(n, sp.document_tokens or 0, dtype=np.int64),
     )
     return arrays, rule_reasons(model, hw, arrays, sp.allow_tp_across_nodes)
 

@@ -75,6 +75,24 @@ def attention_kernel(hw: HardwareProfile, stack: StackProfile, kernel: str = "de
     return "FlashAttention-2", hw.efficiency.attention
 
 
+FLEX_BLOCK = 128  # FlexAttention's default sparse block (tokens): a partly masked block is computed whole
+
+
+def document_share(seq_len, document_tokens):
+    """Share of causal attention's work a block-causal mask leaves where sequences of `seq_len` tokens are packed
+    with documents of mean `document_tokens` (exponential lengths, cut at the sequence's ends: a Poisson process of
+    document starts): E[sum d_i^2] / s^2 = 2 (x - 1 + e^-x) / x^2 with x = s / D, plus the partly masked blocks
+    FlexAttention computes whole (a block's width B past each document's square: (2 B s + B^2 E[n]) / s^2, E[n] =
+    x + 1 documents a sequence); at most 1, and 1 where D is 0 (one document a sequence). Works on numbers and
+    arrays."""
+    s = xp.as_float(seq_len)
+    d = xp.as_float(document_tokens)
+    x = s / xp.maximum(d, 1.0)
+    within = 2.0 * (x - 1.0 + xp.exp(-x)) / xp.maximum(x * x, 1e-12)
+    blocks = (2.0 * FLEX_BLOCK * s + FLEX_BLOCK ** 2 * (x + 1.0)) / (s * s)
+    return xp.where(d > 0, xp.minimum(1.0, within + blocks), 1.0)
+
+
 def attention_efficiency(hw: HardwareProfile, stack: StackProfile, lay: Layout | None = None):
     """Fwd+bwd attention throughput / bf16 peak of the kernel each configuration runs on this part
     (attention_kernel: FlexAttention where `lay.flex_attention`, else SDPA's; the stack's without a layout)."""
@@ -190,6 +208,9 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     attn_fwd_flops = 2.0 * lay.micro_batch * lay.seq_len * lay.seq_len * (q + float(model.v_dim)) / (t * lay.cp) * 0.5
     if model.attention_window:
         attn_fwd_flops = attn_fwd_flops * model.attention_share(lay.seq_len)
+    if xp.any_(lay.document_tokens > 0):  # FlexAttention's block-causal mask: attention within documents only
+        attn_fwd_flops = attn_fwd_flops * xp.where(lay.flex_attention,
+                                                   document_share(lay.seq_len / lay.cp, lay.document_tokens), 1.0)
     attn_eff = attention_efficiency(hw, stack, lay) * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
     per_chunk = xp.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk

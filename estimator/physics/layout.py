@@ -56,6 +56,7 @@ class Layout:
     force_balance: np.ndarray  # MoE tokens go round-robin (moe_force_load_balance): balanced, consecutive experts
     a2a_overlap: np.ndarray  # the EP all-to-all overlaps another microbatch's compute (Megatron's 1F1B overlap)
     flex_attention: np.ndarray  # the job calls FlexAttention (its own choice, else its stack's), not SDPA
+    document_tokens: np.ndarray  # mean tokens of a packed document (0: one document a sequence)
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
 
@@ -100,7 +101,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         lora_rank=as_float(c.lora_rank), bf16_state=xp.as_bool(c.bf16_state), fsdp=(ds * cp > 1) | every,
         deepep=(as_float(c.ep_backend) >= 1.0) & (ep > 1), hybridep=(as_float(c.ep_backend) == 2.0) & (ep > 1),
         force_balance=xp.as_bool(c.force_balance), a2a_overlap=xp.as_bool(c.a2a_overlap) & (ep > 1),
-        flex_attention=(c.attention == 2) | ((c.attention == 0) & flex_default),
+        flex_attention=(c.attention == 2) | ((c.attention == 0) & flex_default), document_tokens=as_float(c.documents),
     )
 
 

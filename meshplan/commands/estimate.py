@@ -78,6 +78,7 @@ def estimate_cmd(
     dtype: ft.TrainingDtype = ft.DTYPE,
     fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
     ep_comm_backend: ft.EPCommBackend = ft.EP_COMM_BACKEND,
+    document_tokens: int = ft.DOCUMENT_TOKENS,
     moe_force_load_balance: bool = typer.Option(
         False, "--moe-force-load-balance/--no-moe-force-load-balance", help="torchtitan's debug."
         "moe_force_load_balance (MoE): route round-robin, token t to experts t*k .. t*k+k-1, every expert the same "
@@ -131,6 +132,7 @@ def estimate_cmd(
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
         expert_parallel_comm_backend=ep_comm_backend.value, moe_force_load_balance=moe_force_load_balance,
+        document_tokens=document_tokens,
     )
     stack = stack or "torchtitan"
     result = estimate(spec, hw, cfg, load_stack(stack))
@@ -186,6 +188,7 @@ def render(result: dict, console: Console | None = None) -> None:
         + (f", EP comm backend {c['expert_parallel_comm_backend']}" if c.get("expert_parallel_comm_backend") else "")
         + (", round-robin routing (moe_force_load_balance)" if c.get("moe_force_load_balance") else "")
         + (f", attention {thr['attention_kernel']}" if thr.get("attention_kernel") else "")
+        + (f" over documents of ~{c['document_tokens']:,} tokens" if c.get("document_tokens") else "")
     )
     if c.get("finetune"):
         what = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (NF4 base)"}[c["finetune"]]

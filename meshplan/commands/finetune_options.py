@@ -60,6 +60,11 @@ class EPCommBackend(StrEnum):
     hybridep = "hybridep"
 
 
+DOCUMENT_TOKENS = typer.Option(
+    None, "--document-tokens", min=1, help="mean tokens of a training document packed into the sequences (e.g. "
+    "2048 for a web crawl at a long sequence length): torchtitan 0.3's FlexAttention masks attention block-causally, "
+    "within documents, so shorter documents cost less attention [default: one document a sequence, the most "
+    "attention can cost; SDPA's causal mask (older releases, meshplan's core) always costs it]")
 EP_COMM_BACKEND = typer.Option(EPCommBackend.standard, "--ep-comm-backend",
                                help="torchtitan's parallelism.expert_parallel_comm_backend (MoE, ep > 1): standard "
                                "(PyTorch all-to-all, a row per routed expert), deepep (DeepEP's kernels: a token "

@@ -138,6 +138,7 @@ def plan_cmd(
     dtype: ft.TrainingDtype = ft.DTYPE,
     fsdp_reshard_after_forward: ft.ReshardPolicy = ft.RESHARD,
     ep_comm_backend: ft.EPCommBackend = ft.EP_COMM_BACKEND,
+    document_tokens: int = ft.DOCUMENT_TOKENS,
     cpu_offload: str = typer.Option(None, "--cpu-offload", help="pin CPU offload: on, off or on,off [default: both "
                                     "where FSDP shards alone]"),
     init_from: str = typer.Option(None, "--init-from", help="the Hugging Face checkpoint folder the plan starts "
@@ -180,7 +181,7 @@ def plan_cmd(
         cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
         allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance, dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
-        expert_parallel_comm_backend=ep_comm_backend.value,
+        expert_parallel_comm_backend=ep_comm_backend.value, document_tokens=document_tokens,
     )
     ftf = ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, False)
     space.finetune, space.lora_rank, space.lora_alpha = ftf["finetune"], ftf["lora_rank"], ftf["lora_alpha"]

@@ -53,7 +53,9 @@ def validate_cmd(
     moe_force_load_balance (true: round-robin routing; empty: whether the notes
     name moe_force_load_balance), moe_a2a_overlap (true: Megatron-Core's 1F1B
     all-to-all overlap, the experts' dispatch hidden behind another
-    microbatch's compute; torchtitan has none).
+    microbatch's compute; torchtitan has none), attention_kernel (sdpa, flex;
+    empty: the stack's, SDPA for meshplan's own runs), document_tokens (mean
+    tokens of the packed documents FlexAttention masks within).
 
     A CSV's documented corrections sit beside it, never in it: runs.csv reads
     runs.corrections.yaml (each entry: rows, column, the value it replaces
