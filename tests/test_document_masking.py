@@ -88,3 +88,21 @@ def test_cli_plan_file_and_validate(tmp_path):
                seq_len="8192", global_batch_size="8", micro_batch_size="1", precision="bf16", ac="selective")
     assert row_inputs({**row, "document_tokens": "1024"})[3].document_tokens == 1024
     assert row_inputs(row)[3].document_tokens is None
+
+
+def test_context_parallel_shards_the_documents_work():
+    """CP splits the whole sequence's block-causal work evenly (torchtitan's load-balanced shards): the attention a
+    rank saves is the whole sequence's share, not a shard's. Two document lengths save attention time in the ratio
+    of their (1 - share) at the whole sequence's length."""
+    tt = load_stack("torchtitan")
+    kw = dict(gpus=8, cp=4, seq_len=65536, global_batch_size=2, ac="full")
+
+    def compute_s(**extra) -> float:
+        return estimate(LLAMA, H100, TrainConfig(**kw, **extra), stack=tt)["throughput"]["breakdown_s"]["compute"]
+
+    plain, short, long_ = compute_s(), compute_s(document_tokens=4096), compute_s(document_tokens=16384)
+    assert short < long_ < plain
+    whole = (1 - document_share(65536, 4096)) / (1 - document_share(65536, 16384))
+    shard = (1 - document_share(16384, 4096)) / (1 - document_share(16384, 16384))
+    assert abs(whole - shard) > 0.2  # the two readings differ enough to tell apart
+    assert (plain - short) / (plain - long_) == pytest.approx(whole, rel=1e-4)  # breakdowns are rounded

@@ -208,9 +208,10 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     attn_fwd_flops = 2.0 * lay.micro_batch * lay.seq_len * lay.seq_len * (q + float(model.v_dim)) / (t * lay.cp) * 0.5
     if model.attention_window:
         attn_fwd_flops = attn_fwd_flops * model.attention_share(lay.seq_len)
-    if xp.any_(lay.document_tokens > 0):  # FlexAttention's block-causal mask: attention within documents only
+    if xp.any_(lay.document_tokens > 0):  # FlexAttention's block-causal mask: attention within documents only (the
+        # whole sequence's share: CP's load-balanced shards split that work evenly)
         attn_fwd_flops = attn_fwd_flops * xp.where(lay.flex_attention,
-                                                   document_share(lay.seq_len / lay.cp, lay.document_tokens), 1.0)
+                                                   document_share(lay.seq_len, lay.document_tokens), 1.0)
     attn_eff = attention_efficiency(hw, stack, lay) * stack.attention_factor / (1 + stack.cp_attention_penalty * (lay.cp - 1))
     attn = FWD_BWD_ATTENTION * attn_fwd_flops / (peak_flops(hw) * attn_eff)
     per_chunk = xp.where(lay.single_stage, 1.0, 1.0 / lay.vpp)  # the head runs once per microbatch, not per chunk
