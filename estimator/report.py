@@ -120,6 +120,11 @@ def estimate(
             f"document_tokens {cfg.document_tokens}: this job's attention is SDPA's causal mask (stack {stack.id}), "
             "which attends across documents, so their length changes nothing; FlexAttention's block-causal mask "
             "(torchtitan 0.3, stack torchtitan) skips it")
+    elif cfg.document_tokens and cfg.document_tokens < cfg.seq_len:
+        warnings.append(
+            f"documents of ~{cfg.document_tokens:,} tokens in sequences of {cfg.seq_len:,}: MFU counts full attention "
+            "(torchtitan's convention, as its logs do), so it overstates the GPUs' utilisation here and may pass "
+            "100 %; tokens/s is the figure to compare")
     nvlink = hw.scale_up_gpus(cfg.gpus_per_node)
     if cfg.tp > nvlink:
         warnings.append(f"tp {cfg.tp} spans nodes (NVLink joins {nvlink} GPUs): TP traffic crosses the network")

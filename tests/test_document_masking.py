@@ -106,3 +106,14 @@ def test_context_parallel_shards_the_documents_work():
     shard = (1 - document_share(16384, 4096)) / (1 - document_share(16384, 16384))
     assert abs(whole - shard) > 0.2  # the two readings differ enough to tell apart
     assert (plain - short) / (plain - long_) == pytest.approx(whole, rel=1e-4)  # breakdowns are rounded
+
+
+def test_mfu_keeps_torchtitans_convention_and_says_so():
+    kw = dict(gpus=8, seq_len=32768, global_batch_size=8, ac="full")
+    docs = estimate(LLAMA, H100, TrainConfig(**kw, document_tokens=2048), stack=load_stack("torchtitan"))
+    assert any("MFU counts full attention (torchtitan's convention" in w for w in docs["warnings"])
+    whole = estimate(LLAMA, H100, TrainConfig(**kw), stack=load_stack("torchtitan"))
+    assert not any("MFU counts full attention" in w for w in whole["warnings"])
+    ratio = docs["throughput"]["mfu"] / whole["throughput"]["mfu"]
+    assert ratio == pytest.approx(docs["throughput"]["tokens_per_sec_per_gpu"]
+                                  / whole["throughput"]["tokens_per_sec_per_gpu"], rel=1e-3)

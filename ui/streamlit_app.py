@@ -62,7 +62,7 @@ DEFAULTS = {
     "batch_unit": "tokens", "batch_tokens": 4 * 1024 * 1024, "batch_seqs": 512, "tokens_b": 2000.0,
     "margin": 0.9, "objective": "throughput", "rows": 50, "hw_custom": False,
     "ft_mode": "none", "lora_rank": 16, "lora_alpha": 32.0, "lora_targets": list(LORA_TARGETS), "offload": "auto",
-    "dtype": "float32", "reshard": "default", "ep_backend": "standard", "deadline_days": 0.0, "budget_usd": 0.0,
+    "dtype": "float32", "reshard": "default", "ep_backend": "standard", "doc_tokens": 0, "deadline_days": 0.0, "budget_usd": 0.0,
 }
 VIEW_MODULES = {"Plans & memory": views_plans, "Sweep": views_sweep, "Decision tree": views_tree,
                 "Time & cost": views_time_cost, "Capacity": views_capacity, "Compare": views_compare, "Export": views_export,
@@ -244,12 +244,17 @@ sb.radio("EP dispatch (MoE)", list(EP_COMM_BACKENDS), key="ep_backend", horizont
               "(PyTorch all-to-all, a row per routed expert), deepep (DeepEP: a token once per destination rank "
               "and node) or hybridep (HybridEP, the same route; torchtitan 0.3, made for NVL72); NVIDIA only; "
               "plans run under torchtitan, not meshplan's own core")
+sb.number_input("Mean document tokens (0: one a sequence)", min_value=0, max_value=1 << 30, step=512, key="doc_tokens",
+                help="mean tokens of a training document packed into the sequences: torchtitan 0.3's FlexAttention "
+                     "masks attention within documents, so shorter documents cost less attention (0: one document a "
+                     "sequence, the most attention can cost; SDPA's causal mask always costs it)")
 
 pins: dict = {}
 try:
     pins |= finetune_pins(st.session_state["ft_mode"], st.session_state["lora_rank"],
                           st.session_state["lora_alpha"], st.session_state["lora_targets"], st.session_state["offload"])
-    pins |= training_pins(st.session_state["dtype"], st.session_state["reshard"], st.session_state["ep_backend"])
+    pins |= training_pins(st.session_state["dtype"], st.session_state["reshard"], st.session_state["ep_backend"],
+                          int(st.session_state["doc_tokens"]))
 except MeshplanError as exc:
     input_error = input_error or ("training", str(exc))
 slots["training"] = sb.empty()

@@ -362,3 +362,21 @@ def test_a_stack_profile_of_ones_own(web_app, web_downloads, monkeypatch, tmp_pa
     plan_file = next(f for f in web_downloads if f.endswith(".yaml"))
     plan = Plan.model_validate(yaml.safe_load(web_downloads[plan_file]))
     assert plan.stack == str(mine) and plan.stack_profile is not None and plan.stack_profile.id == "mycluster"
+
+
+def test_mean_document_tokens_reach_the_search_the_link_and_the_plan(web_app, web_downloads):
+    """A person's path: Llama 3 8B at 32k tokens on one node; "Mean document tokens" 2048 (FlexAttention masks
+    within documents) raises every ranked plan's throughput, goes into the link and into the downloaded plan file."""
+    at = web_app(model="llama3-8b", nodes=1, seq_len=32768, batch_unit="sequences", batch_seqs=8)
+    no_errors(at)
+    whole = ranked(at)
+    at.number_input(key="doc_tokens").set_value(2048).run()
+    no_errors(at)
+    docs = ranked(at)
+    assert docs.tokens_per_sec_per_gpu.max() > 1.3 * whole.tokens_per_sec_per_gpu.max()
+    assert at.query_params["doc_tokens"] == "2048" or at.query_params["doc_tokens"] == ["2048"]
+    at.session_state["view"] = "Export"
+    at.run()
+    name = next(n for n in web_downloads if n.endswith(".yaml"))
+    plan = Plan.model_validate(yaml.safe_load(web_downloads[name]))
+    assert plan.training.document_tokens == 2048

@@ -109,17 +109,22 @@ def finetune_pins(mode: str, rank: int, alpha: float, targets: list[str], offloa
     return pins
 
 
-def training_pins(dtype: str, reshard: str, ep_backend: str = "standard") -> dict:
-    """The page's training dtype, FSDP reshard policy and experts' dispatch backend as search pins (one each for
-    the whole search; nothing at the defaults, float32, default and standard, so a default page keeps its pins)."""
+def training_pins(dtype: str, reshard: str, ep_backend: str = "standard", document_tokens: int = 0) -> dict:
+    """The page's training dtype, FSDP reshard policy, experts' dispatch backend and mean document length as search
+    pins (one each for the whole search; nothing at the defaults, float32, default, standard and 0 (one document a
+    sequence), so a default page keeps its pins)."""
     if dtype not in TRAINING_DTYPES:
         raise MeshplanError(f"training dtype is {' or '.join(TRAINING_DTYPES)}, not '{dtype}'")
     if reshard not in RESHARD_POLICIES:
         raise MeshplanError(f"FSDP reshard after forward is {', '.join(RESHARD_POLICIES)}, not '{reshard}'")
     if ep_backend not in EP_COMM_BACKENDS:
         raise MeshplanError(f"EP dispatch is {' or '.join(EP_COMM_BACKENDS)}, not '{ep_backend}'")
+    if not isinstance(document_tokens, int) or document_tokens < 0:
+        raise MeshplanError(f"mean document tokens is a whole number, 0 for one document a sequence, not "
+                            f"'{document_tokens}'")
     fields = {k: v for k, v, default in (("dtype", dtype, "float32"), ("fsdp_reshard_after_forward", reshard, "default"),
-                                         ("expert_parallel_comm_backend", ep_backend, "standard")) if v != default}
+                                         ("expert_parallel_comm_backend", ep_backend, "standard"),
+                                         ("document_tokens", document_tokens, 0)) if v != default}
     return {"training": fields} if fields else {}
 
 
@@ -141,7 +146,8 @@ def search_space(pins: dict) -> SearchSpace:
             continue
         if key == "training":
             kwargs |= training_pins(values.get("dtype", "float32"), values.get("fsdp_reshard_after_forward", "default"),
-                                    values.get("expert_parallel_comm_backend", "standard")).get("training", {})
+                                    values.get("expert_parallel_comm_backend", "standard"),
+                                    values.get("document_tokens", 0)).get("training", {})
             continue
         if key not in allowed:
             raise MeshplanError(f"unknown search pin '{key}'")

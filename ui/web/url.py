@@ -50,6 +50,7 @@ def _params(presets: Callable[[], Iterable[str]], hardware: Callable[[], Iterabl
         Param("dtype", str, choices=lambda: TRAINING_DTYPES, what="training dtype"),
         Param("reshard", str, choices=lambda: RESHARD_POLICIES, what="FSDP reshard after forward"),
         Param("ep_backend", str, choices=lambda: EP_COMM_BACKENDS, what="EP dispatch"),
+        Param("doc_tokens", int, 0, 1 << 30, what="mean document tokens"),
     ]
     return {p.key: p for p in ps}
 
