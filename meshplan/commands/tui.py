@@ -74,6 +74,7 @@ def tui_cmd(
                               "built-in id (torchtitan, torchtitan-2026-03, llm-foundry, generic, ...) or a stack YAML "
                               "(the one `meshplan calibrate` writes); the exported plans keep it"),
     ep_comm_backend: ft.EPCommBackend = ft.EP_COMM_BACKEND,
+    document_tokens: int = ft.DOCUMENT_TOKENS,
 ) -> None:
     """Plan in the terminal: the form, ranked plans with memory bars (per pipeline stage), throughput,
     time-to-train and cost, the decision tree, side-by-side and hardware comparisons; export the plan,
@@ -102,6 +103,7 @@ def tui_cmd(
     check_terminal()
     from meshplan.ui.tui.app import MeshplanApp
 
-    app = MeshplanApp(values, theme=theme, stack=stack, ep_backend=ep_comm_backend.value)
+    app = MeshplanApp(values, theme=theme, stack=stack, ep_backend=ep_comm_backend.value,
+                      document_tokens=document_tokens)
     app.run()
     raise typer.Exit(app.return_code or 0)  # an unexpected crash inside the app is a non-zero exit

@@ -567,3 +567,32 @@ async def _test_hybridep_dispatch_for_the_session(tmp_path):
 
 def test_hybridep_dispatch_for_the_session(tmp_path):
     asyncio.run(_test_hybridep_dispatch_for_the_session(tmp_path))
+
+
+async def _test_document_tokens_for_the_session(tmp_path):
+    """`meshplan tui --document-tokens 2048`: the header says so, FlexAttention's block-causal mask lifts the
+    ranked throughput at 32k tokens, and the exported plan keeps the documents' length."""
+    values = {"model": "llama3-8b", "nodes": "1", "seq_len": "32768", "batch": "8", "tokens": ""}
+    speeds = {}
+    for docs in (None, 2048):
+        app = MeshplanApp(values, document_tokens=docs)
+        async with app.run_test(size=(120, 34)) as pilot:
+            await settle(pilot)
+            screen = main_screen(app)
+            res = screen.result.res
+            speeds[docs] = max(float(res.tps[i]) for i in res.ranked)
+            assert ("docs ~2,048 tok" in screen.result.describe()) == (docs is not None)
+            if docs:
+                await pilot.press("escape", "e")
+                out = tmp_path / "exported"
+                app.focused.value = str(out)
+                await pilot.press("enter")
+                await pilot.pause()
+    from meshplan.planner.plan_file import load_plan
+
+    assert speeds[2048] > 1.5 * speeds[None]
+    assert load_plan(next(out.glob("*.yaml"))).training.document_tokens == 2048
+
+
+def test_document_tokens_for_the_session(tmp_path):
+    asyncio.run(_test_document_tokens_for_the_session(tmp_path))

@@ -65,11 +65,13 @@ class MainScreen(PlanActions, Screen):
     ZOOM = {"plans": "#detail-box", "tree": "#dtree", "compare": "#compare-box", "hardware": "#hw-table",
             "capacity": "#cap-table"}
 
-    def __init__(self, values: dict[str, str], stack: str = "torchtitan", ep_backend: str = "standard"):
+    def __init__(self, values: dict[str, str], stack: str = "torchtitan", ep_backend: str = "standard",
+                 document_tokens: int | None = None):
         super().__init__()
         self.values = values
         self.stack = stack  # every search's stack profile (`meshplan tui --stack`)
         self.ep_backend = ep_backend  # the experts' dispatch where EP runs (`meshplan tui --ep-comm-backend`)
+        self.document_tokens = document_tokens  # mean tokens of a packed document (`meshplan tui --document-tokens`)
         self.result = None  # logic.Result on screen
         self.attempted: Inputs | None = None  # the inputs of the last search started
         self.sort_key, self.sort_reverse = "rank", False
@@ -134,7 +136,8 @@ class MainScreen(PlanActions, Screen):
             kept = " — previous results kept" if self.result is not None else ""
             self.set_message(Text("✗ " + "; ".join(errors.values()) + kept), "error")
             return False
-        inp = dataclasses.replace(inp, stack=self.stack, ep_backend=self.ep_backend)
+        inp = dataclasses.replace(inp, stack=self.stack, ep_backend=self.ep_backend,
+                                  document_tokens=self.document_tokens)
         if inp == self.attempted and not force:
             self.set_status(*self.status)  # back to what the last search said (the form may have shown an error)
             return True
@@ -521,15 +524,16 @@ class MeshplanApp(App):
     ]
 
     def __init__(self, values: dict[str, str] | None = None, theme: str = "dark", stack: str = "torchtitan",
-                 ep_backend: str = "standard"):
+                 ep_backend: str = "standard", document_tokens: int | None = None):
         super().__init__()
         self.initial = {**DEFAULTS, **{k: str(v) for k, v in (values or {}).items() if v is not None}}
         self.initial_theme = THEMES.get(theme, theme)
         self.stack = stack
         self.ep_backend = ep_backend
+        self.document_tokens = document_tokens
 
     def get_default_screen(self) -> Screen:
-        return MainScreen(self.initial, self.stack, self.ep_backend)
+        return MainScreen(self.initial, self.stack, self.ep_backend, self.document_tokens)
 
     def on_mount(self) -> None:
         self.theme = self.initial_theme
@@ -566,12 +570,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", default="torchtitan", help="stack profile id or YAML path [default: torchtitan]")
     p.add_argument("--ep-comm-backend", dest="ep_backend", choices=EP_COMM_BACKENDS, default="standard",
                    help="the experts' dispatch where EP runs [default: standard]")
+    p.add_argument("--document-tokens", dest="document_tokens", type=_positive, default=None,
+                   help="mean tokens of a packed document (FlexAttention) [default: one a sequence]")
     return p
+
+
+def _positive(text: str) -> int:
+    """A whole number of 1 or more (argparse's type for --document-tokens)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of 1 or more, not {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:
     args = vars(parser().parse_args(argv))
     theme, stack, ep_backend = args.pop("theme"), args.pop("stack"), args.pop("ep_backend")
-    app = MeshplanApp(args, theme=theme, stack=stack, ep_backend=ep_backend)
+    app = MeshplanApp(args, theme=theme, stack=stack, ep_backend=ep_backend, document_tokens=args.pop("document_tokens"))
     app.run()
     raise SystemExit(app.return_code or 0)  # non-zero when the app crashed

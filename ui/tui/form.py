@@ -110,11 +110,13 @@ class Inputs:
     reshard: str = "default"  # torchtitan's parallelism.fsdp_reshard_after_forward: a RESHARD_POLICIES value
     stack: str = "torchtitan"  # the stack profile (`meshplan tui --stack`): a built-in id or a YAML path; not a field
     ep_backend: str = "standard"  # the experts' dispatch where EP runs (`meshplan tui --ep-comm-backend`); not a field
+    document_tokens: int | None = None  # mean tokens of a packed document (`meshplan tui --document-tokens`); not a field
 
     def space_fields(self) -> dict:
         """The training inputs as SearchSpace fields (pre-training with the planner's offload choice: none)."""
         out: dict = {"finetune": TRAIN_MODES[self.train], "lora_rank": self.lora_rank, "dtype": self.dtype,
-                     "fsdp_reshard_after_forward": self.reshard, "expert_parallel_comm_backend": self.ep_backend}
+                     "fsdp_reshard_after_forward": self.reshard, "expert_parallel_comm_backend": self.ep_backend,
+                     "document_tokens": self.document_tokens}
         if self.offload != "auto":
             out["cpu_offload"] = [self.offload == "on"]
         return out

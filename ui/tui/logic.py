@@ -62,6 +62,8 @@ class Result:
             kind += f" · stack {r.stack.id}"
         if r.space is not None and r.space.expert_parallel_comm_backend != "standard":  # --ep-comm-backend
             kind += f" · EP {r.space.expert_parallel_comm_backend}"
+        if r.space is not None and r.space.document_tokens:  # --document-tokens
+            kind += f" · docs ~{r.space.document_tokens:,} tok"
         return (f"{r.model.name}{kind} · {self.nodes}x{r.gpus_per_node} {r.hw.id} · seq {r.seq_len} · gbs "
                 f"{r.global_batch} · {len(r.ranked):,}/{r.evaluated:,} fit")
 
