@@ -114,8 +114,7 @@ def estimate(
             "with one shard here and trains bf16 through its MixedPrecisionPolicy, so 'FSDP comm' is its parameter "
             "and gradient copies, no collective; --stack torchtitan-2026-03 estimates 0.2.2's rules (autocast; no "
             "mixed precision for TP or PP alone)")
-    kernel = stack.attention_kernel if cfg.attention_kernel == "default" else cfg.attention_kernel
-    if cfg.document_tokens and kernel != "flex":
+    if cfg.document_tokens and stack.attention_of(cfg.attention_kernel) != "flex":
         warnings.append(
             f"document_tokens {cfg.document_tokens}: this job's attention is SDPA's causal mask (stack {stack.id}), "
             "which attends across documents, so their length changes nothing; FlexAttention's block-causal mask "

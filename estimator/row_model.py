@@ -97,13 +97,13 @@ def _with_preset_details(row: dict, dense: ModelSpec) -> ModelSpec:
                           "shared_ffn_hidden": cell_int(row, "shared_ffn_hidden", 0),
                           "first_dense_layers": cell_int(row, "first_dense_layers", 0)}
         # node-limited routing: the columns, else the preset of the row's name with the same experts and top-k
-        same = preset is not None and preset.moe is not None \
-            and (preset.moe.experts, preset.moe.top_k) == (experts, columns["moe"]["top_k"])
-        groups = cell_int(row, "expert_groups", preset.moe.expert_groups if same else 1)
-        if groups > 1:
-            columns["moe"]["expert_groups"] = groups
-            columns["moe"]["limited_groups"] = cell_int(row, "limited_groups", (preset.moe.limited_groups or groups)
-                                                        if same and preset.moe.expert_groups == groups else groups)
+        ref = preset.moe if preset is not None and preset.moe is not None \
+            and (preset.moe.experts, preset.moe.top_k) == (experts, columns["moe"]["top_k"]) else None
+        groups = cell_int(row, "expert_groups", ref.expert_groups if ref else 1)
+        if groups > 1:  # the preset's limit where its groups are the row's, else none unless the column says
+            own = ref is not None and ref.expert_groups == groups
+            columns["moe"] |= {"expert_groups": groups,
+                               "limited_groups": cell_int(row, "limited_groups", ref.limited_groups if own else groups)}
     if columns:
         dense = ModelSpec.model_validate({**dense.model_dump(), **columns})
     if "moe" in columns:

@@ -274,6 +274,10 @@ class StackProfile(BaseModel):
             return self.grad_sync_every_microbatch
         return self.replicate_sync_every_microbatch
 
+    def attention_of(self, kernel: str = "default") -> str:
+        """The attention a job calls: its configuration's `kernel` (sdpa, flex), or this stack's for "default"."""
+        return self.attention_kernel if kernel == "default" else kernel
+
 
 def stack_names() -> list[str]:
     return data_files.names("stacks")

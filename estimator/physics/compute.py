@@ -67,7 +67,7 @@ def attention_kernel(hw: HardwareProfile, stack: StackProfile, kernel: str = "de
     flex), or the stack's (`attention_kernel`) by default. SDPA runs cuDNN's fused attention where the stack prefers
     it and the profile states it, else FlashAttention-2; FlexAttention its Triton kernel, at the stack's
     `flex_attention_factor` of FlashAttention-2."""
-    if (stack.attention_kernel if kernel == "default" else kernel) == "flex":
+    if stack.attention_of(kernel) == "flex":
         return "FlexAttention", hw.efficiency.attention * stack.flex_attention_factor
     cudnn = hw.efficiency.attention_cudnn
     if stack.sdpa_backend == "cudnn" and cudnn is not None:

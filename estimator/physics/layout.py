@@ -85,7 +85,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
     """The float view of configurations `c` the physics modules compute with; `stack` (a StackProfile) says whether
     FSDP2 wraps layouts it does not shard (`fsdp_every_layout`)."""
     every = bool(stack is not None and stack.fsdp_every_layout)
-    flex_default = bool(stack is not None and stack.attention_kernel == "flex")
+    flex_default = bool(stack is not None and stack.attention_of() == "flex")
     t, p, cp, v = as_float(c.tp), as_float(c.pp), as_float(c.cp), as_float(c.vpp)
     ds, dr, ep = as_float(c.dp_shard), as_float(c.dp_replicate), as_float(c.ep)
     s, mbs, gbs = as_float(c.seq_len), as_float(c.micro_batch), as_float(c.global_batch)

@@ -179,13 +179,18 @@ def _round_robin_hits(experts: int, top_k: int, groups: int) -> float:
     return sum(hits) / period
 
 
+def _per_count(hits, groups):
+    """`hits(groups)` (a cached function of a whole number of groups, at least 1) for a number or each element of an
+    array of group counts."""
+    if not isinstance(groups, np.ndarray):
+        return hits(max(int(groups), 1))
+    return np.asarray([hits(max(int(g), 1)) for g in groups.ravel()], dtype=float).reshape(groups.shape)
+
+
 def round_robin_groups(experts: float, top_k: float, groups):
     """`distinct_groups` for round-robin routing (moe_force_load_balance): a token's top_k experts are consecutive,
     so they land in few groups (DeepSeek-V3 671B at EP 32: 8 experts a rank, every token's 8 on one rank)."""
-    if not isinstance(groups, np.ndarray):
-        return _round_robin_hits(int(experts), int(top_k), max(int(groups), 1))
-    return np.asarray([_round_robin_hits(int(experts), int(top_k), max(int(g), 1)) for g in groups.ravel()],
-                      dtype=float).reshape(groups.shape)
+    return _per_count(lambda g: _round_robin_hits(int(experts), int(top_k), g), groups)
 
 
 @lru_cache(maxsize=256)
@@ -214,11 +219,8 @@ def _limited_hits(experts: int, top_k: int, expert_groups: int, limited: int, un
 def limited_groups_hit(r: Routing, groups):
     """`distinct_groups` under the model's node-limited routing (DeepSeek-V3: 4 of 8 groups): the token's experts
     land in fewer ranks and nodes than anywhere-routing's (671B at EP 64: 4.0 of 8 nodes vs 5.3)."""
-    args = (int(r.experts), int(r.top_k), r.expert_groups, r.limited_groups)
-    if not isinstance(groups, np.ndarray):
-        return _limited_hits(*args, max(int(groups), 1))
-    return np.asarray([_limited_hits(*args, max(int(g), 1)) for g in groups.ravel()],
-                      dtype=float).reshape(groups.shape)
+    return _per_count(lambda g: _limited_hits(int(r.experts), int(r.top_k), r.expert_groups, r.limited_groups, g),
+                      groups)
 
 
 def _groups_hit(r: Routing, lay: Layout, groups) -> np.ndarray:
