@@ -220,6 +220,12 @@ class StackProfile(BaseModel):
     async_tp_gemm_factor: float = Field(gt=0, le=1)
     pp_overhead_s_per_microbatch: float = Field(ge=0, description="schedule + P2P wait per stage per microbatch")
     pp_p2p_exposed: float = Field(ge=0, le=1, description="share of the stage-to-stage transfer time not hidden")
+    pp_p2p_overlap: Literal["none", "interleaved"] = Field(
+        default="none",
+        description="where the schedule posts each chunk's sends and receives before computing it and waits only "
+                    "on the stream (Megatron-Core's overlap_p2p_comm, on for interleaved schedules): there a chunk's "
+                    "transfers and schedule step hide behind its compute and only what outlasts it shows; none: "
+                    "pp_p2p_exposed and pp_overhead_s_per_microbatch hold for every schedule")
     dp_replicate_overlap_share: float = Field(
         ge=0, le=1, description="the DP-replicate all-reduce hides behind this share of fsdp_overlap"
     )

@@ -19,10 +19,11 @@ the run (torchtitan's `benchmarks/llama3_h100_202412_torchtitan.md`), or `data/p
 the source's table on that hardware from the software versions the document states, or the row's notes give a
 date, a torch nightly's stamp or the torch release that ran it (`run_dates.notes_month`), the release profile
 covering that month is used (`until:` in its YAML, e.g. `torchtitan-2024`); otherwise the current release. This reads
-which software ran, never what it measured. A framework with no profile (say `megatron`) is predicted
-with the `generic` profile (torchtitan's constants, the bf16-model + fp32-master conventions most frameworks share)
-rather than failing; a row whose notes say ZeRO-1 (or Megatron-LM's distributed optimizer) uses the framework's
-`-zero1` profile where one exists (`nanotron-zero1`, `generic-zero1`); `--json` rows name the profile used (`stack`).
+which software ran, never what it measured. Megatron-LM, Megatron-Bridge and NeMo rows use `megatron-core`; a
+framework with no profile (say `deepspeed`) is predicted with the `generic` profile (torchtitan's constants, the
+bf16-model + fp32-master conventions most frameworks share) rather than failing; a row whose notes say ZeRO-1 (or
+Megatron-LM's distributed optimizer) uses the framework's `-zero1` profile where one exists (`nanotron-zero1`,
+`megatron-core-zero1`, `generic-zero1`); `--json` rows name the profile used (`stack`).
 """
 
 from __future__ import annotations
@@ -173,6 +174,9 @@ FALLBACK_STACK = "generic"  # a framework without a profile
 # frameworks that run another's semantics: meshplan's own training core (launcher/) follows torchtitan's FSDP2 /
 # TP / pipelining and writes `framework=meshplan` in the rows `meshplan compare --append-csv` adds
 FRAMEWORK_STACKS = {"meshplan": "torchtitan"}
+# frameworks that train through Megatron-Core, as a framework column spells them (squashed: any case, separators)
+MEGATRON_CORE = {"megatron", "megatronlm", "megatroncore", "mcore", "megatronbridge", "mbridge", "nemo", "nemo2",
+                 "nemomegatron"}
 # a measured run's notes naming the stack profile whose rules it ran (`meshplan compare --append-csv` writes it: the
 # training core follows its plan's stack), e.g. "ran as stack torchtitan-2026-03"
 _RAN_AS = re.compile(r"\bran as stack ([A-Za-z0-9](?:[\w.-]*[\w-])?)")  # a sentence's full stop is not the name's
@@ -186,12 +190,13 @@ def row_stack(row: dict) -> str:
     release they name; else the current release), or its ZeRO-1 variant when the
     notes say so. meshplan's own runs are predicted with torchtitan's (FRAMEWORK_STACKS), or with the stack their
     notes say they ran as ("ran as stack torchtitan-2026-03": the core follows its plan's stack). A framework without a
-    profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so."""
+    profile in `data/stacks/` is predicted with `generic`, and the row's `stack` says so; Megatron-LM, Megatron-Bridge
+    and NeMo rows with `megatron-core` (MEGATRON_CORE)."""
     ran_as = _RAN_AS.search(row.get("notes") or "")
     if ran_as and ran_as.group(1) in stack_names():
         return ran_as.group(1)
     framework = (row.get("framework") or DEFAULT_STACK).strip()
-    framework = FRAMEWORK_STACKS.get(framework, framework)
+    framework = FRAMEWORK_STACKS.get(framework, "megatron-core" if squash(framework) in MEGATRON_CORE else framework)
     if framework not in stack_names():  # the framework as a log spells it: TorchTitan, Nanotron, llm_foundry
         framework = {squash(n): n for n in stack_names()}.get(squash(framework), FALLBACK_STACK)
     if _ZERO1.search(row.get("notes") or "") and f"{framework}-zero1" in stack_names():

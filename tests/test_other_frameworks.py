@@ -245,7 +245,7 @@ def test_async_tp_runs_eager_where_the_framework_overlaps_its_own_tp_collectives
     assert vanilla.error is None and overlapped.error is None
     assert overlapped.predicted_tps_per_gpu > vanilla.predicted_tps_per_gpu
     (megatron,) = validate_rows([_row(framework="megatron", tp="4", pp="1", pp_schedule="", async_tp="true")])
-    assert megatron.error is None and megatron.stack == "generic"
+    assert megatron.error is None and megatron.stack == "megatron-core"
     (titan,) = validate_rows([_row(framework="torchtitan", tp="4", pp="1", pp_schedule="", tied_embeddings="false",
                                    async_tp="true")])
     assert titan.error == "row x: async TP is a torch.compile pass: it needs compile on, with model in compile_components"
@@ -274,13 +274,16 @@ def test_virtual_stages_torchtitan_cannot_count_run_where_the_framework_splits_t
 
 
 def test_megatron_distributed_optimizer_shards_master_weights_and_moments_over_replicas():
-    """Megatron-LM's --use-distributed-optimizer (ZeRO-1): generic-zero1 when the notes say so; the fp32 master copy
-    (4 bytes a parameter) and AdamW's moments (8) divide over the 8 replicas, the bf16 weights (2) and the fp32
-    grad buffer (4) do not."""
+    """Megatron-LM's --use-distributed-optimizer (ZeRO-1): megatron-core-zero1 when the notes say so (generic-zero1
+    for a framework without a profile); the fp32 master copy (4 bytes a parameter) and AdamW's moments (8) divide
+    over the 8 replicas, the bf16 weights (2) and the fp32 grad buffer (4) do not."""
     ddp = _row(framework="Megatron-LM", model="Llama 1B", tp="1", pp="1", pp_schedule="", dp_replicate="8",
                tied_embeddings="false")
     plain, sharded = validate_rows([ddp, {**ddp, "notes": "--use-distributed-optimizer"}])
-    assert (plain.stack, sharded.stack) == ("generic", "generic-zero1")
+    assert (plain.stack, sharded.stack) == ("megatron-core", "megatron-core-zero1")
+    (deepspeed,) = validate_rows([{**ddp, "framework": "DeepSpeed", "notes": "ZeRO stage 1"}])
+    assert deepspeed.stack == "generic-zero1"
+    assert deepspeed.predicted_mem_gib == pytest.approx(sharded.predicted_mem_gib)
     assert sharded.predicted_mem_gib < plain.predicted_mem_gib
     cfg = TrainConfig(gpus=8, dp_replicate=8, dp_shard=1, seq_len=4096, global_batch_size=8)
     full, zero = (estimate(M8, H100_, cfg, load_stack(s))["memory"]["breakdown_gib"] for s in ("generic", "generic-zero1"))

@@ -128,19 +128,19 @@ def test_a_framework_without_a_profile_is_predicted_with_the_generic_profile(gro
     constants, same memory) but for torchtitan's own per-block FSDP cost: only FSDP2's hooks (~1 ms a block), so
     faster; without FSDP the generic profile keeps the model in bf16 (no fp32 fallback for TP / PP, no autocast)."""
     rows = [r for r in read_rows(ground_truth) if r["id"] in ("r0041", "r0000")]
-    other = [{**r, "framework": "megatron-lm"} for r in rows]
+    other = [{**r, "framework": "deepspeed"} for r in rows]
     got = validate_rows(other)
     assert [r.error for r in got] == [None, None]
     assert [r.stack for r in got] == ["generic", "generic"]
     for mine, titan in zip([predict_row(r) for r in other], [predict_row(r, "torchtitan") for r in rows], strict=True):
         assert mine[1] == titan[1] and 1.05 < mine[0] / titan[0] < 1.4
-    assert summarize(got)["by_framework"]["megatron-lm"]["rows"] == 2
+    assert summarize(got)["by_framework"]["deepspeed"]["rows"] == 2
     # 8 x TP 8, no FSDP: torchtitan 0.2.2 trained it in fp32; the generic profile and nanotron in bf16, as torchtitan
     # does since 2026-04 through FSDP2 on one shard (slower than generic: the one-rank path's parameter and gradient
     # copies every microbatch, its hooks' CPU time on top of eager DTensor launches, DTensor's sequence-parallel copies)
     # (AC none: with torchtitan's op-level SAC in eager mode such a step waits on its CPU, which is not the point here)
     tp8 = {**rows[0], "dp_shard": "1", "tp": "8", "global_batch_size": "8", "micro_batch_size": "1", "ac": "none"}
-    old, generic = predict_row(tp8, "torchtitan-2026-03"), predict_row({**tp8, "framework": "megatron-lm"})
+    old, generic = predict_row(tp8, "torchtitan-2026-03"), predict_row({**tp8, "framework": "deepspeed"})
     assert generic[0] > 3 * old[0] and generic[1] < old[1]
     titan = predict_row(tp8, "torchtitan")
     assert 0.7 < titan[0] / generic[0] < 0.95
@@ -155,7 +155,8 @@ def test_a_zero1_note_picks_the_frameworks_zero1_profile(notes, stack):
 
 @pytest.mark.parametrize(("framework", "stack"), [
     ("TorchTitan", "torchtitan"), ("pytorch/torchtitan", "torchtitan"), ("Nanotron", "nanotron"),
-    ("llm_foundry", "llm-foundry"), ("LLM Foundry", "llm-foundry"), ("Megatron-LM", "generic"),
+    ("llm_foundry", "llm-foundry"), ("LLM Foundry", "llm-foundry"), ("Megatron-LM", "megatron-core"),
+    ("megatron-bridge", "megatron-core"), ("NeMo", "megatron-core"), ("nemo-automodel", "generic"), ("DeepSpeed", "generic"),
 ])
 def test_a_framework_as_a_log_spells_it_finds_its_profile(framework, stack):
     assert row_stack({"framework": framework, "source": ""}) == stack

@@ -54,12 +54,22 @@ def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
     return xp.where(lay.single_stage, 0.0, microbatch_s * (p - 1 + unfilled) / v)
 
 
-def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float, seq_shards) -> np.ndarray:
+def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float, seq_shards,
+          microbatch_s: np.ndarray | float = 0.0) -> np.ndarray:
     """Exposed stage-to-stage time per step (s): each microbatch chunk sends its activation forward and receives
     its gradient backward (bf16, tokens x hidden / tp: the whole sequence where TP runs without sequence
-    parallelism, `seq_shards`), plus the schedule's per-microbatch overhead."""
+    parallelism, `seq_shards`), plus the schedule's per-microbatch overhead.
+
+    Where the stack overlaps them (`pp_p2p_overlap`: Megatron-Core's overlap_p2p_comm under an interleaved
+    schedule) a chunk's transfers and schedule step run while the chunk computes (`microbatch_s` / vpp: a
+    microbatch's seconds on the rank), and only what outlasts that compute shows."""
     spans_nodes = lay.world > hw.scale_up_gpus(lay.gpus_per_node)
     p2p_bytes = lay.tokens_mb * hidden / seq_shards * 2.0 * 2  # activation forward + gradient backward per boundary
     bw = xp.where(spans_nodes, inter_node_bytes_per_s(hw), intra_node_bytes_per_s(hw, 2))  # one stage to the next
-    per_mb = p2p_bytes / bw * stack.pp_p2p_exposed + stack.pp_overhead_s_per_microbatch
+    transfer = p2p_bytes / bw
+    per_mb = transfer * stack.pp_p2p_exposed + stack.pp_overhead_s_per_microbatch
+    if stack.pp_p2p_overlap == "interleaved":
+        chunk_s = microbatch_s / lay.vpp
+        overlapped = xp.maximum(0.0, transfer + stack.pp_overhead_s_per_microbatch - chunk_s)
+        per_mb = xp.where(lay.schedule == int(Schedule.INTERLEAVED_1F1B), overlapped, per_mb)
     return xp.where(lay.single_stage, 0.0, lay.microbatches * lay.vpp * per_mb)
