@@ -107,7 +107,10 @@ def estimate(
             f"({t.ratio(0.1):.2f}-{t.ratio(0.9):.2f} x the estimate) comes from {t.rows} published MoE runs the "
             "estimator was never fitted to (README, Mixture of experts): meshplan models torchtitan's dispatch (the "
             "standard all-to-all, DeepEP or HybridEP: expert_parallel_comm_backend deepep / hybridep), not other "
-            "frameworks' fused permutes nor a dispatch overlapped with another microbatch's compute")
+            "frameworks' fused permutes nor a dispatch overlapped with another microbatch's compute"
+            + ("" if intervals.moe_table("peak_memory") is not None else
+               "; its peak-memory interval is the dense runs' (too few published MoE runs state a peak for one of "
+               "their own, and those few miss the dense band: README, Mixture of experts)"))
     if stack.fsdp_every_layout and cfg.dp_shard * cfg.cp == 1:
         warnings.append(
             f"no FSDP sharding (dp_shard x cp = 1): stack {stack.id}, as torchtitan since 2026-04 (0.3.0), wraps FSDP2 "

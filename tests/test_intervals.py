@@ -261,5 +261,13 @@ def test_a_mixture_of_experts_estimate_says_where_its_wide_band_comes_from(cli):
     said = [w for w in json.loads(out.stdout)["warnings"] if w.startswith("mixture of experts")]
     t = intervals.table("tokens_per_sec_per_gpu", "torchtitan", moe=True)
     assert len(said) == 1 and f"{t.rows} published MoE runs" in said[0] and f"{t.ratio(0.9):.2f}" in said[0]
+    # four published MoE runs state a peak: fewer than a table of their own needs, so the memory band is the dense
+    # runs', and the warning says so (the JSON's band is that table's)
+    assert intervals.moe_table("peak_memory") is None
+    assert "peak-memory interval is the dense runs'" in said[0]
+    est = json.loads(out.stdout)
+    low, high = est["memory"]["peak_gib_interval"]
+    dense_t = intervals.table("peak_memory", "torchtitan")
+    assert low == pytest.approx(est["memory"]["peak_gib"] * dense_t.ratio(0.1), rel=2e-3)
     dense = cli("estimate", "--model", "llama3-8b", "--gpus", "8", "--json")
     assert not any(w.startswith("mixture of experts") for w in json.loads(dense.stdout)["warnings"])
