@@ -39,6 +39,13 @@ def validate_cmd(
     tokens/s/GPU and peak memory, and the mean absolute percentage error by framework and by hardware part
     (with its bias).
 
+    The framework column picks the stack profile: torchtitan (the release
+    that ran the row, by the date its source or notes give), llm-foundry,
+    nanotron, kempnerforge, megatron-core (Megatron-LM, Megatron-Bridge,
+    NeMo), meshplan (its own core: torchtitan's); any other framework is
+    predicted with generic; notes saying ZeRO-1 or distributed optimizer pick
+    the framework's -zero1 profile where one exists.
+
     Columns read beyond the schema when present: ep, experts, top_k,
     expert_ffn_hidden, shared_ffn_hidden, first_dense_layers, expert_groups,
     limited_groups (a mixture of experts; node-limited routing); head_dim (a head's width where it is not hidden / heads) and
