@@ -70,7 +70,7 @@ def test_a_transfer_longer_than_the_chunk_shows_what_outlasts_it():
     lay = layout_of(ConfigArrays.single(cfg.resolve(L70, H100)))
     mc, h = load_stack("megatron-core"), float(L70.hidden)
     whole = float(pipeline.p2p_s(lay, H100, mc.model_copy(update={"pp_p2p_overlap": "none", "pp_p2p_exposed": 1.0}),
-                                 h, 8.0))
+                                 h, 8.0, microbatch_s=1.0))  # none: every chunk shows its whole transfer
     chunks = 32 * 2
     assert float(pipeline.p2p_s(lay, H100, mc, h, 8.0, microbatch_s=1.0)) == 0.0
     assert float(pipeline.p2p_s(lay, H100, mc, h, 8.0, microbatch_s=0.0)) == pytest.approx(whole)

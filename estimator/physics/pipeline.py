@@ -55,7 +55,7 @@ def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
 
 
 def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float, seq_shards,
-          microbatch_s: np.ndarray | float = 0.0) -> np.ndarray:
+          microbatch_s: np.ndarray | float) -> np.ndarray:
     """Exposed stage-to-stage time per step (s): each microbatch chunk sends its activation forward and receives
     its gradient backward (bf16, tokens x hidden / tp: the whole sequence where TP runs without sequence
     parallelism, `seq_shards`), plus the schedule's per-microbatch overhead.
