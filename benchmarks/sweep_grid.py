@@ -19,16 +19,16 @@ copied) and predicts every row with validate's own code, configuration columns o
 - hardware: H100 SXM, 8 a node (Hugging Face's cluster).
 
 It prints the rows predicted / refused (the issue's bar: >= 95 % predicted), each refusal's reason, and the
-share predicted to fit a GPU's usable HBM by model and GPU count. With measured results in the ground-truth schema,
-`meshplan validate FILE --stack nanotron-zero1` reports tokens/s/GPU error, the fit / OOM agreement and the rank
-correlation within each cell; `--csv` writes the grid in that schema (status empty) as a template.
+share predicted to fit a GPU's usable HBM by model and GPU count. `meshplan validate` reads the sweep's own
+`<N>_GPUS_global_summary.csv` (`estimator/sweep_formats.py`, defaults in `data/sweeps/bench_cluster.yaml`) and with
+its measured results reports tokens/s/GPU error, the fit / OOM agreement and the rank correlation within each cell;
+`--csv` writes the grid in that format (nothing measured) for a look at what validate makes of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import io
 import math
 import sys
 from collections import Counter, defaultdict
@@ -37,28 +37,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from meshplan.estimator.sweep_formats import bench_cluster_defaults, bench_cluster_rows  # noqa: E402
 from meshplan.estimator.validate import validate_rows  # noqa: E402
 
-# bench_cluster's update_config_based_on_model: (layers, hidden, heads, ffn). Every model MHA ("num_attention_heads =
-# num_key_value_heads for all models"); its llama-70B sets num_key_value_heads to 64 and leaves the base config's 32
-# attention heads, a typo by its own comment, read here as 64 heads (Llama 2 70B's).
+# bench_cluster's models and defaults, as `meshplan validate` reads its summaries (data/sweeps/bench_cluster.yaml)
+DEFAULTS = bench_cluster_defaults()
 MODELS: dict[str, tuple[int, int, int, int]] = {
-    "llama-1B": (24, 2048, 32, 4096),
-    "llama-7B": (32, 4096, 32, 11008),
-    "llama-70B": (80, 8192, 64, 28672),
-    "llama-340B": (96, 18432, 96, 73728),
-}
-VOCAB = 50257  # GPT-2's tokenizer.vocab_size, make_vocab_size_divisible_by 1
-SEQ = 4096
-GPUS_PER_NODE = 8
+    name: (m["layers"], m["hidden"], m["heads"], m["ffn_hidden"]) for name, m in DEFAULTS["models"].items()}
+VOCAB = DEFAULTS["vocab"]
+SEQ = DEFAULTS["seq_len"]
+GPUS_PER_NODE = DEFAULTS["gpus_per_node"]
 TP_MAX = 8
 GBS_RANGE = (4_000_000, 8_000_000, 1_000_000)  # tokens: start, end, step (its --gbs_range default)
-FIELDS = ["id", "source", "framework", "model", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-          "tied_embeddings", "mlp", "seq_len", "hardware", "gpus", "gpus_per_node", "dp_replicate", "dp_shard", "tp",
-          "pp", "pp_schedule", "vpp", "cp", "global_batch_size", "micro_batch_size", "precision", "float8_recipe",
-          "compile", "ac", "async_tp", "measured_tps_per_gpu", "measured_mem_gib", "measured_mfu", "status", "notes"]
-
-
 def stages_all_filled(pp: int, layers: int, hidden: int, heads: int, ffn: int, vocab: int = VOCAB) -> bool:
     """Whether bench_cluster's cost-balanced split gives every one of pp stages a block (its
     is_enough_layers_for_pp). The blocks [embedding, decoders..., final norm, head, cast to fp32, loss] are walked in
@@ -100,8 +90,12 @@ def batch_pairs(dp: int, seq: int = SEQ, gbs_range: tuple[int, int, int] = GBS_R
     return out
 
 
-def grid(models: list[str], gpu_counts: list[int], recompute: list[bool]) -> list[dict]:
-    """The sweep's rows in the ground-truth schema (configuration only; one row per distinct run directory)."""
+SUMMARY_FIELDS = ["model", "run_name", "status", "nnodes", "dp", "tp", "pp", "batch_accumulation_per_replica",
+                  "micro_batch_size", "tok/s/gpu", "mfu", "forward", "backward"]  # its report.py global summary
+
+
+def summary_rows(models: list[str], gpu_counts: list[int], recompute: list[bool]) -> list[dict]:
+    """The sweep's runs as its global summary lists them (one row per run directory; nothing measured: -1)."""
     rows: list[dict] = []
     for name in models:
         layers, hidden, heads, ffn = MODELS[name]
@@ -117,34 +111,22 @@ def grid(models: list[str], gpu_counts: list[int], recompute: list[bool]) -> lis
                     seen.add((bapr, mbs))
                     for rc in recompute:
                         run = f"dp-{dp}_tp-{tp}_pp-{pp}_mbz-{mbs}_bapr-{bapr}" + ("_recompute_layer" if rc else "")
-                        rows.append({
-                            "id": f"{name}/{gpus}/{run}", "source": "huggingface/bench_cluster create_configs.py grid",
-                            "framework": "nanotron", "model": name, "layers": layers, "hidden": hidden,
-                            "heads": heads, "kv_heads": heads, "ffn_hidden": ffn, "vocab": VOCAB,
-                            "tied_embeddings": "true", "mlp": "swiglu", "seq_len": SEQ, "hardware": "h100-sxm",
-                            "gpus": gpus, "gpus_per_node": GPUS_PER_NODE, "dp_replicate": dp, "dp_shard": 1,
-                            "tp": tp, "pp": pp, "pp_schedule": "1f1b" if pp > 1 else "", "vpp": "", "cp": 1,
-                            "global_batch_size": dp * bapr * mbs, "micro_batch_size": mbs, "precision": "bf16",
-                            "float8_recipe": "", "compile": "false", "ac": "full" if rc else "none",
-                            "async_tp": "false", "measured_tps_per_gpu": "", "measured_mem_gib": "",
-                            "measured_mfu": "", "status": "", "notes": "ZeRO-1 (zero_stage 1); grid only, not measured",
-                        })
+                        rows.append({"model": name, "run_name": run, "status": "",
+                                     "nnodes": max(1, gpus // GPUS_PER_NODE), "dp": dp, "tp": tp, "pp": pp,
+                                     "batch_accumulation_per_replica": bapr, "micro_batch_size": mbs,
+                                     "tok/s/gpu": -1, "mfu": -1, "forward": "", "backward": ""})
     return rows
 
 
-def _as_csv_rows(rows: list[dict]) -> list[dict]:
-    """The rows as validate reads them from a CSV (every cell a string)."""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS)
-    w.writeheader()
-    w.writerows(rows)
-    buf.seek(0)
-    return list(csv.DictReader(buf))
+def grid(models: list[str], gpu_counts: list[int], recompute: list[bool]) -> list[dict]:
+    """The sweep's rows in the ground-truth schema, as `meshplan validate` reads its summary (`sweep_formats`)."""
+    raw = summary_rows(models, gpu_counts, recompute)
+    return bench_cluster_rows([{k: str(v) for k, v in r.items()} for r in raw])
 
 
 def report(rows: list[dict]) -> tuple[str, dict]:
     """(text report, figures) of validate's predictions over the grid's rows."""
-    results = validate_rows(_as_csv_rows(rows), stack="nanotron-zero1")
+    results = validate_rows(rows)  # nanotron, notes "ZeRO-1": the nanotron-zero1 profile
     refused = Counter(r.error.split(": ", 1)[-1] for r in results if r.error)  # without the "row ID: " prefix
     n = len(results)
     predicted = sum(1 for r in results if not r.error)
@@ -174,7 +156,8 @@ def main() -> None:
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512", help="comma-separated GPU counts")
     ap.add_argument("--recompute", choices=["no", "yes", "both"], default="no",
                     help="recompute_layer false (its default), true, or both")
-    ap.add_argument("--csv", type=Path, help="also write the grid in the ground-truth schema (a template)")
+    ap.add_argument("--csv", type=Path, help="also write the grid as bench_cluster's global summary (nothing "
+                    "measured: tok/s/gpu -1), which `meshplan validate` reads")
     ap.add_argument("--write-readme", action="store_true",
                     help="put the report in README.md's sweep-grid section (the default grid only)")
     args = ap.parse_args()
@@ -201,9 +184,9 @@ def main() -> None:
     if args.csv:
         tmp = args.csv.with_suffix(args.csv.suffix + ".tmp")
         with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
+            w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
             w.writeheader()
-            w.writerows(rows)
+            w.writerows(summary_rows(models, gpu_counts, recompute))
         tmp.replace(args.csv)
         print(f"wrote {len(rows)} rows to {args.csv}")
 

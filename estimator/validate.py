@@ -37,7 +37,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from meshplan.estimator import data_files, intervals
+from meshplan.estimator import data_files, intervals, sweep_formats
 from meshplan.estimator.config import (
     ATTENTION_KERNELS,
     COMPILE_COMPONENTS,
@@ -467,13 +467,15 @@ def absent_columns(rows: list[dict]) -> list[str]:
 
 def read_rows(path: Path) -> list[dict]:
     """The rows of a runs CSV, with the documented corrections of a `<stem>.corrections.yaml` beside it applied
-    (`row_corrections`); a configuration column it leaves out is empty in every row (its default), but
+    (`row_corrections`), or of bench_cluster's global summary (`sweep_formats`); a configuration column it leaves out is empty in every row (its default), but
     without hardware, gpus, seq_len and the model (its name, or its dimensions) no row can be predicted: a
     one-line error names what to add."""
     text = data_files.read_text(path)  # one-line error for a missing, unreadable or non-UTF-8 file
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
         header = reader.fieldnames or []
+        if sweep_formats.is_bench_cluster(header):  # a sweep's own summary: its defaults fill what it leaves out
+            return sweep_formats.bench_cluster_rows(list(reader))
         missing = [c for c in REQUIRED_COLUMNS if c not in header]
         if "model" not in header and any(c not in header for c in MODEL_COLUMNS):
             missing.append("model (or " + ", ".join(MODEL_COLUMNS) + ")")

@@ -45,12 +45,13 @@ def test_grid_rows_are_runs_it_made():
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids))  # one row a run directory
     for r in rows:
-        dp, tp, pp = r["dp_replicate"], r["tp"], r["pp"]
+        dp, tp, pp = int(r["dp_replicate"]), int(r["tp"]), int(r["pp"])
         assert dp * tp * pp == 8 and tp <= 8
-        bapr = r["global_batch_size"] // (dp * r["micro_batch_size"])
+        bapr = int(r["global_batch_size"]) // (dp * int(r["micro_batch_size"]))
         assert bapr >= pp - 1
     # fewer microbatches than stages (accumulation 1 on 2 stages) are in the sweep: nanotron runs them
-    assert any(r["pp"] == 2 and r["global_batch_size"] == r["dp_replicate"] * r["micro_batch_size"] for r in rows)
+    assert any(r["pp"] == "2" and int(r["global_batch_size"]) == int(r["dp_replicate"]) * int(r["micro_batch_size"])
+               for r in rows)
 
 
 def test_validate_predicts_the_grid():
@@ -61,12 +62,15 @@ def test_validate_predicts_the_grid():
     rows = sweep_grid.grid(["llama-1B", "llama-70B"], [8], [False])
     text, figures = sweep_grid.report(rows)
     assert figures["predicted"] == figures["rows"] == len(rows)
-    results = sweep_grid.validate_rows(sweep_grid._as_csv_rows(rows), stack="nanotron-zero1")
+    results = sweep_grid.validate_rows(rows)
+    assert {r.stack for r in results} == {"nanotron-zero1"}
     by_id = {r.id: r for r in results}
-    unfilled = [r for r in rows if r["pp"] > r["global_batch_size"] // (r["dp_replicate"] * r["micro_batch_size"])]
+    unfilled = [r for r in rows
+                if int(r["pp"]) > int(r["global_batch_size"]) // (int(r["dp_replicate"]) * int(r["micro_batch_size"]))]
     assert unfilled and all(by_id[r["id"]].predicted_tps_per_gpu > 0 for r in unfilled)
     assert not any(by_id[r["id"]].predicted_fits for r in rows if r["model"] == "llama-70B")
-    small = [r for r in rows if r["model"] == "llama-1B" and r["dp_replicate"] == 8 and r["micro_batch_size"] <= 2]
+    small = [r for r in rows
+             if r["model"] == "llama-1B" and r["dp_replicate"] == "8" and int(r["micro_batch_size"]) <= 2]
     assert small and all(by_id[r["id"]].predicted_fits for r in small)
     assert "predicted (100.0%)" in text
 
@@ -78,13 +82,14 @@ def test_cli_bad_model_one_line(tmp_path):
     assert out.stderr.strip().count("\n") == 0 and "llama-9B" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_cli_writes_a_csv_validate_reads(tmp_path):
-    csv_path = tmp_path / "grid.csv"
+def test_cli_writes_its_summary_format_validate_reads(tmp_path):
+    csv_path = tmp_path / "8_GPUS_global_summary.csv"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_grid.py"), "--models", "llama-1B",
                           "--gpus", "8", "--csv", str(csv_path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+    assert csv_path.read_text().splitlines()[0] == ",".join(sweep_grid.SUMMARY_FIELDS)
     from meshplan.estimator.validate import read_rows, validate_rows
 
     rows = read_rows(csv_path)
     assert len(rows) == len(sweep_grid.grid(["llama-1B"], [8], [False]))
-    assert all(not r.error for r in validate_rows(rows, stack="nanotron-zero1"))
+    assert all(not r.error and r.predicted_tps_per_gpu > 0 for r in validate_rows(rows))

@@ -25,7 +25,7 @@ def default_csv() -> Path:
 
 def validate_cmd(
     csv_path: Path = typer.Argument(
-        None, metavar="CSV", help="runs in the ground-truth schema [default: the 132 published runs shipped in data/ground_truth/runs.csv]"
+        None, metavar="CSV", help="runs in the ground-truth schema, or a bench_cluster global summary [default: the 132 published runs shipped in data/ground_truth/runs.csv]"
     ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object: rows and summary"),
     framework: str = typer.Option(None, "--framework", help="only rows of this framework"),
@@ -67,7 +67,14 @@ def validate_cmd(
     A CSV's documented corrections sit beside it, never in it: runs.csv reads
     runs.corrections.yaml (each entry: rows, column, the value it replaces
     (was), now, evidence); corrected rows are named in the report and marked
-    `corrected` in --json."""
+    `corrected` in --json.
+
+    A sweep's own output is read too: Hugging Face bench_cluster's
+    <N>_GPUS_global_summary.csv (model llama-1B / 7B / 70B / 340B / 400B,
+    run_name, status, dp, tp, pp, batch_accumulation_per_replica,
+    micro_batch_size, tok/s/gpu; -1 = not measured), with the defaults its
+    script ran and the summary leaves out (H100 SXM, sequence 4,096, nanotron
+    ZeRO-1, 1F1B): data/sweeps/bench_cluster.yaml."""
     if csv_path is None:
         csv_path = default_csv()
         if not csv_path.exists():
