@@ -132,7 +132,7 @@ def report(rows: list[dict]) -> tuple[str, dict]:
     predicted = sum(1 for r in results if not r.error)
     cells: dict[tuple[str, int], list] = defaultdict(list)
     for row, r in zip(rows, results, strict=True):
-        cells[(row["model"], row["gpus"])].append(r)
+        cells[(row["model"], int(row["gpus"]))].append(r)
     lines = [f"{n} rows of bench_cluster's grid: {predicted} predicted ({predicted / n:.1%}), {n - predicted} refused."]
     for reason, k in refused.most_common():
         lines.append(f"  refused {k}: {reason}")

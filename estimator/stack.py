@@ -226,6 +226,12 @@ class StackProfile(BaseModel):
                     "on the stream (Megatron-Core's overlap_p2p_comm, on for interleaved schedules): there a chunk's "
                     "transfers and schedule step hide behind its compute and only what outlasts it shows; none: "
                     "pp_p2p_exposed and pp_overhead_s_per_microbatch hold for every schedule")
+    pp_receive_buffers: Literal["every_microbatch", "in_flight"] = Field(
+        default="every_microbatch",
+        description="which stage-to-stage receive buffers a pipeline stage holds: every_microbatch (torch.distributed."
+                    "pipelining's PipelineStage allocates one activation and one gradient buffer per microbatch of the "
+                    "step and keeps them until it ends: torchtitan), in_flight (the schedule allocates each receive "
+                    "when it posts it: nanotron's and Megatron-Core's P2P; only the microbatches in flight hold one)")
     dp_replicate_overlap_share: float = Field(
         ge=0, le=1, description="the DP-replicate all-reduce hides behind this share of fsdp_overlap"
     )

@@ -76,3 +76,29 @@ def test_a_transfer_longer_than_the_chunk_shows_what_outlasts_it():
     assert float(pipeline.p2p_s(lay, H100, mc, h, 8.0, microbatch_s=0.0)) == pytest.approx(whole)
     short = 2 * 0.5 * whole / chunks  # a microbatch of two chunks, each half as long as its transfer and step
     assert float(pipeline.p2p_s(lay, H100, mc, h, 8.0, microbatch_s=short)) == pytest.approx(whole / 2)
+
+
+def _stage_allocated(stack: str, global_batch_size: int) -> list[float]:
+    cfg = TrainConfig(gpus=64, tp=8, pp=4, dp_shard=2, seq_len=4096, global_batch_size=global_batch_size,
+                      micro_batch_size=1)
+    return [s["allocated_gib"] for s in estimate(L70, H100, cfg, load_stack(stack))["memory"]["per_stage"]]
+
+
+def test_receive_buffers_torch_keeps_every_microbatchs_megatron_and_nanotron_only_those_in_flight():
+    """A receive buffer is 1 x 4,096 tokens / tp 8 (sequence parallel) x 8,192 x 2 bytes = 8 MiB. torch's
+    PipelineStage (torchtitan, generic) keeps one activation and one gradient buffer per microbatch of the step:
+    8 -> 64 microbatches (dp 2, global batch 16 -> 128) adds 2 x 56 x 8 MiB = 0.875 GiB on every stage but the
+    first. Megatron-Core's and nanotron's P2P allocate each receive as it is posted: 1F1B's microbatches in flight
+    (min(m, pp - k) on stage k, 3 on stage 1) hold one, the same at 8 or 64 microbatches; at 8 microbatches stage 1
+    holds 16 - 3 = 13 buffers fewer (104 MiB) than under generic."""
+    assert (load_stack("nanotron").pp_receive_buffers, load_stack("megatron-core").pp_receive_buffers,
+            load_stack("generic").pp_receive_buffers) == ("in_flight", "in_flight", "every_microbatch")
+    g8, g64 = _stage_allocated("generic", 16), _stage_allocated("generic", 128)
+    assert g8[0] == g64[0]
+    # the report rounds to MiB
+    assert [b - a for a, b in zip(g8[1:], g64[1:], strict=True)] == pytest.approx([0.875] * 3, abs=2e-3)
+    m8, m64 = _stage_allocated("megatron-core", 16), _stage_allocated("megatron-core", 128)
+    assert m8 == pytest.approx(m64, abs=1e-12)
+    assert g8[1] - m8[1] == pytest.approx(13 * 8 / 1024, abs=2e-3)
+    n8, n64 = _stage_allocated("nanotron", 16), _stage_allocated("nanotron", 128)
+    assert n8 == pytest.approx(n64, abs=1e-12)

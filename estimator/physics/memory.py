@@ -172,10 +172,13 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     root = rp.root(first, last)
     up = unsharded(stack, lay, rp, w, prank, root, last)
     recv = receive_buffer_bytes(lay, float(model.hidden), first, sequence_shards(stack, model, lay))
-    recv_all = m * recv
+    if stack.pp_receive_buffers == "every_microbatch":  # PipelineStage's buffers: every microbatch's, to the end
+        recv_all = recv_grads = recv_end = m * recv
+    else:  # allocated as each receive is posted: the microbatches in flight hold theirs, the gradients pass through
+        recv_all, recv_grads, recv_end = recv * microbatches_in_flight(lay, stage), 0.0, 0.0
     acts_blocks = act.block_bytes * layers_in_flight(lay, rp.layers, stage) + recv_all \
         - xp.where(first, act.first_block_unsaved_per_token * lay.tokens_mb, 0.0)
-    acc = acc + recv_all
+    acc = acc + recv_grads
     # the last stage: the head's saved inputs of every microbatch in flight (GPipe: all), and the saved loss of each
     # one but the microbatch at its loss (whose buffers are logits_loss)
     in_flight = head_microbatches(lay)
@@ -211,7 +214,8 @@ def stage_memory(model: ModelSpec, stack: StackProfile, lay: Layout, rp: RankPar
     # the rest of `acc` at most (without FSDP the gradients are the parameters' own, whole at the end)
     end_grads = xp.where(xp.logical_not(single) & lay.fsdp, xp.minimum(gf, block_grads), gf)
     end = Phase(grads_fp32=end_grads, unsharded_params=up.end,
-                unsharded_grads=acc + up.reduce_scatter_input + root_grads, activations=recv_all,
+                unsharded_grads=acc + up.reduce_scatter_input + root_grads,
+                activations=recv_end,  # every_microbatch: the buffers held to the step's end; in_flight: none left
                 logits_loss=xp.zeros_like(p),
                 transient=xp.where(first & trains_root, 2 * BF16 * model.hidden * lay.tokens_mb, 0.0)
                 + whole_graph_gradients(stack, lay, gf))

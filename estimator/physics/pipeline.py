@@ -38,7 +38,9 @@ def head_microbatches(lay: Layout) -> np.ndarray:
 def receive_buffer_bytes(lay: Layout, hidden: float, first: np.ndarray, seq_shards) -> np.ndarray:
     """Bytes of one receive buffer (micro-batch, seq / tp, hidden; bf16; the whole sequence where TP runs without
     sequence parallelism: `seq_shards`, `layout.sequence_shards`) a non-first stage's PipelineStage keeps per
-    microbatch of the step (and the gradient of each once its backward ran, until the step ends)."""
+    microbatch of the step (and the gradient of each once its backward ran, until the step ends); a stack whose
+    schedule allocates each receive as it posts it (`pp_receive_buffers: in_flight`) holds one per microbatch in
+    flight instead (`memory.stage_memory`)."""
     return xp.where(xp.logical_not(lay.single_stage) & xp.logical_not(first),
                     lay.tokens_mb * 2 * hidden / seq_shards, 0.0)
 
