@@ -49,6 +49,8 @@ SEQ = DEFAULTS["seq_len"]
 GPUS_PER_NODE = DEFAULTS["gpus_per_node"]
 TP_MAX = 8
 GBS_RANGE = (4_000_000, 8_000_000, 1_000_000)  # tokens: start, end, step (its --gbs_range default)
+
+
 def stages_all_filled(pp: int, layers: int, hidden: int, heads: int, ffn: int, vocab: int = VOCAB) -> bool:
     """Whether bench_cluster's cost-balanced split gives every one of pp stages a block (its
     is_enough_layers_for_pp). The blocks [embedding, decoders..., final norm, head, cast to fp32, loss] are walked in
