@@ -65,6 +65,11 @@ def bench_cluster_rows(rows: list[dict]) -> list[dict]:
         dp, tp, pp = (_whole(row, c, line) for c in ("dp", "tp", "pp"))
         bapr = _whole(row, "batch_accumulation_per_replica", line)
         mbs = _whole(row, "micro_batch_size", line)
+        nnodes = (row.get("nnodes") or "").strip()
+        if nnodes and dp * tp * pp >= 8 and nnodes.isdigit() and int(nnodes) * d["gpus_per_node"] > dp * tp * pp:
+            raise MeshplanError(f"line {line}: {dp * tp * pp} GPUs on {nnodes} nodes is bench_cluster's swiss-ai "
+                                "cluster (4 GH200 a node), which meshplan has no profile for; give those runs in the "
+                                "ground-truth schema with a hardware profile of their own")
         run = (row.get("run_name") or "").strip()
         recompute = run.endswith("_recompute_layer")
         out.append({

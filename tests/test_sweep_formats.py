@@ -92,3 +92,16 @@ def test_unknown_model_and_bad_degree_one_line(tmp_path):
     out = run_cli("validate", str(bad))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "line 2: dp 'eight'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_the_other_clusters_summary_is_refused_in_one_line(tmp_path):
+    """bench_cluster's summary writes nnodes = GPUs / GPUs a node: 16 GPUs on 4 nodes is its swiss-ai cluster (4 GH200
+    a node), not Hugging Face's H100 nodes of 8 the defaults describe; 16 GPUs on 2 nodes is read."""
+    ok = _summary(tmp_path / "hf.csv", [["llama-1B", "dp-16_tp-1_pp-1_mbz-2_bapr-32", "completed", 2, 16, 1, 1, 32, 2,
+                                         40000, 40, "", ""]])
+    assert read_rows(ok)[0]["gpus"] == "16"
+    bad = _summary(tmp_path / "swiss.csv", [["llama-1B", "dp-16_tp-1_pp-1_mbz-2_bapr-32", "completed", 4, 16, 1, 1, 32,
+                                             2, 40000, 40, "", ""]])
+    out = run_cli("validate", str(bad))
+    assert out.returncode != 0 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert "swiss-ai" in out.stderr and "16 GPUs on 4 nodes" in out.stderr
