@@ -15,7 +15,8 @@ from meshplan.estimator.config import TrainConfig
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.compute import attention_kernel
-from meshplan.estimator.physics.stages import blocks_on_ranks, less_fields
+from meshplan.estimator.physics.shapes import split_blocks
+from meshplan.estimator.physics.stages import less_fields
 from meshplan.estimator.stack import StackProfile, load_stack
 
 FLOP_CONVENTION = ("6*(N_active - N_embedding) + 12*L*h*s per token (torchtitan; a MoE model's top-k experts; "
@@ -256,14 +257,14 @@ def _stage_name(k: int, pp: int) -> str:
 
 def per_stage(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, cfg: TrainConfig) -> list[dict]:
     """Peak reserved and allocated memory and the breakdown (GiB) for each pipeline stage of a resolved config, with the
-    transformer blocks its rank holds (torchtitan's split, physics/stages.py)."""
+    transformer blocks its rank holds (the stack's split: torchtitan's, physics/stages.py, or nanotron's by cost)."""
     import numpy as np
 
     n = min(cfg.pp, MAX_STAGES_LISTED)
     arrays = ConfigArrays.from_configs([cfg] * n)
     r = estimate_arrays(model, hw, stack, arrays, stage=np.arange(n))
-    blocks = blocks_on_ranks(model.layers, cfg.pp, cfg.vpp, cfg.pp_first_stage_less_layers,
-                             cfg.pp_last_stage_less_layers, range(n))
+    blocks = split_blocks(model, cfg.pp, cfg.vpp, cfg.pp_first_stage_less_layers, cfg.pp_last_stage_less_layers,
+                          range(n), stack.pp_split == "cost_balanced")
     return [
         {
             "stage": k,

@@ -226,6 +226,13 @@ class StackProfile(BaseModel):
                     "on the stream (Megatron-Core's overlap_p2p_comm, on for interleaved schedules): there a chunk's "
                     "transfers and schedule step hide behind its compute and only what outlasts it shows; none: "
                     "pp_p2p_exposed and pp_overhead_s_per_microbatch hold for every schedule")
+    pp_split: Literal["torchtitan", "cost_balanced"] = Field(
+        default="torchtitan",
+        description="how a pipeline splits the blocks over its stages: torchtitan (the embedding and the output count "
+                    "as pp_first / pp_last_stage_less_layers blocks, the layers split evenly, physics/stages.py), "
+                    "cost_balanced (nanotron: the blocks walked in order by compute cost, the output head costing "
+                    "vocab x hidden against a block's 4 hidden^2 + 3 ffn x hidden, a stage closing once the running "
+                    "cost passes its share; schedules without virtual stages only)")
     pp_receive_buffers: Literal["every_microbatch", "in_flight"] = Field(
         default="every_microbatch",
         description="which stage-to-stage receive buffers a pipeline stage holds: every_microbatch (torch.distributed."

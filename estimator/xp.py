@@ -51,6 +51,13 @@ def ceil(x):
     return float(math.ceil(x))
 
 
+def floor(x):
+    """np.floor(x), a float."""
+    if type(x) is _ARRAY:
+        return np.floor(x)
+    return float(math.floor(x))
+
+
 def log(x):
     """np.log(x) (natural logarithm)."""
     if type(x) is _ARRAY:

@@ -59,6 +59,7 @@ class Layout:
     document_tokens: np.ndarray  # mean tokens of a packed document (0: one document a sequence)
     fsdp: np.ndarray  # FSDP2 wraps the model: it shards it (torchtitan's fsdp_enabled: dp_shard x cp > 1), or a stack
     # wraps every layout (`fsdp_every_layout`: one shard); else DDP / one device / TP or PP alone
+    cost_balanced_split: bool = False  # the stack splits the blocks by compute cost (`pp_split`), not as torchtitan
 
     @property
     def float8(self) -> np.ndarray:
@@ -83,8 +84,9 @@ class Layout:
 
 def layout_of(c: ConfigArrays, stack=None) -> Layout:
     """The float view of configurations `c` the physics modules compute with; `stack` (a StackProfile) says whether
-    FSDP2 wraps layouts it does not shard (`fsdp_every_layout`)."""
+    FSDP2 wraps layouts it does not shard (`fsdp_every_layout`) and how a pipeline splits the blocks (`pp_split`)."""
     every = bool(stack is not None and stack.fsdp_every_layout)
+    cost_balanced = bool(stack is not None and stack.pp_split == "cost_balanced")
     flex_default = bool(stack is not None and stack.attention_of() == "flex")
     t, p, cp, v = as_float(c.tp), as_float(c.pp), as_float(c.cp), as_float(c.vpp)
     ds, dr, ep = as_float(c.dp_shard), as_float(c.dp_replicate), as_float(c.ep)
@@ -102,6 +104,7 @@ def layout_of(c: ConfigArrays, stack=None) -> Layout:
         deepep=(as_float(c.ep_backend) >= 1.0) & (ep > 1), hybridep=(as_float(c.ep_backend) == 2.0) & (ep > 1),
         force_balance=xp.as_bool(c.force_balance), a2a_overlap=xp.as_bool(c.a2a_overlap) & (ep > 1),
         flex_attention=(c.attention == 2) | ((c.attention == 0) & flex_default), document_tokens=as_float(c.documents),
+        cost_balanced_split=cost_balanced,
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from meshplan.estimator import xp
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.layout import Layout
-from meshplan.estimator.physics.stages import blocks_on_ranks
+from meshplan.estimator.physics.stages import blocks_on_ranks, cost_balanced_blocks_on_ranks, head_cost_blocks
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,23 @@ def moe_layers_on(model: ModelSpec, layers: np.ndarray) -> np.ndarray:
 
 
 def rank_blocks_of(model: ModelSpec, lay: Layout, *ranks) -> list[np.ndarray]:
-    """Transformer blocks on each of pipeline ranks `ranks` of each configuration, split as torchtitan splits them."""
+    """Transformer blocks on each of pipeline ranks `ranks` of each configuration, split as the stack splits them
+    (`split_blocks`)."""
     c = lay.c
     first, last = xp.as_float(c.pp_first_stage_less_layers), xp.as_float(c.pp_last_stage_less_layers)
-    return blocks_on_ranks(float(model.layers), lay.pp, lay.vpp, first, last, ranks)
+    return split_blocks(model, lay.pp, lay.vpp, first, last, ranks, lay.cost_balanced_split)
+
+
+def split_blocks(model: ModelSpec, pp, vpp, first_less, last_less, ranks, cost_balanced: bool) -> list:
+    """Blocks on each of `ranks`: torchtitan's split (`stages.blocks_on_ranks`), or by compute cost where the stack
+    splits so (`pp_split: cost_balanced`, nanotron; its schedules have no virtual stages, so a vpp > 1 keeps
+    torchtitan's)."""
+    titan = blocks_on_ranks(float(model.layers), pp, vpp, first_less, last_less, ranks)
+    if not cost_balanced:
+        return titan
+    head = head_cost_blocks(float(model.vocab), float(model.hidden), float(model.heads), float(model.ffn_hidden))
+    balanced = cost_balanced_blocks_on_ranks(float(model.layers), pp, head, ranks)
+    return [xp.where(vpp > 1, t, b) for t, b in zip(titan, balanced, strict=True)]
 
 
 def rank_params(model: ModelSpec, lay: Layout, tp_shards_embedding: bool = True, head_shards=None) -> RankParams:
@@ -157,4 +170,12 @@ def rank_params(model: ModelSpec, lay: Layout, tp_shards_embedding: bool = True,
         embedding=emb, output=out, first=stages[0][2] + emb + xp.where(single, out, 0.0),
         last=stages[2][2] + out + xp.where(single, emb, 0.0), kinds=kinds, stages=stages,
     )
+    if lay.cost_balanced_split:
+        # the step is timed on the rank with the most blocks, its time counting the head as well. Under a split by
+        # cost (nanotron) the first stage holds the most and the last gives blocks up for the head, so that would
+        # count the head twice; torchtitan's split, whose last stage gives one block up for it, stands in for the
+        # slowest stage's time (24 blocks, pp 2: 12 + head against nanotron's 14 | 10 + head of 2.45 blocks)
+        c = lay.c
+        n = blocks_on_ranks(float(model.layers), lay.pp, lay.vpp, xp.as_float(c.pp_first_stage_less_layers),
+                            xp.as_float(c.pp_last_stage_less_layers), (0.0, xp.minimum(1.0, lay.pp - 1), lay.pp - 1))
     return base.with_blocks(model, xp.maximum(xp.maximum(n[0], n[1]), n[2]))

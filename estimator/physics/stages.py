@@ -52,6 +52,28 @@ def blocks_on_ranks(layers, pp, vpp, first_less, last_less, ranks) -> list:
     return out
 
 
+def head_cost_blocks(vocab, hidden, heads, ffn_hidden) -> float:
+    """nanotron's output head in transformer blocks of compute cost (`get_block_compute_costs`: the head
+    vocab x hidden, a block 4 x heads x (hidden // heads) x hidden + 3 x ffn x hidden; GQA not counted)."""
+    return vocab * hidden / (4 * heads * (hidden // heads) * hidden + 3 * ffn_hidden * hidden)
+
+
+def cost_balanced_blocks_on_ranks(layers, pp, head_blocks, ranks) -> list:
+    """Blocks on each of `ranks` when the stages are filled by compute cost, as nanotron's `build_model` does: the
+    blocks [embedding, transformer blocks..., norm, head, ...] are walked in order, each placed on the current stage,
+    which closes once the running cost passes its share (k + 1) / pp of the total (layers + `head_blocks`, in blocks).
+    A stage closes after the first block that takes the count above x_k = (layers + head_blocks)(k + 1) / pp, and at
+    most one stage closes a block, so through stage k (k < pp - 1) it holds min(layers, max(k + 1, floor(x_k) + 1))
+    blocks and the last stage the rest (with the head). 24 blocks and a head of 2.45 on 4 stages: 7, 7, 6, 4."""
+    total = layers + head_blocks
+
+    def through(k):  # blocks on stages 0..k
+        upto = xp.minimum(layers, xp.maximum(k + 1, xp.floor(total * (k + 1) / xp.maximum(pp, 1)) + 1))
+        return xp.where(k >= pp - 1, layers, xp.where(k < 0, 0, upto))
+
+    return [through(rank) - through(rank - 1) for rank in ranks]
+
+
 def stage_blocks(layers: int, stages: int, first_less: int = DEFAULT_LESS, last_less: int = DEFAULT_LESS) -> list[int]:
     """Blocks on each of `stages` stages, in stage order (torchtitan's split)."""
     return [int(rank_blocks(layers, stages, 1, first_less, last_less, s)) for s in range(stages)]
