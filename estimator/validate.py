@@ -468,8 +468,8 @@ def absent_columns(rows: list[dict]) -> list[str]:
 def read_rows(path: Path) -> list[dict]:
     """The rows of a runs CSV, with the documented corrections of a `<stem>.corrections.yaml` beside it applied
     (`row_corrections`), or of bench_cluster's global summary (`sweep_formats`); a configuration column it leaves
-    out is empty in every row (its default), but without hardware, gpus, seq_len and the model (its name, or its dimensions) no row can be predicted: a
-    one-line error names what to add."""
+    out is empty in every row (its default), but without hardware, gpus, seq_len and the model (its name, or its
+    dimensions) no row can be predicted: a one-line error names what to add."""
     text = data_files.read_text(path)  # one-line error for a missing, unreadable or non-UTF-8 file
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
