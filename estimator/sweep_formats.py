@@ -34,7 +34,7 @@ def _whole(row: dict, column: str, line: int) -> int:
     value = (row.get(column) or "").strip()
     try:
         n = int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or inf
         raise MeshplanError(f"line {line}: {column} {value!r} is not a whole number (bench_cluster writes e.g. 8)") \
             from None
     if n < 1 or n != float(value):

@@ -92,6 +92,10 @@ def test_unknown_model_and_bad_degree_one_line(tmp_path):
     out = run_cli("validate", str(bad))
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "line 2: dp 'eight'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    bad = _summary(tmp_path / "u.csv", [["llama-1B", "x", "completed", 1, 1, 1, "inf", 1, 1, 1, 1, "", ""]])
+    out = run_cli("validate", str(bad))
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "line 2: pp 'inf'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_the_other_clusters_summary_is_refused_in_one_line(tmp_path):

@@ -75,7 +75,7 @@ def test_validate_predicts_the_grid():
     assert "predicted (100.0%)" in text
 
 
-def test_cli_bad_model_one_line(tmp_path):
+def test_cli_bad_model_one_line():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_grid.py"), "--models", "llama-9B"],
                          capture_output=True, text=True)
     assert out.returncode != 0
