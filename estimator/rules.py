@@ -300,8 +300,12 @@ def stack_skips(stack) -> frozenset[str]:
 
 def plan_skips(stack) -> frozenset[str]:
     """The keys of :func:`stack_skips` the planner may lift too: only rules that plan files and the training core
-    accept anyway (ranking or predicted ones). A hard rule stays: the plans meshplan ranks run on its own core
-    with torchtitan's semantics, which refuses, say, a tied embedding split by TP whatever framework was estimated."""
+    accept anyway (ranking or predicted ones), where the plans run on meshplan's core with torchtitan's semantics
+    (which refuses, say, a tied embedding split by TP whatever framework was estimated). A profile whose plans are
+    its own framework's (`runs.on_core` false: nanotron, Megatron-Core; the exports and launches refuse them) lifts
+    them all, as `validate` does."""
+    if stack is not None and not stack.runs.on_core:
+        return stack_skips(stack)
     soft = {r.key for r in RULES if r.ranking or r.predicted}
     return stack_skips(stack) & soft
 

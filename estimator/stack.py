@@ -14,6 +14,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.estimator import data_files
+from meshplan.estimator.config import (
+    AC_MODES,
+    FINETUNE_MODES,
+    FLOAT8_RECIPES,
+    PP_SCHEDULES,
+    ACMode,
+    PPSchedule,
+)
 from meshplan.estimator.errors import MeshplanError
 
 
@@ -86,6 +94,52 @@ class ReplicatedState(BaseModel):
     optimizer: float = Field(8.0, ge=0, description="AdamW's moments")
     zero1: bool = Field(False, description="the master weights and optimizer state are sharded over the replicas "
                                            "(ZeRO-1)")
+
+
+Float8Name = Literal["tensorwise", "rowwise", "mxfp8"]  # a Float8 recipe (config.Float8Recipe without none)
+FineTuneName = Literal["full", "lora", "qlora"]  # a fine-tuning mode (config.FineTuneMode without none)
+
+
+class FrameworkRuns(BaseModel):
+    """What a framework can run, of the knobs meshplan models: `meshplan plan` searches only these under the profile,
+    and `meshplan estimate` refuses the rest in one line (a list left out: every value meshplan models). Each
+    profile's YAML says where in the framework's code it read them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_core: bool = Field(
+        default=True, description="meshplan's training core (torchtitan's semantics) runs this profile's plans as "
+        "estimated: the torchtitan exports and `meshplan launch` take them; false for another framework's profile, "
+        "whose plans they refuse")
+    pp_schedules: list[PPSchedule] | None = Field(
+        default=None, description="pipeline schedules (empty: no pipeline parallelism)")
+    ac: list[ACMode] | None = Field(default=None, description="activation checkpointing")
+    float8: list[Float8Name] | None = Field(
+        default=None, description="Float8 recipes (torchao's names; empty: none)")
+    compile: bool = Field(default=True, description="torch.compile of the blocks (or the whole model)")
+    tp: bool = Field(default=True, description="tensor parallelism")
+    cp: bool = Field(default=True, description="context parallelism")
+    async_tp: bool = Field(default=True, description="async TP as meshplan models it (TP collectives overlapped "
+                                                     "with the linears' GEMMs)")
+    ep: bool = Field(default=True, description="expert parallelism (mixture-of-experts models)")
+    cpu_offload: bool = Field(default=True, description="FSDP's CPU offload of parameters, gradients and optimizer "
+                                                        "state")
+    finetune: list[FineTuneName] | None = Field(
+        default=None, description="fine-tuning modes beside pre-training (empty: pre-training only)")
+
+    def schedules(self) -> tuple[str, ...]:
+        return PP_SCHEDULES if self.pp_schedules is None else tuple(self.pp_schedules)
+
+    def ac_modes(self) -> tuple[str, ...]:
+        return AC_MODES if self.ac is None else tuple(self.ac)
+
+    def float8_recipes(self) -> tuple[str, ...]:
+        """The recipes it runs, "none" first (always)."""
+        return ("none", *(tuple(f for f in FLOAT8_RECIPES if f != "none") if self.float8 is None else self.float8))
+
+    def finetune_modes(self) -> tuple[str, ...]:
+        """The fine-tuning modes, "none" (pre-training) first (always)."""
+        return ("none", *(tuple(f for f in FINETUNE_MODES if f != "none") if self.finetune is None else self.finetune))
 
 
 class StackProfile(BaseModel):
@@ -278,6 +332,8 @@ class StackProfile(BaseModel):
     replicated_state: ReplicatedState = Field(
         default_factory=ReplicatedState, description="what a rank keeps without FSDP (DDP, TP or PP alone)")
     float8: dict[str, Float8Recipe]
+    runs: FrameworkRuns = Field(
+        default_factory=FrameworkRuns, description="the knobs' values the framework runs (none given: all)")
     moe: MoEBehaviour | None = Field(default=None, description="mixture-of-experts behaviour; none: dense only")
     finetune: FineTuneBehaviour | None = Field(default=None, description="LoRA / QLoRA / CPU offload behaviour")
     error_table: str | None = Field(
@@ -326,7 +382,7 @@ def _builtin(name: str) -> StackProfile:
 
 
 def _extends(raw: dict, path: Path) -> dict:
-    """The YAML mapping with the profile it `extends:` filled in underneath (float8, moe and sources merged); a
+    """The YAML mapping with the profile it `extends:` filled in underneath (float8, moe, sources and runs merged); a
     relative path there is read from `path`'s folder first (the file that extends it), then from the current one."""
     base_id = raw.pop("extends", None)
     if base_id is None:
@@ -336,7 +392,7 @@ def _extends(raw: dict, path: Path) -> dict:
     base_id = data_files.beside(base_id, path)  # a relative path from the extending file's folder
     base = _builtin(base_id).model_dump()
     base.update(family=base.get("family") or base["id"], until=None)
-    return data_files.over_base(raw, base, ("float8", "moe", "sources"))
+    return data_files.over_base(raw, base, ("float8", "moe", "sources", "runs"))
 
 
 _SOURCE_MONTH = re.compile(r"(?<!\d)(20\d\d)[-_]?(0[1-9]|1[0-2])(?!\d)")

@@ -23,6 +23,17 @@ DEFAULT_NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # common cluster siz
 CAPACITY_SPACE = dict(compile=[True], async_tp=[True], micro_batch_size=[1, 2, 4], vpp=[2])
 
 
+def capacity_space(stack: StackProfile) -> SearchSpace:
+    """The narrowed search each (hardware, nodes) cell runs: compile and async TP on where the stack's framework runs
+    them (CAPACITY_SPACE), off where it does not (nanotron has neither)."""
+    fields = dict(CAPACITY_SPACE)
+    if not stack.runs.compile:
+        fields["compile"] = [False]
+    if not stack.runs.async_tp:
+        fields["async_tp"] = [False]
+    return SearchSpace(**fields)
+
+
 def train_time(tokens: float, tps_per_gpu: float, gpus: int, usd_per_gpu_hour: float | None) -> dict:
     """Days, GPU-hours and cost to train `tokens` at `tps_per_gpu` on `gpus` GPUs."""
     if tokens <= 0:
@@ -82,7 +93,7 @@ def capacity_options(
         for nodes in node_counts:
             world = nodes * hw.gpus_per_node
             res = plan_search(model, hw, stack, world, hw.gpus_per_node, seq_len, gbs, memory_margin,
-                              space=SearchSpace(**CAPACITY_SPACE))
+                              space=capacity_space(stack))
             done += 1
             if progress:
                 progress(done, total)

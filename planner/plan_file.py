@@ -245,9 +245,30 @@ class Plan(BaseModel):
 KERNELS = {"deepep": "DeepEP", "hybridep": "HybridEP"}
 
 
+def framework_refusal(plan: Plan, what: str = "meshplan's exports and launches run") -> str | None:
+    """Why neither meshplan's core nor torchtitan runs `plan` as it was estimated (None: they do): a plan estimated
+    under another framework's stack profile (`runs.on_core` false: nanotron, Megatron-Core, llm-foundry,
+    KempnerForge) describes that framework's memory and speed, and its layout may be one torchtitan cannot run.
+    None where the plan's stack file cannot be read here (a path on another machine). `what`: who refuses."""
+    try:
+        profile = plan.stack_of()
+    except MeshplanError:
+        return None
+    if profile.runs.on_core:
+        return None
+    return (f"plan {plan.name} was estimated for stack {plan.stack}, another framework than the torchtitan that "
+            f"{what} (see `runs.on_core` in its profile); re-estimate it for torchtitan "
+            f"(meshplan estimate --plan PLAN --stack torchtitan -o NEW.yaml) or plan with --stack torchtitan, or take "
+            f"its parallel section to {plan.stack}'s own launcher")
+
+
 def core_refusal(plan: Plan) -> str | None:
-    """Why meshplan's own training core cannot run `plan` as planned (None: it can): a plan whose experts travel
-    by DeepEP or HybridEP runs under torchtitan only (the core dispatches with PyTorch's all-to-all)."""
+    """Why meshplan's own training core cannot run `plan` as planned (None: it can): a plan of another framework
+    (`framework_refusal`); a plan whose experts travel by DeepEP or HybridEP runs under torchtitan only (the core
+    dispatches with PyTorch's all-to-all)."""
+    other = framework_refusal(plan)
+    if other:
+        return other
     if plan.parallel.uses_deepep:
         backend = plan.parallel.expert_parallel_comm_backend
         return (f"the plan dispatches its experts with {KERNELS[backend]} (expert_parallel_comm_backend {backend}), "

@@ -34,6 +34,7 @@ from meshplan.planner.space import (
     describe_reason,
     enumerate_space,
     even_split_variants,
+    for_stack,
     rule_reasons,
 )
 
@@ -204,6 +205,7 @@ def plan_search(
     if not 0 <= space.batch_tolerance < 1:
         raise InputError(f"the batch tolerance is a fraction in [0, 1), got {space.batch_tolerance}",
                          field="batch_tolerance")
+    space = for_stack(space, stack)  # only what the stack's framework runs
     configs, reason = enumerate_space(model, hw, world, gpus_per_node, seq_len, global_batch, space)
     reason = _stack_rules(model, hw, stack, space, configs, reason)
     limit = hw.usable_hbm_gib * memory_margin
@@ -254,7 +256,9 @@ def _with_even_splits(model: ModelSpec, hw: HardwareProfile, stack: StackProfile
                       configs: ConfigArrays, reason: np.ndarray, found: dict[str, np.ndarray], limit: float):
     """The configurations, reasons and results with the even-split variants (`even_split_variants`: both split
     weights 0) of the uneven pipelines that pass every rule and peak within EVEN_SPLIT_REACH of `limit` (GiB)
-    appended and evaluated: the search size grows by those only."""
+    appended and evaluated: the search size grows by those only. None under a stack that splits its own way."""
+    if stack.pp_split != "torchtitan":  # the framework splits its own way (nanotron's cost walk): no weights to set
+        return configs, reason, found
     near = np.flatnonzero((reason == 0) & (found["peak"] <= limit * EVEN_SPLIT_REACH))
     variants = even_split_variants(model, configs, near)
     if not len(variants):

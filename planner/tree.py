@@ -35,9 +35,15 @@ STEPS = (
 GAIN = 0.01  # a step is worth taking when it raises throughput by more than 1 %
 
 
+def _replicas_only(res: SearchResult) -> bool:
+    """The stack's framework has no FSDP (nanotron): every data-parallel rank is a replica, the first step's."""
+    return res.stack.fsdp == "none"
+
+
 def _masks(res: SearchResult) -> list[np.ndarray]:
     c = res.configs
-    plain = (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1)
+    one_group = (c.dp_replicate == 1) | _replicas_only(res)  # no FSDP: replicas are the first step's data parallelism
+    plain = (c.tp == 1) & (c.pp == 1) & (c.cp == 1) & one_group
     on_gpu = c.cpu_offload == 0
     m = plain & on_gpu & (c.ep == 1) & (c.compile == 0) & (c.float8 == Float8.NONE)
     masks = [m]
@@ -49,11 +55,11 @@ def _masks(res: SearchResult) -> list[np.ndarray]:
     masks.append(m)
     m = m | plain
     masks.append(m)
-    m = m | ((c.tp <= res.nvlink_gpus) & (c.pp == 1) & (c.cp == 1) & (c.dp_replicate == 1))
+    m = m | ((c.tp <= res.nvlink_gpus) & (c.pp == 1) & (c.cp == 1) & one_group)
     masks.append(m)
-    m = m | ((c.tp <= res.nvlink_gpus) & (c.cp == 1) & (c.dp_replicate == 1))
+    m = m | ((c.tp <= res.nvlink_gpus) & (c.cp == 1) & one_group)
     masks.append(m)
-    m = m | ((c.tp <= res.nvlink_gpus) & (c.dp_replicate == 1))
+    m = m | ((c.tp <= res.nvlink_gpus) & one_group)
     masks.append(m)
     masks.append(np.ones(len(c), dtype=bool))
     return masks
@@ -104,9 +110,16 @@ def decision_tree(res: SearchResult, alternatives: int = 3) -> list[dict]:
     skip = (set() if res.hw.supports_fp8 else {"float8"}) | (set() if res.model.moe is not None else {"ep"})
     if not (res.configs.cpu_offload == 1).any():
         skip.add("offload")
+    runs = res.stack.runs  # a step whose feature the stack's framework does not run is no step of its tree
+    skip |= {key for key, runs_it in (("compile", runs.compile), ("float8", len(runs.float8_recipes()) > 1),
+                                      ("ep", runs.ep), ("tp", runs.tp), ("pp", bool(runs.schedules())),
+                                      ("cp", runs.cp), ("hsdp", not _replicas_only(res))) if not runs_it}
     for (key, label, adds), mask in zip(STEPS, _masks(res), strict=True):
         if key in skip:
             continue
+        if key == "fsdp" and _replicas_only(res):
+            label, adds = "Data parallel", (f"a replica of the model on every GPU, gradients all-reduced ({res.stack.id} "
+                                            "has no FSDP: DDP, or ZeRO-1 where its profile shards the optimizer)")
         best = best_of(mask)
         feature = best_of(mask & _uses(res, key))
         oom = np.flatnonzero(mask & evaluated & (res.reason == rules.MEMORY))
@@ -243,7 +256,7 @@ def _reason(res: SearchResult, steps: list[dict], k: int) -> str:
     if step["best"] is None:
         if step["min_peak_gib"] is None:
             return f"no {_name(step)} configuration is valid here; the next step opens more"
-        what = "FSDP alone" if k == 0 else f"with {_name(step)} the best still"
+        what = f"{_name(step)} alone" if k == 0 else f"with {_name(step)} the best still"
         head = (
             f"{what} needs {step['min_peak_gib']:.1f} GiB > {res.limit_gib:.1f} GiB usable "
             f"({res.memory_margin:.0%} of {res.hw.usable_hbm_gib:.1f}) at seq {res.seq_len}"

@@ -12,6 +12,8 @@ from rich.table import Table
 
 from meshplan.commands import finetune_options as ft
 from meshplan.estimator.config import COMPILE_COMPONENTS, TrainConfig, compile_label
+from meshplan.estimator.errors import ConfigError
+from meshplan.estimator.framework_runs import as_replicas, refusal
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import token_budget
 from meshplan.estimator.model_spec import load_model
@@ -65,7 +67,8 @@ def estimate_cmd(
         None, "--global-batch-size", min=1, help="sequences per optimizer step [default: one micro-batch per DP rank]"
     ),
     micro_batch_size: int = typer.Option(1, "--micro-batch-size", min=1, help="sequences per forward per DP rank"),
-    ac: AC = typer.Option(AC.selective, "--ac", help="activation checkpointing"),
+    ac: AC = typer.Option(None, "--ac", help="activation checkpointing [default: selective, or none under a stack "
+                          "whose framework has no op-level selective AC (nanotron, llm-foundry)]", show_default=False),
     compile_: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile (per block, and the loss)"),
     compile_components: str = ft.COMPILE_COMPONENTS_OPT,
     float8: Float8 = typer.Option(Float8.none, "--float8", help="torchao Float8 recipe for Linear layers"),
@@ -113,7 +116,12 @@ def estimate_cmd(
         plan = load_plan(plan_path)
         if stack is not None:  # the plan under another stack profile (and so written with -o)
             plan = plan.model_copy(update={"stack": stack, "stack_profile": profile_kept(stack)})
-        result = estimate(plan.model, plan.hardware, plan.train_config(), plan.stack_of())
+        profile = plan.stack_of()
+        cfg = plan.train_config()
+        refused = refusal(profile, cfg) or _trace_refusal(trace, profile)
+        if refused:
+            raise ConfigError(refused)
+        result = estimate(plan.model, plan.hardware, cfg, profile)
         if output is not None:
             save_plan(plan.model_copy(update={"estimate": result}), output)
         if trace:
@@ -127,7 +135,7 @@ def estimate_cmd(
         gpus=gpus, gpus_per_node=gpus_per_node, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
         cp=cp, ep=ep, pp_schedule=pp_schedule.value, vpp=vpp, pp_first_stage_less_layers=pp_first_stage_less_layers,
         pp_last_stage_less_layers=pp_last_stage_less_layers, seq_len=seq_len, global_batch_size=global_batch_size or 0,
-        micro_batch_size=micro_batch_size, ac=ac.value, compile=compile_,
+        micro_batch_size=micro_batch_size, ac=ac.value if ac is not None else "selective", compile=compile_,
         compile_components=ft.parse_compile_components(compile_components), float8=float8.value, async_tp=async_tp,
         **ft.finetune_fields(finetune, lora_rank, lora_alpha, lora_targets, cpu_offload), dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
@@ -135,7 +143,14 @@ def estimate_cmd(
         document_tokens=document_tokens,
     )
     stack = stack or "torchtitan"
-    result = estimate(spec, hw, cfg, load_stack(stack))
+    profile = load_stack(stack)
+    if ac is None and "selective" not in profile.runs.ac_modes():
+        cfg = cfg.model_copy(update={"ac": "none"})
+    cfg = as_replicas(profile, cfg, hw.gpus_per_node)  # a framework without FSDP: the inferred dp as replicas
+    refused = refusal(profile, cfg) or _trace_refusal(trace, profile)
+    if refused:
+        raise ConfigError(refused)
+    result = estimate(spec, hw, cfg, profile)
     if output is not None or trace:
         plan = make_plan(spec, model, hw, cfg, result, stack=stack, tokens=int(tokens) if tokens else None, name=name,
                          init_from=init_from)
@@ -148,6 +163,14 @@ def estimate_cmd(
         print(json.dumps(result, indent=2))
         return
     render(result)
+
+
+def _trace_refusal(trace: bool, profile) -> str | None:
+    """--trace under another framework's profile (`runs.on_core` false): refused before anything is printed."""
+    if trace and not profile.runs.on_core:
+        return (f"--trace runs the training core's code (torchtitan's semantics), not stack {profile.id}'s "
+                "framework: trace with --stack torchtitan")
+    return None
 
 
 def _with_trace(plan, result: dict, as_json: bool) -> None:

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.plan_file import load_plan
 
 GIB = float(2**30)
@@ -49,8 +50,14 @@ def trace_cmd(
 
 
 def run_trace(plan, quiet: bool = False) -> dict:
-    """Trace with a progress spinner on stderr (none when `quiet`)."""
+    """Trace with a progress spinner on stderr (none when `quiet`); a plan of another framework than torchtitan
+    (`framework_refusal`) is a one-line error: the trace runs the training core's code."""
     from meshplan.launcher.trace_compare import trace_plan
+    from meshplan.planner.plan_file import framework_refusal
+
+    other = framework_refusal(plan, "meshplan trace runs (the training core's code)")
+    if other:
+        raise MeshplanError(other)
 
     console = Console(stderr=True)
     if quiet:

@@ -22,7 +22,7 @@ from meshplan.planner.export.slurm import render_slurm
 from meshplan.planner.export.torchtitan import TOML_VERSION, render_toml
 from meshplan.planner.export.torchtitan_cli import CLI_VERSION, cli_overrides, render_cli
 from meshplan.planner.export.torchtitan_py import PY_VERSION, render_py, torchtitan_train_argv
-from meshplan.planner.plan_file import Plan, default_run_dir
+from meshplan.planner.plan_file import Plan, default_run_dir, framework_refusal
 
 _RENDERERS: dict[str, Callable[..., str]] = {
     "torchtitan-toml": render_toml,
@@ -70,6 +70,9 @@ def render(
     renderer = _RENDERERS.get(fmt)
     if renderer is None:
         raise MeshplanError(f"unknown export format '{fmt}'; choose one of: {', '.join(FORMATS)}")
+    other = framework_refusal(plan)  # every format runs torchtitan's semantics (its job, or meshplan's core)
+    if other:
+        raise MeshplanError(other)
     if env is None:
         env = load_env_defaults(env_file)
     plan_path = str(plan_path)

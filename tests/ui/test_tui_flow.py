@@ -596,3 +596,30 @@ async def _test_document_tokens_for_the_session(tmp_path):
 
 def test_document_tokens_for_the_session(tmp_path):
     asyncio.run(_test_document_tokens_for_the_session(tmp_path))
+
+
+async def _test_another_frameworks_profile(tmp_path):
+    """`meshplan tui --stack nanotron`: the search ranks only what nanotron runs (replicas, no compile, no Float8,
+    AC none or full), and the export writes the plan and says why it writes no torchtitan job or launch script."""
+    values = {"model": "llama3-8b", "nodes": "2", "seq_len": "4096", "batch": "256", "tokens": ""}
+    app = MeshplanApp(values, stack="nanotron")
+    async with app.run_test(size=(120, 34)) as pilot:
+        await settle(pilot)
+        screen = main_screen(app)
+        res = screen.result.res
+        assert "stack nanotron" in screen.result.describe() and len(res.ranked) > 0
+        best = res.config(int(res.ranked[0]))
+        assert best["dp_shard"] == 1 and not best["compile"] and best["float8"] == "none"
+        assert best["ac"] in ("none", "full")
+        await pilot.press("escape", "p", "e")
+        out = tmp_path / "nanotron-plan"
+        app.focused.value = str(out)
+        await pilot.press("enter")
+        await pilot.pause()
+        shown = str(app.screen.query_one("#export-msg", Static).render())
+    assert [p.suffix for p in out.iterdir()] == [".yaml"]
+    assert "not written: torchtitan-toml" in shown and "estimated for stack nanotron" in shown
+
+
+def test_another_frameworks_profile(tmp_path):
+    asyncio.run(_test_another_frameworks_profile(tmp_path))

@@ -364,6 +364,23 @@ def test_a_stack_profile_of_ones_own(web_app, web_downloads, monkeypatch, tmp_pa
     assert plan.stack == str(mine) and plan.stack_profile is not None and plan.stack_profile.id == "mycluster"
 
 
+def test_another_frameworks_profile(web_app, web_downloads, monkeypatch):
+    """`meshplan web --stack nanotron`: every ranked plan is one nanotron runs (replicas, no compile, no Float8), and
+    the Export view offers the plan file and says why it offers no torchtitan job or launch script."""
+    monkeypatch.setenv("MESHPLAN_STACK", "nanotron")
+    at = web_app(model="llama3-8b", nodes=2)
+    no_errors(at)
+    table = ranked(at)
+    assert len(table) > 0
+    assert table.configuration.str.match(r"dp \d+x1,").all()  # replicas x 1 shard: no FSDP
+    assert not table.configuration.str.contains("compile|fp8|selective|Interleaved").any()
+    at.session_state["view"] = "Export"
+    at.run()
+    assert [n for n in web_downloads if not n.endswith((".yaml", "-sweep.csv"))] == []  # the plan (and the sweep)
+    warnings = " ".join(w.value for w in at.warning)
+    assert "estimated for stack nanotron" in warnings
+
+
 def test_mean_document_tokens_reach_the_search_the_link_and_the_plan(web_app, web_downloads):
     """A person's path: Llama 3 8B at 32k tokens on one node; "Mean document tokens" 2048 (FlexAttention masks
     within documents) raises every ranked plan's throughput, goes into the link and into the downloaded plan file."""
