@@ -174,8 +174,11 @@ class ExportScreen(ModalScreen[list[Path] | None]):
         text = Text(f"✓ wrote {len(paths)} files to {folder}:", style="green")
         for p in paths:
             text.append(f"\n  {p.name}", style="")
-        for fmt, why in skipped.items():  # said, not silently dropped
-            text.append(f"\n  not written: {fmt}: {why}", style="yellow")
+        by_reason: dict[str, list[str]] = {}  # said, not silently dropped; one line per reason
+        for fmt, why in skipped.items():
+            by_reason.setdefault(why, []).append(fmt)
+        for why, fmts in by_reason.items():
+            text.append(f"\n  not written: {', '.join(fmts)}: {why}", style="yellow")
         msg.update(text)
 
     def action_close(self) -> None:

@@ -38,8 +38,11 @@ def render(ctx: Context) -> None:
             cols[k % 3].download_button(label, text, file_name=fname, mime=mime, key=f"dl_{fkey}",
                                         help=f"downloads {fname}", on_click="ignore",
                                         icon=":material/download:", width="stretch")
+        by_reason: dict[str, list[str]] = {}  # one warning per reason (a plan of another framework: one for all)
         for fmt, err in ex["errors"].items():
-            st.warning(f"{EXPORT_FORMATS[fmt][0]}: {err}")
+            by_reason.setdefault(err, []).append(EXPORT_FORMATS[fmt][0])
+        for err, labels in by_reason.items():
+            st.warning(f"{', '.join(labels)}: {err}")
         preview = st.selectbox("Preview", list(files), key="preview", format_func=lambda f: files[f][1],
                                help="the text of one download, as it will be written")
         st.code(files[preview][2], language="toml" if preview == "torchtitan-toml" else
