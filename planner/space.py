@@ -211,7 +211,8 @@ def enumerate_space(
         if world % (tp * pp * cp):
             continue
         dp = world // (tp * pp * cp)
-        drs = sp.dp_replicate or ([dp] if sp.replicas_only else _replicas(dp))
+        # without FSDP every data-parallel rank is a replica: a pinned dp_replicate holds only where it is all of dp
+        drs = [d for d in (sp.dp_replicate or [dp]) if d == dp] if sp.replicas_only else sp.dp_replicate or _replicas(dp)
         for dr in drs:
             if dp % dr:
                 continue

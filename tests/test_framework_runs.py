@@ -162,3 +162,20 @@ def test_capacity_searches_what_the_framework_runs(llama8b, h100):
     assert all(not o.config["compile"] and not o.config["async_tp"] and o.config["dp_shard"] == 1 for o in opts)
     titan = capacity_options(llama8b, [h100], load_stack("torchtitan"), 1e11, 4096, 4096 * 256, node_counts=(1,))
     assert titan[0].config["compile"]
+
+
+def test_a_pinned_replica_count_without_fsdp_is_all_of_data_parallel(llama8b, h100):
+    res = plan_search(llama8b, h100, load_stack("nanotron"), 16, 8, 4096, 256, space=SearchSpace(dp_replicate=[2, 4]))
+    c = res.configs
+    assert (c.dp_shard == 1).all() and set(np.unique(c.dp_replicate)) <= {2, 4}  # never 2 replicas x 2 shards
+    assert set(np.unique(c.tp * c.pp * c.cp)) <= {8, 4}
+
+
+def test_the_pages_pin_choices_follow_the_framework():
+    from meshplan.ui.web.inputs import pin_choices
+
+    choices = {"tp": [1, 2], "dp_replicate": [1, 2], "pp_schedule": list(PP_SCHEDULES), "vpp": [2, 4],
+               "ac": list(AC_MODES), "float8": list(FLOAT8_RECIPES), "compile": [True, False]}
+    nano = pin_choices(choices, load_stack("nanotron"))
+    assert nano == {"tp": [1, 2], "pp_schedule": ["GPipe", "1F1B"], "ac": ["none", "full"]}
+    assert pin_choices(choices, load_stack("torchtitan")) == choices

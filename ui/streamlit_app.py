@@ -41,6 +41,7 @@ from meshplan.ui.web.inputs import (  # noqa: E402
     finetune_pins,
     global_batch_sequences,
     parse_model_upload,
+    pin_choices,
     training_pins,
 )
 from meshplan.ui.web.text import hardware_facts, model_facts  # noqa: E402
@@ -77,6 +78,10 @@ PIN_CHOICES = {
     "micro_batch_size": [1, 2, 4, 8, 16], "ac": list(AC_MODES), "float8": list(FLOAT8_RECIPES),
     "compile": [True, False], "async_tp": [True, False],
 }
+try:  # offer only what the stack's framework runs (its profile's `runs`: nanotron has no compile, Float8, ...)
+    PIN_CHOICES = pin_choices(PIN_CHOICES, compute.load_stack(STACK))
+except MeshplanError:
+    pass  # a profile that cannot be read: the page says so where it estimates
 PIN_LABELS = {
     "tp": "TP degree", "pp": "PP degree", "cp": "CP degree", "ep": "EP degree (MoE models)",
     "dp_replicate": "HSDP replicas (dp_replicate)",

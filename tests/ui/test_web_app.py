@@ -372,6 +372,8 @@ def test_another_frameworks_profile(web_app, web_downloads, monkeypatch):
     no_errors(at)
     table = ranked(at)
     assert len(table) > 0
+    assert list(at.multiselect(key="pin_ac").options) == ["none", "full"]  # the pins offer what nanotron runs
+    assert not [w for w in at.multiselect if w.key in ("pin_compile", "pin_float8", "pin_dp_replicate")]
     assert table.configuration.str.match(r"dp \d+x1,").all()  # replicas x 1 shard: no FSDP
     assert not table.configuration.str.contains("compile|fp8|selective|Interleaved").any()
     at.session_state["view"] = "Export"

@@ -128,6 +128,27 @@ def training_pins(dtype: str, reshard: str, ep_backend: str = "standard", docume
     return {"training": fields} if fields else {}
 
 
+def pin_choices(choices: dict[str, list], stack) -> dict[str, list]:
+    """The page's pin choices (knob -> values) narrowed to what `stack`'s framework runs (its profile's `runs`); a
+    knob left with one value or none is no choice and goes (compile under nanotron, HSDP replicas where there is no
+    FSDP: every data-parallel rank is a replica there)."""
+    r = stack.runs
+    allowed = {
+        "tp": None if r.tp else [1], "cp": None if r.cp else [1], "ep": None if r.ep else [1],
+        "pp": None if r.schedules() else [1], "pp_schedule": list(r.schedules()), "vpp": None if
+        "Interleaved1F1B" in r.schedules() else [], "ac": list(r.ac_modes()), "float8": list(r.float8_recipes()),
+        "compile": None if r.compile else [False], "async_tp": None if r.async_tp else [False],
+        "dp_replicate": [] if stack.fsdp == "none" else None,
+    }
+    out = {}
+    for key, values in choices.items():
+        keep = allowed.get(key)
+        kept = values if keep is None else [v for v in values if v in keep]
+        if len(kept) > 1:
+            out[key] = kept
+    return out
+
+
 def search_space(pins: dict) -> SearchSpace:
     """A SearchSpace from the page's pins: each key maps to a list of allowed values (empty: any); `finetune`
     holds the training mode and its LoRA settings (see `finetune_pins`), `training` the dtype and reshard policy
