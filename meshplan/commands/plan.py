@@ -122,7 +122,9 @@ def plan_cmd(
         None, "--fit-confidence", help="fit by probability instead: a plan fits when its measured peak stays within "
         "the limit with at least this probability (0-1, e.g. 0.9), given the estimator's cross-validated memory error"),
     objective: str = typer.Option("throughput", "--objective", help="throughput | time | cost"),
-    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile"),
+    stack: str = typer.Option("torchtitan", "--stack", help="framework behaviour profile (id or YAML path); another "
+                              "framework's (nanotron, megatron-core, ...) searches only what it runs, and its plans "
+                              "are for its own launcher: export and launch refuse them"),
     tp: str = typer.Option(None, "--tp", help="pin TP degrees, e.g. 4,8"),
     pp: str = typer.Option(None, "--pp", help="pin PP degrees"),
     cp: str = typer.Option(None, "--cp", help="pin CP degrees"),
