@@ -101,14 +101,15 @@ def estimate(
     tps_interval, extrapolated = fsdp_overhead_interval(r, stack, fsdp_share, moe)
     if extrapolated:
         warnings.append(extrapolated)
-    t = intervals.moe_table("tokens_per_sec_per_gpu") if moe else None
-    if t is not None:
+    t = intervals.table("tokens_per_sec_per_gpu", stack.id, moe=True) if moe else None
+    if t is not None and intervals.moe_table("tokens_per_sec_per_gpu") is not None:
         warnings.append(
-            f"mixture of experts: tokens/s/GPU is far less certain than a dense model's; its 80 % interval "
+            f"mixture of experts: tokens/s/GPU is less certain than a dense model's; its 80 % interval "
             f"({t.ratio(0.1):.2f}-{t.ratio(0.9):.2f} x the estimate) comes from {t.rows} published MoE runs the "
-            "estimator was never fitted to (README, Mixture of experts): meshplan models torchtitan's dispatch (the "
-            "standard all-to-all, DeepEP or HybridEP: expert_parallel_comm_backend deepep / hybridep), not other "
-            "frameworks' fused permutes nor a dispatch overlapped with another microbatch's compute"
+            "estimator was never fitted to, never narrower than the dense one (README, Mixture of experts): meshplan "
+            "models torchtitan's dispatch (the standard all-to-all, DeepEP or HybridEP: expert_parallel_comm_backend "
+            "deepep / hybridep) and Megatron-Core's overlap of it with another microbatch (moe_a2a_overlap), not "
+            "other frameworks' fused permutes"
             + ("" if intervals.moe_table("peak_memory") is not None else
                "; its peak-memory interval is the dense runs' (too few published MoE runs state a peak for one of "
                "their own, and those few miss the dense band: README, Mixture of experts)"))

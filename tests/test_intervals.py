@@ -223,13 +223,19 @@ def test_an_estimate_beyond_the_fitted_fsdp_cost_says_so_and_widens_its_band(cli
 
 def test_a_mixture_of_experts_estimate_takes_the_moe_runs_interval(cli):
     """MoE estimates are further off than dense ones on the published MoE runs: their tokens/s interval is those
-    runs' own (data/accuracy/intervals.yaml `moe`), wider than the dense one on both sides (2026-11-28: 0.73-1.29
-    against 0.84-1.16); memory keeps the dense table."""
+    runs' own (data/accuracy/intervals.yaml `moe`), never narrower than the dense one on either side (`envelope`;
+    2026-11-28: the MoE runs' own 0.73-1.09 against the dense 0.84-1.16, so 0.73-1.16); memory keeps the dense
+    table."""
     moe_t = intervals.table("tokens_per_sec_per_gpu", "torchtitan", moe=True)
     dense_t = intervals.table("tokens_per_sec_per_gpu", "torchtitan")
-    assert moe_t.rows >= 10 and moe_t is not dense_t
-    assert moe_t.ratio(0.9) - moe_t.ratio(0.1) > 1.5 * (dense_t.ratio(0.9) - dense_t.ratio(0.1))
-    assert moe_t.ratio(0.1) < dense_t.ratio(0.1) and moe_t.ratio(0.9) > dense_t.ratio(0.9)
+    own = intervals.moe_table("tokens_per_sec_per_gpu")
+    assert moe_t.rows == own.rows >= 10 and moe_t is not dense_t
+    for p in (0.05, 0.1, 0.25):
+        assert moe_t.ratio(p) == min(own.ratio(p), dense_t.ratio(p))
+    for p in (0.75, 0.9, 0.95):
+        assert moe_t.ratio(p) == max(own.ratio(p), dense_t.ratio(p))
+    assert moe_t.ratio(0.5) == own.ratio(0.5)
+    assert moe_t.ratio(0.1) < dense_t.ratio(0.1) and moe_t.ratio(0.9) >= dense_t.ratio(0.9)
     assert intervals.table("peak_memory", "torchtitan", moe=True) is intervals.table("peak_memory", "torchtitan")
     out = cli("estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--ac", "full", "--json")
     assert out.returncode == 0, out.stderr
