@@ -15,13 +15,14 @@ def _listed(values: tuple[str, ...]) -> str:
     return " or ".join([", ".join(values[:-1]), values[-1]]) if len(values) > 1 else "".join(values)
 
 
-def refusal(stack: StackProfile, cfg: TrainConfig) -> str | None:
-    """A one-line reason `stack`'s framework cannot run `cfg` (naming the option to change), or None."""
+def refusal(stack: StackProfile, cfg: TrainConfig, fix: bool = True) -> str | None:
+    """A one-line reason `stack`'s framework cannot run `cfg` (with `fix`: naming the option to change), or None."""
     r, who = stack.runs, f"stack {stack.id}"
     where = "(see `runs` in its profile)"
     if stack.fsdp == "none" and cfg.dp_shard > 1:
-        return (f"{who} has no FSDP: its data parallelism is replicas (DDP, ZeRO-1 at most): use --dp-replicate "
-                f"{cfg.dp_replicate * cfg.dp_shard} instead of --dp-shard {cfg.dp_shard}")
+        return (f"{who} has no FSDP: its data parallelism is replicas (DDP, ZeRO-1 at most)"
+                + (f": use --dp-replicate {cfg.dp_replicate * cfg.dp_shard} instead of --dp-shard {cfg.dp_shard}"
+                   if fix else ""))
     checks = (
         (cfg.pp > 1 and not r.schedules(), "pipeline parallelism", "--pp 1"),
         (cfg.pp > 1 and r.schedules() and cfg.pp_schedule not in r.schedules(),
@@ -37,9 +38,9 @@ def refusal(stack: StackProfile, cfg: TrainConfig) -> str | None:
         (cfg.finetune not in r.finetune_modes(), f"--finetune {cfg.finetune}",
          f"--finetune {_listed(r.finetune_modes())}"),
     )
-    for bad, what, fix in checks:
+    for bad, what, option in checks:
         if bad:
-            return f"{who} does not run {what} {where}: use {fix}"
+            return f"{who} does not run {what} {where}" + (f": use {option}" if fix else "")
     return None
 
 

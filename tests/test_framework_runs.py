@@ -179,3 +179,12 @@ def test_the_pages_pin_choices_follow_the_framework():
     nano = pin_choices(choices, load_stack("nanotron"))
     assert nano == {"tp": [1, 2], "pp_schedule": ["GPipe", "1F1B"], "ac": ["none", "full"]}
     assert pin_choices(choices, load_stack("torchtitan")) == choices
+
+
+def test_a_torchtitan_plan_re_estimated_under_nanotron_says_to_plan_again(tmp_path):
+    made = run_cli("estimate", "--model", "llama3-8b", "--gpus", "8", "-o", str(tmp_path / "tt.yaml"), "--json")
+    assert made.returncode == 0, made.stderr
+    out = run_cli("estimate", "--plan", str(tmp_path / "tt.yaml"), "--stack", "nanotron")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "stack nanotron has no FSDP" in out.stderr and "plan again with --stack nanotron" in out.stderr
+    assert "--dp-replicate" not in out.stderr  # no flag of this command changes a plan's layout

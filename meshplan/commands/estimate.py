@@ -118,7 +118,10 @@ def estimate_cmd(
             plan = plan.model_copy(update={"stack": stack, "stack_profile": profile_kept(stack)})
         profile = plan.stack_of()
         cfg = plan.train_config()
-        refused = refusal(profile, cfg) or _trace_refusal(trace, profile)
+        refused = _trace_refusal(trace, profile)
+        layout = refusal(profile, cfg, fix=False)  # the plan's layout, not a flag here: re-plan under that stack
+        if refused is None and layout:
+            refused = f"plan {plan.name}: {layout}; plan again with --stack {plan.stack} for a layout it runs"
         if refused:
             raise ConfigError(refused)
         result = estimate(plan.model, plan.hardware, cfg, profile)
