@@ -45,6 +45,7 @@ def test_profiles_say_what_their_framework_runs(tmp_path):
     assert load_stack("nanotron-zero1").runs == nano  # extends nanotron: the same framework
     assert load_stack("megatron-core").runs.schedules() == ("1F1B", "Interleaved1F1B")
     assert load_stack("llm-foundry").runs.schedules() == () and not load_stack("llm-foundry").runs.tp
+    assert load_stack("kempnerforge").runs.ac_modes() == ("none", "full")  # its "selective" is attention-only AC
     titan = load_stack("torchtitan").runs
     assert titan.on_core and titan.schedules() == PP_SCHEDULES and titan.ac_modes() == AC_MODES
     assert titan.float8_recipes() == FLOAT8_RECIPES

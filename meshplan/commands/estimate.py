@@ -68,7 +68,7 @@ def estimate_cmd(
     ),
     micro_batch_size: int = typer.Option(1, "--micro-batch-size", min=1, help="sequences per forward per DP rank"),
     ac: AC = typer.Option(None, "--ac", help="activation checkpointing [default: selective, or none under a stack "
-                          "whose framework has no op-level selective AC (nanotron, llm-foundry)]", show_default=False),
+                          "whose framework has no op-level selective AC (nanotron, llm-foundry, KempnerForge)]", show_default=False),
     compile_: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile (per block, and the loss)"),
     compile_components: str = ft.COMPILE_COMPONENTS_OPT,
     float8: Float8 = typer.Option(Float8.none, "--float8", help="torchao Float8 recipe for Linear layers"),
