@@ -15,32 +15,48 @@ def _listed(values: tuple[str, ...]) -> str:
     return " or ".join([", ".join(values[:-1]), values[-1]]) if len(values) > 1 else "".join(values)
 
 
+# the knobs a framework may not run, with what a refusal calls them ({} : the values refused)
+KNOBS = {
+    "pp": "pipeline parallelism", "pp_schedule": "the {} pipeline schedule", "tp": "tensor parallelism",
+    "cp": "context parallelism", "ep": "expert parallelism", "ac": "AC {}", "float8": "Float8 {}",
+    "compile": "torch.compile", "async_tp": "async TP as meshplan models it", "cpu_offload": "FSDP CPU offload",
+    "finetune": "--finetune {}",
+}
+_FEATURE_OFF = {"compile": "--no-compile", "async_tp": "no --async-tp", "cpu_offload": "no --cpu-offload"}
+
+
+def not_run(stack: StackProfile, knob: str, values) -> str | None:
+    """What `stack`'s framework does not run among `values` of `knob` (KNOBS' words, e.g. "AC selective"), or
+    None where it runs them all."""
+    allowed = stack.runs.allowed(knob)
+    refused = [] if allowed is None else [v for v in values if v not in allowed]
+    if not refused:
+        return None
+    return KNOBS[knob].format(", ".join(str(v) for v in refused))
+
+
+def option_for(stack: StackProfile, knob: str) -> str:
+    """The command-line change that makes `knob` one the framework runs ("--ac none or full", "--tp 1")."""
+    if knob in _FEATURE_OFF:
+        return _FEATURE_OFF[knob]
+    allowed = stack.runs.allowed(knob)
+    return f"--{knob.replace('_', '-')} " + ("1" if allowed == (1,) else _listed(allowed))
+
+
 def refusal(stack: StackProfile, cfg: TrainConfig, fix: bool = True) -> str | None:
     """A one-line reason `stack`'s framework cannot run `cfg` (with `fix`: naming the option to change), or None."""
-    r, who = stack.runs, f"stack {stack.id}"
-    where = "(see `runs` in its profile)"
+    who = f"stack {stack.id}"
     if stack.fsdp == "none" and cfg.dp_shard > 1:
         return (f"{who} has no FSDP: its data parallelism is replicas (DDP, ZeRO-1 at most)"
                 + (f": use --dp-replicate {cfg.dp_replicate * cfg.dp_shard} instead of --dp-shard {cfg.dp_shard}"
                    if fix else ""))
-    checks = (
-        (cfg.pp > 1 and not r.schedules(), "pipeline parallelism", "--pp 1"),
-        (cfg.pp > 1 and r.schedules() and cfg.pp_schedule not in r.schedules(),
-         f"the {cfg.pp_schedule} pipeline schedule", f"--pp-schedule {_listed(r.schedules())}"),
-        (cfg.tp > 1 and not r.tp, "tensor parallelism", "--tp 1"),
-        (cfg.cp > 1 and not r.cp, "context parallelism", "--cp 1"),
-        (cfg.ep > 1 and not r.ep, "expert parallelism", "--ep 1"),
-        (cfg.ac not in r.ac_modes(), f"AC {cfg.ac}", f"--ac {_listed(r.ac_modes())}"),
-        (cfg.float8 not in r.float8_recipes(), f"Float8 {cfg.float8}", f"--float8 {_listed(r.float8_recipes())}"),
-        (cfg.compile and not r.compile, "torch.compile", "--no-compile"),
-        (cfg.async_tp and cfg.tp > 1 and not r.async_tp, "async TP as meshplan models it", "no --async-tp"),
-        (cfg.cpu_offload and not r.cpu_offload, "FSDP CPU offload", "no --cpu-offload"),
-        (cfg.finetune not in r.finetune_modes(), f"--finetune {cfg.finetune}",
-         f"--finetune {_listed(r.finetune_modes())}"),
-    )
-    for bad, what, option in checks:
-        if bad:
-            return f"{who} does not run {what} {where}" + (f": use {option}" if fix else "")
+    for knob in KNOBS:
+        if (knob == "pp_schedule" and cfg.pp == 1) or (knob == "async_tp" and cfg.tp == 1):
+            continue  # a schedule without stages, async TP without TP: nothing runs them
+        what = not_run(stack, knob, [getattr(cfg, knob)])
+        if what:
+            return f"{who} does not run {what} (see `runs` in its profile)" + (
+                f": use {option_for(stack, knob)}" if fix else "")
     return None
 
 

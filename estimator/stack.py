@@ -141,6 +141,25 @@ class FrameworkRuns(BaseModel):
         """The fine-tuning modes, "none" (pre-training) first (always)."""
         return ("none", *(tuple(f for f in FINETUNE_MODES if f != "none") if self.finetune is None else self.finetune))
 
+    def allowed(self, knob: str) -> tuple | None:
+        """The values of configuration knob `knob` (TrainConfig's and SearchSpace's names: tp, pp, cp, ep, vpp,
+        pp_schedule, ac, float8, compile, async_tp, cpu_offload, finetune) the framework runs; None: any. A
+        parallelism it lacks keeps degree 1 alone, a feature it lacks off alone."""
+        degrees = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "pp": bool(self.schedules()),
+                   "vpp": "Interleaved1F1B" in self.schedules()}
+        if knob in degrees:
+            return None if degrees[knob] else (1,)
+        features = {"compile": self.compile, "async_tp": self.async_tp, "cpu_offload": self.cpu_offload}
+        if knob in features:
+            return None if features[knob] else (False,)
+        return {"pp_schedule": self.schedules(), "ac": self.ac_modes(), "float8": self.float8_recipes(),
+                "finetune": self.finetune_modes()}[knob]
+
+    def keep(self, knob: str, values: list) -> list:
+        """`values` of `knob` the framework runs, in their order."""
+        allowed = self.allowed(knob)
+        return list(values) if allowed is None else [v for v in values if v in allowed]
+
 
 class StackProfile(BaseModel):
     """Behaviour of a training stack that the estimator needs; all fields documented in the YAML."""

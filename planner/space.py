@@ -37,6 +37,7 @@ from meshplan.estimator.config import (
     lora_mask,
 )
 from meshplan.estimator.errors import InputError
+from meshplan.estimator.framework_runs import KNOBS, not_run
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS, uneven
@@ -156,31 +157,15 @@ def for_stack(space: SearchSpace, stack: StackProfile) -> SearchSpace:
     """`space` limited to what `stack`'s framework runs (its profile's `runs`; replicas only where it has no FSDP):
     a copy whose unpinned knobs search only those values. A pinned value the framework does not run is an
     InputError naming it (the planner would otherwise rank a layout the framework cannot launch)."""
-    r = stack.runs
-    who = f"stack {stack.id} does not run"
-    bad = [
-        (any(t > 1 for t in space.tp or []) and not r.tp, "tensor parallelism", "tp"),
-        (any(p > 1 for p in space.pp or []) and not r.schedules(), "pipeline parallelism", "pp"),
-        (any(c > 1 for c in space.cp or []) and not r.cp, "context parallelism", "cp"),
-        (any(e > 1 for e in space.ep or []) and not r.ep, "expert parallelism", "ep"),
-        (set(space.pp_schedule or []) - set(r.schedules()), "the pipeline schedules "
-         + ", ".join(sorted(set(space.pp_schedule or []) - set(r.schedules()))), "pp_schedule"),
-        (set(space.ac or []) - set(r.ac_modes()), "AC " + ", ".join(sorted(set(space.ac or []) - set(r.ac_modes()))),
-         "ac"),
-        (set(space.float8 or []) - set(r.float8_recipes()),
-         "Float8 " + ", ".join(sorted(set(space.float8 or []) - set(r.float8_recipes()))), "float8"),
-        (True in (space.compile or []) and not r.compile, "torch.compile", "compile"),
-        (True in (space.async_tp or []) and not r.async_tp, "async TP as meshplan models it", "async_tp"),
-        (True in (space.cpu_offload or []) and not r.cpu_offload, "FSDP CPU offload", "cpu_offload"),
-        (space.finetune not in r.finetune_modes(), f"--finetune {space.finetune}", "finetune"),
-    ]
-    for is_bad, what, field_name in bad:
-        if is_bad:
-            raise InputError(f"{who} {what} (see `runs` in its profile); plan with another --stack or without "
-                             f"that pin", field=field_name)
+    for knob in KNOBS:
+        pinned = [space.finetune] if knob == "finetune" else getattr(space, knob) or []
+        what = not_run(stack, knob, pinned)
+        if what:
+            raise InputError(f"stack {stack.id} does not run {what} (see `runs` in its profile); plan with another "
+                             "--stack or without that pin", field=knob)
     if stack.fsdp == "none" and space.cpu_offload and True in space.cpu_offload:
         raise InputError(f"stack {stack.id} has no FSDP, so no FSDP CPU offload", field="cpu_offload")
-    return dataclasses.replace(space, runs=r, replicas_only=stack.fsdp == "none")
+    return dataclasses.replace(space, runs=stack.runs, replicas_only=stack.fsdp == "none")
 
 
 def enumerate_space(
@@ -198,14 +183,14 @@ def enumerate_space(
     big = max(world, gpus_per_node)
     divisors = _divisors(world)
     # TP: powers of two (the rules say why one does not divide the heads), other divisors only where they do
-    tps = sp.tp or ([t for t in divisors if t <= min(big, 64)
-                     and (t & (t - 1) == 0 or (model.heads % t == 0 and model.kv_heads % t == 0))] if runs.tp else [1])
-    pps = sp.pp or ([p for p in divisors if p <= min(max(model.layers, 1), 128)] if runs.schedules() else [1])
+    tps = sp.tp or runs.keep("tp", [t for t in divisors if t <= min(big, 64)
+                                    and (t & (t - 1) == 0 or (model.heads % t == 0 and model.kv_heads % t == 0))])
+    pps = sp.pp or runs.keep("pp", [p for p in divisors if p <= min(max(model.layers, 1), 128)])
     # CP: powers of two (a sequence that does not split shows the rule), other divisors only where it does split
-    cps = sp.cp or (sorted(set(_pow2_upto(min(world, 32))) | {c for c in divisors if c <= 32 and seq_len % (2 * c) == 0})
-                    if runs.cp else [1])
-    experts = model.moe.experts if model.moe is not None and runs.ep else 1
-    ep_all = sp.ep or _divisors(experts)
+    cps = sp.cp or runs.keep("cp", sorted(set(_pow2_upto(min(world, 32)))
+                                          | {c for c in divisors if c <= 32 and seq_len % (2 * c) == 0}))
+    experts = model.moe.experts if model.moe is not None else 1
+    ep_all = sp.ep or runs.keep("ep", _divisors(experts))
     structural = []  # (dr, ds, cp, tp, pp, ep)
     for tp, pp, cp in itertools.product(tps, pps, cps):
         if world % (tp * pp * cp):
@@ -221,18 +206,17 @@ def enumerate_space(
             eps = [e for e in ep_all if sp.ep or (ds * cp * tp) % e == 0] or [1]
             structural.extend((dr, ds, cp, tp, pp, e) for e in eps)
     sched_opts = []  # (schedule code, vpp) for pp > 1
-    for name in sp.pp_schedule or [n for n in PP_SCHEDULES if n in runs.schedules()]:
+    for name in sp.pp_schedule or runs.keep("pp_schedule", PP_SCHEDULES):
         code = PP_SCHEDULES.index(name)
         vpps = (sp.vpp or [2, 4]) if name == "Interleaved1F1B" else [1]
         for v in vpps:
             if name == "Interleaved1F1B" and v < 2:
                 continue
             sched_opts.append((code, v))
-    ac_codes = [AC_MODES.index(a) for a in (sp.ac or [a for a in AC_MODES if a in runs.ac_modes()])]
-    f8_names = sp.float8 or [f for f in ["none", "tensorwise", "rowwise"] + (["mxfp8"] if hw.mx_formats else [])
-                             if f in runs.float8_recipes()]
+    ac_codes = [AC_MODES.index(a) for a in (sp.ac or runs.keep("ac", AC_MODES))]
+    f8_names = sp.float8 or runs.keep("float8", ["none", "tensorwise", "rowwise"] + (["mxfp8"] if hw.mx_formats else []))
     f8_codes = [FLOAT8_RECIPES.index(f) for f in f8_names]
-    comp = [int(c) for c in (sp.compile if sp.compile is not None else ([False, True] if runs.compile else [False]))]
+    comp = [int(c) for c in (sp.compile if sp.compile is not None else runs.keep("compile", [False, True]))]
     mbs_all = sp.micro_batch_size or [1, 2, 4, 8, 16]
 
     rows = []
@@ -243,8 +227,8 @@ def enumerate_space(
         local = int(global_batch * (1 + tol)) // (dr * ds)
         mbs_opts = [m for m in mbs_all if m <= max(local, 1)] or [1]
         scheds = sched_opts if pp > 1 else [(PP_SCHEDULES.index("1F1B"), 1)]
-        atps = [int(a) for a in (sp.async_tp if sp.async_tp is not None else [False, True] if runs.async_tp
-                                 else [False])] if tp > 1 else [0]
+        atps = [int(a) for a in (sp.async_tp if sp.async_tp is not None else runs.keep("async_tp", [False, True]))
+                ] if tp > 1 else [0]
         # CPU offload is FSDP's alone: for fine-tuning it is a second option where no other dimension shards
         # (pre-training searches it only when pinned: --cpu-offload on)
         fsdp_only = tp == 1 and pp == 1 and ep == 1 and sp.finetune != "none" and runs.cpu_offload

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from meshplan.estimator import data_files
 from meshplan.estimator.config import EP_COMM_BACKENDS, RESHARD_POLICIES, TRAINING_DTYPES
 from meshplan.estimator.errors import MeshplanError
+from meshplan.estimator.framework_runs import KNOBS
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.hf_config import from_hf_config
 from meshplan.estimator.model_spec import ModelSpec
@@ -132,18 +133,12 @@ def pin_choices(choices: dict[str, list], stack) -> dict[str, list]:
     """The page's pin choices (knob -> values) narrowed to what `stack`'s framework runs (its profile's `runs`); a
     knob left with one value or none is no choice and goes (compile under nanotron, HSDP replicas where there is no
     FSDP: every data-parallel rank is a replica there)."""
-    r = stack.runs
-    allowed = {
-        "tp": None if r.tp else [1], "cp": None if r.cp else [1], "ep": None if r.ep else [1],
-        "pp": None if r.schedules() else [1], "pp_schedule": list(r.schedules()), "vpp": None if
-        "Interleaved1F1B" in r.schedules() else [], "ac": list(r.ac_modes()), "float8": list(r.float8_recipes()),
-        "compile": None if r.compile else [False], "async_tp": None if r.async_tp else [False],
-        "dp_replicate": [] if stack.fsdp == "none" else None,
-    }
     out = {}
     for key, values in choices.items():
-        keep = allowed.get(key)
-        kept = values if keep is None else [v for v in values if v in keep]
+        if key == "dp_replicate":
+            kept = [] if stack.fsdp == "none" else values
+        else:
+            kept = stack.runs.keep(key, values) if key in KNOBS or key == "vpp" else values
         if len(kept) > 1:
             out[key] = kept
     return out
