@@ -19,7 +19,10 @@ from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS
 
 # The value types of the configuration, shared by TrainConfig, the plan file and the core's RunConfig; the
 # tuples give each value its integer code in the estimator's arrays.
-PPSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B"]
+# torch.distributed.pipelining's schedules (torchtitan's parallelism.pipeline_parallel_schedule): GPipe, 1F1B and the
+# looped ones, several stages per rank: Interleaved1F1B and InterleavedZeroBubble (ZB1P: each backward split into
+# its input and weight gradients, the weight gradients filling the bubble)
+PPSchedule = Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"]
 ACMode = Literal["none", "selective", "full"]
 Float8Recipe = Literal["none", "tensorwise", "rowwise", "mxfp8"]
 LRDecay = Literal["cosine", "linear", "constant"]
@@ -43,6 +46,8 @@ AttentionKernel = Literal["default", "sdpa", "flex"]
 # (deepseek_v3_16b.toml in 2025) compile the loss only
 CompileComponent = Literal["model", "loss"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PPSchedule)
+# the looped schedules: vpp (2 by default, torchtitan's) stages per rank, microbatches in rounds of pp
+LOOPED_SCHEDULES: tuple[str, ...] = ("Interleaved1F1B", "InterleavedZeroBubble")
 AC_MODES: tuple[str, ...] = get_args(ACMode)
 FLOAT8_RECIPES: tuple[str, ...] = get_args(Float8Recipe)
 FINETUNE_MODES: tuple[str, ...] = get_args(FineTuneMode)
@@ -65,6 +70,7 @@ class Schedule(IntEnum):
     GPIPE = 0
     ONE_F_ONE_B = 1
     INTERLEAVED_1F1B = 2
+    INTERLEAVED_ZERO_BUBBLE = 3
 
 
 class AC(IntEnum):
@@ -94,6 +100,11 @@ class FineTune(IntEnum):
     QLORA = 3
 
 
+def looped(schedule):
+    """Whether schedule codes (an int, or the estimator's array of them) are looped schedules (LOOPED_SCHEDULES)."""
+    return (schedule == int(Schedule.INTERLEAVED_1F1B)) | (schedule == int(Schedule.INTERLEAVED_ZERO_BUBBLE))
+
+
 def compile_mask(components) -> int:
     """The compiled components as a bitmask over COMPILE_COMPONENTS (model = 1, loss = 2)."""
     return sum(1 << COMPILE_COMPONENTS.index(t) for t in set(components))
@@ -120,6 +131,7 @@ def lora_mask(targets) -> int:
 assert [m.name.lower() for m in AC] == list(AC_MODES)
 assert [m.name.lower() for m in Float8] == list(FLOAT8_RECIPES)
 assert len(Schedule) == len(PP_SCHEDULES) and PP_SCHEDULES[Schedule.INTERLEAVED_1F1B] == "Interleaved1F1B"
+assert PP_SCHEDULES[Schedule.INTERLEAVED_ZERO_BUBBLE] == "InterleavedZeroBubble"
 assert [m.name.lower() for m in FineTune] == list(FINETUNE_MODES)
 
 
@@ -137,7 +149,8 @@ class TrainConfig(BaseModel):
     cp: int = 1
     ep: int = Field(default=1, description="expert parallel degree (MoE): carved from dp_shard x cp x tp, as torchtitan")
     pp_schedule: PPSchedule = "1F1B"
-    vpp: int | None = Field(default=None, description="stages per pipeline rank; Interleaved1F1B default 2")
+    vpp: int | None = Field(default=None, description="stages per pipeline rank; the looped schedules (Interleaved1F1B, "
+                               "InterleavedZeroBubble) default 2")
     pp_first_stage_less_layers: int = Field(
         default=DEFAULT_LESS, description="torchtitan's pipeline_parallel_first_stage_less_layers: the embedding counts "
         "as this many layers when the blocks are split over the stages, so the first stage holds that many fewer")
@@ -244,7 +257,7 @@ class TrainConfig(BaseModel):
         if c.gpus > c.gpus_per_node and c.gpus % c.gpus_per_node:
             raise ConfigError(f"{c.gpus} GPUs is not a whole number of {c.gpus_per_node}-GPU nodes")
         if c.vpp is None:
-            c.vpp = 2 if c.pp_schedule == "Interleaved1F1B" else 1
+            c.vpp = 2 if c.pp_schedule in LOOPED_SCHEDULES else 1
         if c.vpp < 1:
             raise InputError(f"vpp must be a positive integer, got {c.vpp}", field="vpp")
         dp = c.dp_replicate * c.dp_shard

@@ -38,13 +38,14 @@ from meshplan.estimator.config import (
     Float8,
     Schedule,
     compile_mask,
+    looped,
     lora_mask,
 )
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.model_spec import ModelSpec
 from meshplan.estimator.physics.stages import DEFAULT_LESS, LESS_FIELDS, stage_share
 
-INTERLEAVED = int(Schedule.INTERLEAVED_1F1B)
+ZERO_BUBBLE = int(Schedule.INTERLEAVED_ZERO_BUBBLE)
 MXFP8 = int(Float8.MXFP8)
 
 
@@ -82,10 +83,11 @@ def _one_f_one_b_fill(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None)
 
 
 def _interleaved_rounds(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
-    # torch.distributed.pipelining's ScheduleInterleaved1F1B: microbatches in whole rounds of max(1, n // pp)
+    # torch.distributed.pipelining's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble: microbatches in
+    # whole rounds of max(1, n // pp)
     divisible, micro = _micro(c)
     rounds = xp.maximum(1, micro // xp.maximum(c.pp, 1))
-    return (c.schedule == INTERLEAVED) & (c.pp > 1) & divisible & (micro % rounds != 0)
+    return looped(c.schedule) & (c.pp > 1) & divisible & (micro % rounds != 0)
 
 
 def _tp_widths(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
@@ -122,9 +124,9 @@ def _less(c: ConfigArrays) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _torchtitan_stages(m: ModelSpec, c: ConfigArrays, hw: HardwareProfile | None) -> np.ndarray:
-    # without layers_per_stage torchtitan takes its default (2 stages per rank for Interleaved1F1B, 1 otherwise);
+    # without layers_per_stage torchtitan takes its default (2 stages per rank for a looped schedule, 1 otherwise);
     # any other stage count must be one it can split into
-    default = xp.where(c.schedule == INTERLEAVED, 2, 1)
+    default = xp.where(looped(c.schedule), 2, 1)
     _, exact = titan_layers_per_stage(m.layers, xp.maximum(c.pp * c.vpp, 1), *_less(c))
     return (c.pp > 1) & (c.vpp != default) & xp.logical_not(exact)
 
@@ -196,6 +198,11 @@ RULES: tuple[Rule, ...] = (
     Rule(34, "deepep_without_ep", "expert_parallel_comm_backend {ep_comm_backend} dispatches over expert "
          "parallelism, and ep is 1: set ep > 1 (torchtitan refuses it without EP) or use standard",
          lambda m, c, hw: (c.ep_backend >= 1) & (c.ep == 1) & (m.moe is not None)),
+    Rule(35, "zero_bubble_compile", "InterleavedZeroBubble splits each backward into its input and weight "
+         "gradients, which torch.compile'd blocks cannot (torch.distributed.pipelining refuses stages holding "
+         "compiled modules): compile off, compile only the loss, or Interleaved1F1B",
+         lambda m, c, hw: (c.schedule == ZERO_BUBBLE) & (c.pp > 1) & (c.compile > 0)
+         & ((c.compile_components & COMPILE_MODEL) != 0)),
     Rule(10, "tp_vocab", "tp {tp} does not divide the vocabulary ({vocab}), which loss parallel shards",
          lambda m, c, hw: (c.tp > 1) & (m.vocab % c.tp != 0)),
     Rule(11, "seq_tp", "seq_len {seq_len} does not divide by cp x tp = {cp_tp} (sequence parallel shards it)",
@@ -207,10 +214,10 @@ RULES: tuple[Rule, ...] = (
     Rule(13, "async_tp_compile", "async TP is a torch.compile pass: it needs compile on, with model "
          "in compile_components",
          lambda m, c, hw: (c.async_tp > 0) & ((c.compile == 0) | ((c.compile_components & COMPILE_MODEL) == 0))),
-    Rule(15, "schedule_vpp", "pp schedule {pp_schedule} with vpp {vpp}: Interleaved1F1B takes 2 or more stages "
-         "per rank, the other schedules exactly 1",
-         lambda m, c, hw: xp.where(c.schedule == INTERLEAVED, (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),
-    Rule(16, "interleaved_rounds", "Interleaved1F1B runs microbatches in rounds of pp: {microbatches} microbatches"
+    Rule(15, "schedule_vpp", "pp schedule {pp_schedule} with vpp {vpp}: the looped schedules (Interleaved1F1B, "
+         "InterleavedZeroBubble) take 2 or more stages per rank, the other schedules exactly 1",
+         lambda m, c, hw: xp.where(looped(c.schedule), (c.pp > 1) & (c.vpp < 2), c.vpp != 1)),
+    Rule(16, "interleaved_rounds", "{pp_schedule} runs microbatches in rounds of pp: {microbatches} microbatches"
          " is not a whole number of rounds for pp {pp}", _interleaved_rounds),
     Rule(17, "torchtitan_stages", "pp {pp} x vpp {vpp} = {stages} stages: torchtitan cannot split the {layers} "
          "layers (+ embedding and output) into that many stages", _torchtitan_stages),

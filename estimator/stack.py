@@ -18,6 +18,7 @@ from meshplan.estimator.config import (
     AC_MODES,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
+    LOOPED_SCHEDULES,
     PP_SCHEDULES,
     ACMode,
     PPSchedule,
@@ -146,7 +147,7 @@ class FrameworkRuns(BaseModel):
         pp_schedule, ac, float8, compile, async_tp, cpu_offload, finetune) the framework runs; None: any. A
         parallelism it lacks keeps degree 1 alone, a feature it lacks off alone."""
         degrees = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "pp": bool(self.schedules()),
-                   "vpp": "Interleaved1F1B" in self.schedules()}
+                   "vpp": any(s in LOOPED_SCHEDULES for s in self.schedules())}
         if knob in degrees:
             return None if degrees[knob] else (1,)
         features = {"compile": self.compile, "async_tp": self.async_tp, "cpu_offload": self.cpu_offload}

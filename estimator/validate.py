@@ -7,7 +7,8 @@ read afterwards, for the comparison only.
 Defaults for cells a source left empty (documented in the README):
 - `compile` empty: the stack profile's `default_compile` (llm-foundry: false);
 - `pp_schedule` empty with pp > 1: 1F1B; other frameworks' names are read as ours (nanotron's `afab` is GPipe,
-  `ScheduleInterleaved1F1B` is Interleaved1F1B, any case); `vpp` empty: 2 for Interleaved1F1B, else 1;
+  `ScheduleInterleaved1F1B` is Interleaved1F1B, any case); `vpp` empty: 2 for the looped schedules
+  (Interleaved1F1B, InterleavedZeroBubble), else 1;
 - `float8_recipe` empty with precision fp8: tensorwise;
 - `global_batch_size` empty: one microbatch a data-parallel rank and step (a log that states its local batch only);
 - `async_tp` true with tp 1: off (there are no TP linears to apply it to);
@@ -214,6 +215,7 @@ _SCHEDULE_NAMES = {
     "gpipe": "GPipe", "afab": "GPipe", "allforwardallbackward": "GPipe", "allforwardallbackwardpipelineengine": "GPipe",
     "1f1b": "1F1B", "onefoneb": "1F1B", "oneforwardonebackward": "1F1B", "oneforwardonebackwardpipelineengine": "1F1B",
     "interleaved1f1b": "Interleaved1F1B", "interleaved": "Interleaved1F1B",
+    "interleavedzerobubble": "InterleavedZeroBubble", "zb1p": "InterleavedZeroBubble",
 }
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshplan.estimator.config import LOOPED_SCHEDULES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.trace_kernels import gpu_kernels
@@ -133,9 +134,9 @@ def traceable(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
             "QLoRA cannot be traced yet (torchao's NF4 weights under fake tensors); trace the same plan with "
             "finetune lora, whose frozen weights are bf16, and keep NF4's bytes analytical"
         )
-    if cfg.pp > 1 and (cfg.vpp > 1 or cfg.pp_schedule == "Interleaved1F1B"):
+    if cfg.pp > 1 and (cfg.vpp > 1 or cfg.pp_schedule in LOOPED_SCHEDULES):
         raise MeshplanError(
-            "Interleaved1F1B (vpp > 1) cannot be traced yet; trace the 1F1B or GPipe schedule instead"
+            f"{cfg.pp_schedule} (vpp > 1) cannot be traced yet; trace the 1F1B or GPipe schedule instead"
         )
     notes = [NOT_SEEN]
     changes: dict[str, Any] = {"device": "cpu", "backend": "auto", "steps": 2, "stop_at_step": None}

@@ -60,7 +60,7 @@ def _split(cfg: dict, prefix: str) -> str:
     return "" if (first, last) == (1, 1) else f"{prefix}{first}/{last}"
 
 
-_SCHED = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "i1f1b"}
+_SCHED = {"GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "i1f1b", "InterleavedZeroBubble": "izb"}
 
 
 def compact_config(cfg: dict) -> str:

@@ -31,6 +31,7 @@ from meshplan.estimator.config import (
     EP_COMM_BACKENDS,
     FINETUNE_MODES,
     FLOAT8_RECIPES,
+    LOOPED_SCHEDULES,
     LORA_TARGETS,
     PP_SCHEDULES,
     RESHARD_POLICIES,
@@ -133,7 +134,7 @@ def _replicas(dp: int) -> list[int]:
 @functools.lru_cache(maxsize=4096)  # a search asks the same few (dp, micro-batch, pp) thousands of times
 def nearest_batch(target: int, dp: int, micro_batch: int, pp: int, interleaved: bool, tolerance: float) -> int:
     """The global batch (sequences) nearest `target` that dp x micro-batch divides, with at least `pp` microbatches
-    per step and, for Interleaved1F1B, whole rounds of them; within `tolerance` (a fraction) of the target. Ties go
+    per step and, for a looped schedule (Interleaved1F1B, InterleavedZeroBubble), whole rounds of them; within `tolerance` (a fraction) of the target. Ties go
     to the smaller batch. Returns `target` itself when none qualifies (the rules then say why)."""
     unit = max(dp * micro_batch, 1)
     lo = max(1, -(-int(target * (1 - tolerance)) // unit))
@@ -208,9 +209,9 @@ def enumerate_space(
     sched_opts = []  # (schedule code, vpp) for pp > 1
     for name in sp.pp_schedule or runs.keep("pp_schedule", PP_SCHEDULES):
         code = PP_SCHEDULES.index(name)
-        vpps = (sp.vpp or [2, 4]) if name == "Interleaved1F1B" else [1]
+        vpps = (sp.vpp or [2, 4]) if name in LOOPED_SCHEDULES else [1]
         for v in vpps:
-            if name == "Interleaved1F1B" and v < 2:
+            if name in LOOPED_SCHEDULES and v < 2:
                 continue
             sched_opts.append((code, v))
     ac_codes = [AC_MODES.index(a) for a in (sp.ac or runs.keep("ac", AC_MODES))]
@@ -221,7 +222,7 @@ def enumerate_space(
 
     rows = []
     tol = max(float(sp.batch_tolerance), 0.0)
-    interleaved = PP_SCHEDULES.index("Interleaved1F1B")
+    looped_codes = {PP_SCHEDULES.index(s) for s in LOOPED_SCHEDULES}
     for dr, ds, cp, tp, pp, ep in structural:
         # micro-batches up to the local batch (at the most the tolerance allows)
         local = int(global_batch * (1 + tol)) // (dr * ds)
@@ -234,7 +235,7 @@ def enumerate_space(
         fsdp_only = tp == 1 and pp == 1 and ep == 1 and sp.finetune != "none" and runs.cpu_offload
         offs = [int(o) for o in sp.cpu_offload] if sp.cpu_offload is not None else ([0, 1] if fsdp_only else [0])
         for (sc, v), mb in itertools.product(scheds, mbs_opts):
-            gb = nearest_batch(global_batch, dr * ds, mb, pp, sc == interleaved, tol)
+            gb = nearest_batch(global_batch, dr * ds, mb, pp, sc in looped_codes, tol)
             rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs, gb))
     # cross the per-structure rows with AC x float8 x compile (x async TP, x CPU offload) in numpy
     base = []

@@ -123,3 +123,108 @@ def test_validate_predicts_a_row_with_fewer_microbatches_than_stages(tmp_path, c
     assert out.returncode == 0, out.stderr
     (r,) = json.loads(out.stdout)["rows"]
     assert r["error"] is None and r["predicted_tps_per_gpu"] > 0, r
+
+
+def torch_zero_bubble_makespan(p: int, v: int, m: int, f: float, i: float, w: float) -> float:
+    """The step length of torch's ScheduleInterleavedZeroBubble (ZB1P: its own per-rank order of forwards F, input
+    gradients I and weight gradients W; its inserted bubbles are waits the simulation finds by itself) when each
+    action starts as soon as its rank is free and its input arrived."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+    from torch.distributed.pipelining.schedules import _ComputationType as Op
+
+    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
+                           microbatches_per_round=m // max(1, m // p))
+    ops = {r: [a for a in ScheduleInterleavedZeroBubble._calculate_single_rank_operations(fake, r) if a is not None]
+           for r in range(p)}
+    stages, done, free, nxt = p * v, {}, [0.0] * p, [0] * p
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            while nxt[r] < len(ops[r]):
+                a = ops[r][nxt[r]]
+                s, mb, kind = a.stage_index, a.microbatch_index, a.computation_type
+                if kind == Op.FORWARD:
+                    key, dur, deps = ("F", s, mb), f, [("F", s - 1, mb)] if s else []
+                elif kind == Op.BACKWARD_INPUT:
+                    key, dur = ("I", s, mb), i
+                    deps = [("I", s + 1, mb)] if s < stages - 1 else [("F", s, mb)]
+                else:
+                    assert kind == Op.BACKWARD_WEIGHT, kind
+                    key, dur, deps = ("W", s, mb), w, [("I", s, mb)]
+                if any(d not in done for d in deps):
+                    break
+                done[key] = free[r] = max([free[r]] + [done[d] for d in deps]) + dur
+                nxt[r] += 1
+                moved = True
+    assert all(nxt[r] == len(ops[r]) for r in range(p)), "the simulated schedule deadlocked"
+    return max(free)
+
+
+FIW = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0)]  # a chunk's F, I and W
+
+
+@pytest.mark.parametrize("p,v,m", [(p, v, m) for p, v, m in CASES if m >= p])
+@pytest.mark.parametrize("fiw", FIW)
+def test_zero_bubble_bubble_matches_torchs_schedule(p, v, m, fiw):
+    """ZB1P's (pp - 1)(F + B - 2W) is torch's interleaved zero-bubble schedule's idle time, for unequal F, I, W."""
+    f, i, w = fiw
+    lay = layout(p, v, m, "InterleavedZeroBubble")
+    t_mb = v * (f + i + w)
+    idle = torch_zero_bubble_makespan(p, v, m, f, i, w) - m * t_mb
+    assert float(bubble_s(lay, np.array([t_mb]), np.array([v * w]))[0]) == pytest.approx(idle), (p, v, m)
+    # and less than interleaved 1F1B's, by 2W a slot
+    one_f = float(bubble_s(layout(p, v, m, "Interleaved1F1B"), np.array([t_mb]))[0])
+    assert idle == pytest.approx(one_f - 2 * w * (p - 1))
+
+
+@pytest.mark.parametrize("p,v,m", [(p, v, m) for p, v, m in CASES if m < p])
+def test_an_unfilled_zero_bubble_pipeline_is_predicted_within_a_third(p, v, m):
+    """Fewer microbatches than stages: torch's order inserts waits the closed form only approximates."""
+    f, i, w = 1.0, 1.0, 1.0
+    lay = layout(p, v, m, "InterleavedZeroBubble")
+    t_mb = v * (f + i + w)
+    makespan = torch_zero_bubble_makespan(p, v, m, f, i, w)
+    predicted = m * t_mb + float(bubble_s(lay, np.array([t_mb]), np.array([v * w]))[0])
+    assert predicted == pytest.approx(makespan, rel=0.34), (p, v, m)
+
+
+def test_zero_bubble_runs_eager_blocks_only_and_its_estimate_is_faster_than_interleaved(cli):
+    def est(*args: str) -> dict:
+        out = cli("estimate", "--model", "llama3-70b", "--gpus", "32", "--tp", "8", "--pp", "4", "--no-compile",
+                  "--json", *args)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    zb, il = est("--pp-schedule", "InterleavedZeroBubble"), est("--pp-schedule", "Interleaved1F1B")
+    assert zb["config"]["vpp"] == il["config"]["vpp"] == 2  # torchtitan's default for a looped schedule
+    assert 0 < zb["throughput"]["breakdown_s"]["pp_bubble"] < il["throughput"]["breakdown_s"]["pp_bubble"]
+    assert zb["throughput"]["tokens_per_sec_per_gpu"] > il["throughput"]["tokens_per_sec_per_gpu"]
+    assert zb["memory"]["peak_gib"] == il["memory"]["peak_gib"]  # ZB1P holds what 1F1B holds
+    out = cli("estimate", "--model", "llama3-70b", "--gpus", "32", "--tp", "8", "--pp", "4", "--compile",
+              "--pp-schedule", "InterleavedZeroBubble")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "InterleavedZeroBubble splits each backward" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_the_planner_searches_zero_bubble_where_the_framework_runs_it(cli):
+    """torchtitan's search holds InterleavedZeroBubble (its compiled variants rejected, saying why); nanotron's,
+    whose profile runs GPipe and 1F1B alone, does not."""
+    out = cli("plan", "--model", "llama3-70b", "--gpus", "32", "--pp", "4", "--top", "400", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["rejected_by_reason"]["zero_bubble_compile"] > 0
+    eager = [p["config"] for p in got["plans"] if not p["config"]["compile"]]
+    assert any(c["pp_schedule"] == "InterleavedZeroBubble" and c["vpp"] >= 2 for c in eager)
+    out = cli("plan", "--model", "llama3-8b", "--gpus", "16", "--pp", "2", "--stack", "nanotron", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert "zero_bubble_compile" not in got["rejected_by_reason"]
+    assert {p["config"]["pp_schedule"] for p in got["plans"]} <= {"GPipe", "1F1B"}
+
+
+def test_validate_reads_torchs_zero_bubble_schedule_name():
+    from meshplan.estimator.validate import pp_schedule_name
+
+    assert pp_schedule_name("ScheduleInterleavedZeroBubble") == "InterleavedZeroBubble"
+    assert pp_schedule_name("ZB1P") == "InterleavedZeroBubble"

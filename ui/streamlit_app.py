@@ -85,7 +85,7 @@ except MeshplanError:
 PIN_LABELS = {
     "tp": "TP degree", "pp": "PP degree", "cp": "CP degree", "ep": "EP degree (MoE models)",
     "dp_replicate": "HSDP replicas (dp_replicate)",
-    "pp_schedule": "PP schedule", "vpp": "stages per rank (Interleaved1F1B)", "micro_batch_size": "micro-batch",
+    "pp_schedule": "PP schedule", "vpp": "stages per rank (Interleaved1F1B, InterleavedZeroBubble)", "micro_batch_size": "micro-batch",
     "ac": "activation checkpointing", "float8": "Float8 recipe", "compile": "torch.compile",
     "async_tp": "async TP",
 }

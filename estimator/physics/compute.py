@@ -38,6 +38,7 @@ class ComputeTimes:
     attention_s: np.ndarray  # one block's attention (CP overlaps its ring exchange with it)
     all_to_all_s: np.ndarray  # expert-parallel dispatch and combine of the rank's MoE blocks (not hidden)
     dequant_s: np.ndarray  # QLoRA: NF4 weights dequantized to bf16 before their GEMMs
+    weight_grad_s: np.ndarray  # the weight-gradient GEMMs (a third of every trained linear's), part of gemm_attention_s
 
     @property
     def busy_s(self) -> np.ndarray:
@@ -275,6 +276,9 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
     slower = xp.where(fp32, hw.peak_tflops_bf16 / fp32_peak_tflops(hw), 1.0)
     gemm_attention, recompute, attn = gemm_attention * slower, recompute * slower, attn * slower
     elem = elem * xp.where(fp32, 2.0, 1.0)
+    # the weight gradients: one matmul of a trained linear's three (attention's core has no weights; LoRA's frozen
+    # linears compute none, its adapters' are too small to count)
+    weight_grad = xp.where(lay.lora, 0.0, xp.maximum(0.0, gemm_attention - layers * attn) / FWD_BWD_GEMM)
     return ComputeTimes(
         gemm_attention_s=gemm_attention,
         recompute_s=recompute,
@@ -285,6 +289,7 @@ def compute_times(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, la
         attention_s=attn,
         all_to_all_s=a2a,
         dequant_s=dequant,
+        weight_grad_s=weight_grad,
     )
 
 

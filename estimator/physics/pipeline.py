@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.estimator import xp
-from meshplan.estimator.config import Schedule
+from meshplan.estimator.config import Schedule, looped
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
@@ -15,12 +15,15 @@ from meshplan.estimator.stack import StackProfile
 def microbatches_in_flight(lay: Layout, stage: np.ndarray) -> np.ndarray:
     """Microbatches whose activations pipeline stage `stage` (0-based) holds at the end of its forwards, in whole
     passes over its blocks: 1F1B keeps min(m, pp - k) on stage k, interleaved 1F1B adds (pp - 1 - k) / vpp more
-    (chunk-microbatches over vpp, at most every one of them), GPipe keeps all m. Without PP: the one microbatch."""
+    (chunk-microbatches over vpp, at most every one of them), GPipe keeps all m. Without PP: the one microbatch.
+    InterleavedZeroBubble (ZB1P) keeps what interleaved 1F1B keeps: its weight gradients run within the slots the
+    schedule gives them, so its peak activation memory is 1F1B's (DeepSeek-V3 technical report, arXiv 2412.19437,
+    Table 2, and the deepseek-ai/DualPipe README: activation memory PP for both 1F1B and ZB1P)."""
     p, v, m = lay.pp, lay.vpp, lay.microbatches
     ahead = xp.minimum(m, p - stage)
     inter = xp.minimum(v * ahead + (p - 1 - stage), v * m) / v
     sched = lay.schedule
-    by_schedule = xp.where(sched == int(Schedule.GPIPE), m, xp.where(sched == int(Schedule.INTERLEAVED_1F1B), inter, ahead))
+    by_schedule = xp.where(sched == int(Schedule.GPIPE), m, xp.where(looped(sched), inter, ahead))
     return xp.where(lay.single_stage, 1.0, by_schedule)
 
 
@@ -45,15 +48,25 @@ def receive_buffer_bytes(lay: Layout, hidden: float, first: np.ndarray, seq_shar
                     lay.tokens_mb * 2 * hidden / seq_shards, 0.0)
 
 
-def bubble_s(lay: Layout, microbatch_s: np.ndarray) -> np.ndarray:
+def bubble_s(lay: Layout, microbatch_s: np.ndarray, weight_grad_s: np.ndarray | float = 0.0) -> np.ndarray:
     """Idle time per step (s) of a pipeline stage: (pp - 1) / vpp microbatch times (warm-up and drain).
 
     With fewer microbatches m than stages pp the pipeline cannot fill: GPipe and 1F1B still take pp + m - 1
     microbatch times (the formula above), and an interleaved rank also waits (pp - m) chunk times before each
-    of its vpp - 1 later chunks, whose input is still travelling through the other ranks."""
+    of its vpp - 1 later chunks, whose input is still travelling through the other ranks.
+
+    InterleavedZeroBubble (ZB1P) fills the bubble with the deferred weight gradients (`weight_grad_s` of a
+    microbatch's seconds on the rank): (pp - 1)(F + B - 2W) where 1F1B idles (pp - 1)(F + B) (DeepSeek-V3 technical
+    report, arXiv 2412.19437, Table 2; the deepseek-ai/DualPipe README), F + B being a chunk's time. That is torch's
+    ScheduleInterleavedZeroBubble's idle time exactly once m >= pp (tests/test_pipeline_fill.py replays its action
+    order); an unfilled one waits (vpp - 1)(pp - m)(F + B - W) more here, which torch's order (its inserted bubbles)
+    puts 20-30 % either side."""
     p, v = lay.pp, lay.vpp
     unfilled = (v - 1) * xp.maximum(0.0, p - lay.microbatches)
-    return xp.where(lay.single_stage, 0.0, microbatch_s * (p - 1 + unfilled) / v)
+    zero_bubble = lay.schedule == int(Schedule.INTERLEAVED_ZERO_BUBBLE)
+    w = xp.where(zero_bubble, weight_grad_s, 0.0)
+    idle = xp.maximum(0.0, microbatch_s - 2.0 * w) * (p - 1) + (microbatch_s - w) * unfilled
+    return xp.where(lay.single_stage, 0.0, idle / v)
 
 
 def p2p_s(lay: Layout, hw: HardwareProfile, stack: StackProfile, hidden: float, seq_shards,

@@ -100,7 +100,7 @@ def step_time(model: ModelSpec, hw: HardwareProfile, stack: StackProfile, lay: L
         "ep_all_to_all": m * a2a,
         "nf4_dequant": m * comp.dequant_s,
         "offload_exposed": m * offload_mb + offload_acc,
-        "pp_bubble": pipeline.bubble_s(lay, t_mb),
+        "pp_bubble": pipeline.bubble_s(lay, t_mb, comp.weight_grad_s),
         "pp_p2p": pipeline.p2p_s(lay, hw, stack, float(model.hidden), sequence_shards(stack, model, lay), t_mb),
         "dp_allreduce": dp_replicate_s(hw, stack, lay, st.trainable_sharded),
         "optimizer_step": xp.where(lay.offload, finetune.cpu_optimizer_s(hw, stack, lay, st.trainable_sharded),

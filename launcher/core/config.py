@@ -48,7 +48,7 @@ class RunConfig(BaseModel):
     pp: int = Field(1, ge=1, description="pipeline parallel degree")
     ep: int = Field(1, ge=1, description="expert parallel degree (MoE): ranks carved from dp_shard x cp x tp")
     pp_schedule: PPSchedule = "1F1B"
-    vpp: int = Field(1, ge=1, description="pipeline stages per rank (>1 needs Interleaved1F1B)")
+    vpp: int = Field(1, ge=1, description="pipeline stages per rank (>1 needs a looped schedule: Interleaved1F1B or InterleavedZeroBubble)")
     pp_first_stage_less_layers: int = Field(DEFAULT_LESS, ge=0, description="the embedding counts as this many "
                                             "layers in the stage split: the first stage holds that many fewer blocks "
                                             "(torchtitan's pipeline_parallel_first_stage_less_layers)")

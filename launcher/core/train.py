@@ -218,6 +218,7 @@ class Trainer:
             Schedule1F1B,
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
         )
 
         group = self.par.mesh["pp"].get_group()
@@ -228,6 +229,8 @@ class Trainer:
         n = self.cfg.microbatches
         if self.cfg.pp_schedule == "Interleaved1F1B":
             return ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=self.loss_fn)
+        if self.cfg.pp_schedule == "InterleavedZeroBubble":  # its stages' backwards split into input and weight grads
+            return ScheduleInterleavedZeroBubble(stages, n_microbatches=n, loss_fn=self.loss_fn)
         cls = ScheduleGPipe if self.cfg.pp_schedule == "GPipe" else Schedule1F1B
         return cls(stages[0], n_microbatches=n, loss_fn=self.loss_fn)
 

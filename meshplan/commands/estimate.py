@@ -27,6 +27,7 @@ class Schedule(StrEnum):
     gpipe = "GPipe"
     one_f_one_b = "1F1B"
     interleaved = "Interleaved1F1B"
+    interleaved_zero_bubble = "InterleavedZeroBubble"
 
 
 class AC(StrEnum):
@@ -55,7 +56,7 @@ def estimate_cmd(
     ep: int = typer.Option(1, "--ep", min=1, help="expert parallel degree (MoE models): experts / ep per GPU, ranks "
                                                  "carved from dp_shard x cp x tp"),
     pp_schedule: Schedule = typer.Option(Schedule.one_f_one_b, "--pp-schedule", help="pipeline schedule"),
-    vpp: int = typer.Option(None, "--vpp", min=1, help="stages per pipeline rank [default: 2 for Interleaved1F1B]"),
+    vpp: int = typer.Option(None, "--vpp", min=1, help="stages per pipeline rank [default: 2 for the looped schedules Interleaved1F1B and InterleavedZeroBubble]"),
     pp_first_stage_less_layers: int = typer.Option(
         1, "--pp-first-stage-less-layers", help="torchtitan's pipeline split: the embedding counts as this many "
         "layers, so the first stage holds that many fewer blocks (0: as many as the others; pp > 1)"),

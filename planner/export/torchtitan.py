@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 
+from meshplan.estimator.config import LOOPED_SCHEDULES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.physics.stages import less_fields
 from meshplan.estimator.rules import predicted_warnings, titan_layers_per_stage
@@ -59,13 +60,13 @@ def layers_per_stage(plan: Plan) -> int | None:
 
     torchtitan splits into ceil((layers + first + last) / layers_per_stage) virtual stages (the first and last stage
     count the embedding and the output as `pipeline_parallel_first_stage_less_layers` / `..._last_stage_less_layers`
-    layers, 1 each by default) and defaults to 2 stages per rank for looped schedules (Interleaved1F1B) and 1
+    layers, 1 each by default) and defaults to 2 stages per rank for looped schedules (LOOPED_SCHEDULES) and 1
     otherwise.
     """
     p = plan.parallel
     if p.pp == 1:
         return None
-    default = 2 if p.pp_schedule == "Interleaved1F1B" else 1
+    default = 2 if p.pp_schedule in LOOPED_SCHEDULES else 1
     if p.vpp == default:
         return None
     lps, exact = titan_layers_per_stage(plan.model.layers, p.pp * p.vpp, p.pp_first_stage_less_layers,

@@ -36,7 +36,9 @@ def make(**overrides) -> RunConfig:
     [
         ({"tp": 4, "model": {**TINY_MODEL, "kv_heads": 2}}, "tp 4 does not divide the 4 attention heads, 2 KV heads"),
         ({"vpp": 2}, "pp schedule 1F1B with vpp 2"),
-        ({"pp": 2, "pp_schedule": "Interleaved1F1B"}, "Interleaved1F1B takes 2 or more stages per rank"),
+        ({"pp": 2, "pp_schedule": "Interleaved1F1B"}, "(Interleaved1F1B, InterleavedZeroBubble) take 2 or more stages"),
+        ({"pp": 2, "vpp": 2, "pp_schedule": "InterleavedZeroBubble", "compile": True},
+         "InterleavedZeroBubble splits each backward into its input and weight gradients"),
         ({"dp_shard": 3}, "global batch 8 does not divide into dp 3 x micro-batch 2"),
         ({"pp": 8, "vpp": 1}, "pp 8 x vpp 1 = 8 stages exceed the 4 layers"),
         ({"cp": 2, "seq_len": 30}, "cp 2 does not divide seq_len 30"),

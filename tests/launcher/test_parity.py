@@ -86,6 +86,8 @@ LAYOUTS_2 = {
     "pp2_interleaved": {"pp": 2, "vpp": 2, "pp_schedule": "Interleaved1F1B"},
     # 6 stages for 4 layers + embedding + output: the first stage holds the embedding alone, the last the output alone
     "pp2_interleaved_vpp3": {"pp": 2, "vpp": 3, "pp_schedule": "Interleaved1F1B"},
+    # ZB1P: torch's ScheduleInterleavedZeroBubble runs each stage's input and weight gradients apart
+    "pp2_zero_bubble": {"pp": 2, "vpp": 2, "pp_schedule": "InterleavedZeroBubble"},
     "cp2": {"cp": 2},
     "ddp_replicate2": {"dp_replicate": 2},  # torchtitan 0.2.2's DDP (composable replicate), under grad accumulation
     "replicate2_fsdp_one_rank": {"dp_replicate": 2, "fsdp_one_rank": True},  # 0.3.0: FSDP2 over the replicas
@@ -111,6 +113,7 @@ LAYOUTS_4 = {
     "hsdp2x2": {"dp_replicate": 2, "dp_shard": 2},
     "cp2_tp2": {"cp": 2, "tp": 2},
     "pp2_fsdp2_interleaved": {"pp": 2, "vpp": 2, "pp_schedule": "Interleaved1F1B", "dp_shard": 2},
+    "pp2_fsdp2_zero_bubble": {"pp": 2, "vpp": 2, "pp_schedule": "InterleavedZeroBubble", "dp_shard": 2},
     # pipeline stages that reshard after forward (fsdp_reshard_after_forward always)
     "pp2_fsdp2_1f1b_always": {"pp": 2, "pp_schedule": "1F1B", "dp_shard": 2, "fsdp_reshard_after_forward": "always"},
 }
