@@ -17,16 +17,16 @@ from meshplan.estimator.physics.pipeline import bubble_s
 T_FWD, T_BWD = 1.0, 2.0  # a chunk's forward and backward, in the same time unit
 
 
-def torch_makespan(p: int, v: int, m: int) -> float:
-    """The step length of torch.distributed.pipelining's ScheduleInterleaved1F1B (its own per-rank action order,
-    vpp = 1 is plain 1F1B's order) when each action starts as soon as its rank is free and its input arrived."""
-    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+def replay(schedule: type, p: int, v: int, m: int, f: float = T_FWD, i: float = T_BWD, w: float = 0.0) -> float:
+    """The step length of a torch.distributed.pipelining looped schedule (its own per-rank action order; vpp = 1
+    is plain 1F1B's order) when each action starts as soon as its rank is free and its input arrived: forwards take
+    `f`, input gradients `i`, weight gradients `w` (a full backward i + w). Waits the schedule inserts as bubbles
+    the replay finds by itself."""
     from torch.distributed.pipelining.schedules import _ComputationType as Op
 
     fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
                            microbatches_per_round=m // max(1, m // p))
-    ops = {r: [a for a in ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, r) if a is not None]
-           for r in range(p)}
+    ops = {r: [a for a in schedule._calculate_single_rank_operations(fake, r) if a is not None] for r in range(p)}
     stages, done, free, nxt = p * v, {}, [0.0] * p, [0] * p
     moved = True
     while moved:
@@ -34,12 +34,15 @@ def torch_makespan(p: int, v: int, m: int) -> float:
         for r in range(p):
             while nxt[r] < len(ops[r]):
                 a = ops[r][nxt[r]]
-                s, mb = a.stage_index, a.microbatch_index
-                if a.computation_type == Op.FORWARD:
-                    key, dur, deps = ("F", s, mb), T_FWD, [("F", s - 1, mb)] if s else []
+                s, mb, kind = a.stage_index, a.microbatch_index, a.computation_type
+                if kind == Op.FORWARD:
+                    key, dur, deps = ("F", s, mb), f, [("F", s - 1, mb)] if s else []
+                elif kind in (Op.FULL_BACKWARD, Op.BACKWARD_INPUT):
+                    key, dur = ("I", s, mb), i + (w if kind == Op.FULL_BACKWARD else 0.0)
+                    deps = [("I", s + 1, mb)] if s < stages - 1 else [("F", s, mb)]
                 else:
-                    key, dur = ("B", s, mb), T_BWD
-                    deps = [("B", s + 1, mb)] if s < stages - 1 else [("F", s, mb)]
+                    assert kind == Op.BACKWARD_WEIGHT, kind
+                    key, dur, deps = ("W", s, mb), w, [("I", s, mb)]
                 if any(d not in done for d in deps):
                     break
                 done[key] = free[r] = max([free[r]] + [done[d] for d in deps]) + dur
@@ -47,6 +50,20 @@ def torch_makespan(p: int, v: int, m: int) -> float:
                 moved = True
     assert all(nxt[r] == len(ops[r]) for r in range(p)), "the simulated schedule deadlocked"
     return max(free)
+
+
+def torch_makespan(p: int, v: int, m: int) -> float:
+    """The step length of torch's ScheduleInterleaved1F1B (`replay`)."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    return replay(ScheduleInterleaved1F1B, p, v, m)
+
+
+def torch_zero_bubble_makespan(p: int, v: int, m: int, f: float, i: float, w: float) -> float:
+    """The step length of torch's ScheduleInterleavedZeroBubble (ZB1P; `replay`)."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+    return replay(ScheduleInterleavedZeroBubble, p, v, m, f, i, w)
 
 
 def layout(pp: int, vpp: int, microbatches: int, schedule: str):
@@ -124,41 +141,6 @@ def test_validate_predicts_a_row_with_fewer_microbatches_than_stages(tmp_path, c
     (r,) = json.loads(out.stdout)["rows"]
     assert r["error"] is None and r["predicted_tps_per_gpu"] > 0, r
 
-
-def torch_zero_bubble_makespan(p: int, v: int, m: int, f: float, i: float, w: float) -> float:
-    """The step length of torch's ScheduleInterleavedZeroBubble (ZB1P: its own per-rank order of forwards F, input
-    gradients I and weight gradients W; its inserted bubbles are waits the simulation finds by itself) when each
-    action starts as soon as its rank is free and its input arrived."""
-    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
-    from torch.distributed.pipelining.schedules import _ComputationType as Op
-
-    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
-                           microbatches_per_round=m // max(1, m // p))
-    ops = {r: [a for a in ScheduleInterleavedZeroBubble._calculate_single_rank_operations(fake, r) if a is not None]
-           for r in range(p)}
-    stages, done, free, nxt = p * v, {}, [0.0] * p, [0] * p
-    moved = True
-    while moved:
-        moved = False
-        for r in range(p):
-            while nxt[r] < len(ops[r]):
-                a = ops[r][nxt[r]]
-                s, mb, kind = a.stage_index, a.microbatch_index, a.computation_type
-                if kind == Op.FORWARD:
-                    key, dur, deps = ("F", s, mb), f, [("F", s - 1, mb)] if s else []
-                elif kind == Op.BACKWARD_INPUT:
-                    key, dur = ("I", s, mb), i
-                    deps = [("I", s + 1, mb)] if s < stages - 1 else [("F", s, mb)]
-                else:
-                    assert kind == Op.BACKWARD_WEIGHT, kind
-                    key, dur, deps = ("W", s, mb), w, [("I", s, mb)]
-                if any(d not in done for d in deps):
-                    break
-                done[key] = free[r] = max([free[r]] + [done[d] for d in deps]) + dur
-                nxt[r] += 1
-                moved = True
-    assert all(nxt[r] == len(ops[r]) for r in range(p)), "the simulated schedule deadlocked"
-    return max(free)
 
 
 FIW = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0)]  # a chunk's F, I and W
