@@ -210,3 +210,20 @@ def test_validate_reads_torchs_zero_bubble_schedule_name():
 
     assert pp_schedule_name("ScheduleInterleavedZeroBubble") == "InterleavedZeroBubble"
     assert pp_schedule_name("ZB1P") == "InterleavedZeroBubble"
+
+
+def test_plan_pins_the_schedule_stages_and_compile(cli):
+    """`meshplan plan --pp-schedule --vpp --compile` search only those; a value the framework does not run, or no
+    schedule at all, is a one-line error."""
+    out = cli("plan", "--model", "llama3-70b", "--gpus", "32", "--pp", "4", "--pp-schedule", "InterleavedZeroBubble",
+              "--vpp", "2", "--compile", "off", "--top", "20", "--json")
+    assert out.returncode == 0, out.stderr
+    configs = [p["config"] for p in json.loads(out.stdout)["plans"]]
+    assert configs and all(c["pp_schedule"] == "InterleavedZeroBubble" and c["vpp"] == 2 and not c["compile"]
+                           for c in configs)
+    for args, needle in ((("--pp-schedule", "ZBV"), "--pp-schedule takes a comma-separated list of GPipe"),
+                         (("--compile", "maybe"), "--compile takes a comma-separated list of on, off"),
+                         (("--stack", "nanotron", "--pp-schedule", "InterleavedZeroBubble"),
+                          "stack nanotron does not run the InterleavedZeroBubble pipeline schedule")):
+        out = cli("plan", "--model", "llama3-8b", "--gpus", "16", *args)
+        assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.commands import finetune_options as ft
+from meshplan.estimator.config import PP_SCHEDULES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
@@ -130,6 +131,12 @@ def plan_cmd(
     cp: str = typer.Option(None, "--cp", help="pin CP degrees"),
     ac: str = typer.Option(None, "--ac", help="pin AC modes: none,selective,full"),
     float8: str = typer.Option(None, "--float8", help="pin Float8 recipes: none,tensorwise,rowwise,mxfp8"),
+    pp_schedule: str = typer.Option(None, "--pp-schedule", help="pin pipeline schedules: "
+                                    + ",".join(PP_SCHEDULES) + " (InterleavedZeroBubble runs eager blocks)"),
+    vpp: str = typer.Option(None, "--vpp", help="pin stages per rank of the looped schedules (Interleaved1F1B, "
+                            "InterleavedZeroBubble), e.g. 2,4 [default: 2,4]"),
+    compile_: str = typer.Option(None, "--compile", help="pin torch.compile: on, off or on,off [default: both where "
+                                 "the framework compiles]"),
     allow_tp_across_nodes: bool = typer.Option(False, "--allow-tp-across-nodes",
                                               help="let TP span nodes beyond what NVLink joins (a node; a GB200 "
                                                    "NVL72 rack: 72 GPUs)"),
@@ -180,6 +187,8 @@ def plan_cmd(
         tp=_int_list(tp, "tp"), pp=_int_list(pp, "pp"), cp=_int_list(cp, "cp"),
         ac=_str_list(ac, "ac", ("none", "selective", "full")),
         float8=_str_list(float8, "float8", ("none", "tensorwise", "rowwise", "mxfp8")),
+        pp_schedule=_str_list(pp_schedule, "pp-schedule", PP_SCHEDULES), vpp=_int_list(vpp, "vpp"),
+        compile=[v == "on" for v in _str_list(compile_, "compile", ("on", "off"))] if compile_ else None,
         cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
         allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance, dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
