@@ -63,6 +63,9 @@ def cases(float8_tensorwise: bool) -> dict[str, Plan]:
                            seq_len=8192, ac="none", fsdp_reshard_after_forward="never"),
         "70b-pp-1f1b": plan("llama3-70b", 64, decay="linear", tp=8, pp=2, pp_schedule="1F1B", global_batch_size=64,
                             seq_len=4096, ac="full", fsdp_reshard_after_forward="always"),
+        # ZB1P: a looped schedule (2 stages per rank by default), eager blocks (torch refuses compiled ones)
+        "70b-pp-zero-bubble": plan("llama3-70b", 64, tp=8, pp=2, pp_schedule="InterleavedZeroBubble",
+                                   global_batch_size=64, seq_len=4096, ac="full"),
         # torchtitan's split with both weights 0 (the planner's even split): 80 blocks, 10 on each of 8 stages
         "70b-pp8-even-split": plan("llama3-70b", 128, tp=8, pp=8, pp_schedule="1F1B", global_batch_size=64,
                                    seq_len=4096, ac="full", pp_first_stage_less_layers=0, pp_last_stage_less_layers=0),
