@@ -88,6 +88,7 @@ LAYOUTS_2 = {
     "pp2_interleaved_vpp3": {"pp": 2, "vpp": 3, "pp_schedule": "Interleaved1F1B"},
     # ZB1P: torch's ScheduleInterleavedZeroBubble runs each stage's input and weight gradients apart
     "pp2_zero_bubble": {"pp": 2, "vpp": 2, "pp_schedule": "InterleavedZeroBubble"},
+    "pp2_zero_bubble_ac_full": {"pp": 2, "vpp": 2, "pp_schedule": "InterleavedZeroBubble", "ac": "full"},
     "cp2": {"cp": 2},
     "ddp_replicate2": {"dp_replicate": 2},  # torchtitan 0.2.2's DDP (composable replicate), under grad accumulation
     "replicate2_fsdp_one_rank": {"dp_replicate": 2, "fsdp_one_rank": True},  # 0.3.0: FSDP2 over the replicas
