@@ -4,7 +4,7 @@ from meshplan.estimator import MeshplanError, load_hardware
 from meshplan.estimator.hardware import hardware_names
 
 REQUIRED = {"h100-sxm", "h100-pcie", "h100-nvl", "h100-96g-500w", "h200-sxm", "b200", "gb200", "a100-sxm-40g",
-            "a100-sxm-80g", "a100-pcie-80g", "l40s", "mi300x", "mi325x", "h800-sxm", "a800-sxm-80g", "b300", "mi355x"}
+            "a100-sxm-80g", "a100-pcie-80g", "l40s", "mi300x", "mi325x", "h800-sxm", "a800-sxm-80g", "b300", "gb300", "mi355x"}
 SOURCED = ("peak_tflops_bf16", "hbm_total_gib", "hbm_bandwidth_tbs", "gpus_per_node", "intra_node_gbs",
            "inter_node_gbps", "efficiency.gemm_bf16", "efficiency.attention")
 
@@ -77,7 +77,7 @@ def test_unknown_hardware():
     ("NVIDIA H100 PCIe", "h100-pcie"), ("AMD Instinct MI300X", "mi300x"), ("B200", "b200"),
     ("NVIDIA H100 SXM5 80GB", "h100-sxm"),  # the profile's own name
     ("H800", "h800-sxm"), ("NVIDIA H800 80GB HBM3", "h800-sxm"), ("A800-SXM4-80GB", "a800-sxm-80g"),
-    ("NVIDIA B300 SXM6 AC", "b300"), ("MI355X", "mi355x"),
+    ("NVIDIA B300 SXM6 AC", "b300"), ("MI355X", "mi355x"), ("NVIDIA GB300", "gb300"), ("GB300 NVL72", "gb300"),
 ])
 def test_a_part_is_found_by_the_names_runs_and_tools_give_it(name, hw_id):
     """nvidia-smi / rocm-smi device names and the short names of run logs find the profile (`aliases`)."""
@@ -97,7 +97,7 @@ def test_a_name_in_other_words_finds_its_part(name, hw_id):
 
 
 @pytest.mark.parametrize("name", ["A100 40GB PCIe", "H200 80GB", "MI300X 128GB", "H20", "V100", "H100 500W",
-                                  "A800 40GB", "GB300", "MI350X"])
+                                  "A800 40GB", "DGX Station GB300", "MI350X"])
 def test_another_part_is_not_taken_for_a_near_name(name):
     """A size the part of that name does not come in, or a part meshplan has no profile for, is an unknown name:
     a one-line error that lists the profiles, never the nearest part's memory."""
