@@ -183,7 +183,7 @@ RULES: tuple[Rule, ...] = (
     Rule(4, "pp_microbatches", "{microbatches} microbatches per step < pp {pp}: the pipeline cannot fill (each "
          "stage idles for pp - 1 of pp + microbatches - 1 microbatch times)", _pp_fill, predicted=True, ranking=True),
     Rule(28, "pp_1f1b_fill", "{microbatches} microbatches per step < pp {pp}: torch's Schedule1F1B refuses fewer "
-         "microbatches than stages (GPipe and Interleaved1F1B run them)", _one_f_one_b_fill, predicted=True),
+         "microbatches than stages (GPipe and the looped schedules run them)", _one_f_one_b_fill, predicted=True),
     Rule(5, "cp_seq", "cp {cp} does not divide seq_len {seq_len} into 2*cp load-balanced chunks",
          lambda m, c, hw: (c.cp > 1) & (c.seq_len % (2 * c.cp) != 0)),
     Rule(6, "batch_divides", "global batch {global_batch} does not divide into dp {dp} x micro-batch {micro_batch}",
