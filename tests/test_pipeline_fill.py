@@ -66,6 +66,25 @@ def torch_zero_bubble_makespan(p: int, v: int, m: int, f: float, i: float, w: fl
     return replay(ScheduleInterleavedZeroBubble, p, v, m, f, i, w)
 
 
+def peak_in_flight(schedule: type, p: int, v: int, m: int) -> list[tuple[int, int]]:
+    """Per rank of torch's looped `schedule`: the most chunk-microbatches forwarded and not yet through their input
+    gradient (a full backward for interleaved 1F1B), and not yet through their weight gradient, in its action order."""
+    from torch.distributed.pipelining.schedules import _ComputationType as Op
+
+    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
+                           microbatches_per_round=m // max(1, m // p))
+    out = []
+    for r in range(p):
+        to_input = to_weight = most_input = most_weight = 0
+        for a in (a for a in schedule._calculate_single_rank_operations(fake, r) if a is not None):
+            kind = a.computation_type
+            to_input += 1 if kind == Op.FORWARD else -1 if kind in (Op.FULL_BACKWARD, Op.BACKWARD_INPUT) else 0
+            to_weight += 1 if kind == Op.FORWARD else -1 if kind in (Op.FULL_BACKWARD, Op.BACKWARD_WEIGHT) else 0
+            most_input, most_weight = max(most_input, to_input), max(most_weight, to_weight)
+        out.append((most_input, most_weight))
+    return out
+
+
 def layout(pp: int, vpp: int, microbatches: int, schedule: str):
     return layout_of(rules.arrays_of({"pp": pp, "vpp": vpp, "pp_schedule": schedule, "seq_len": 1024,
                                       "global_batch_size": microbatches, "micro_batch_size": 1,
@@ -182,7 +201,8 @@ def test_zero_bubble_runs_eager_blocks_only_and_its_estimate_is_faster_than_inte
     assert zb["config"]["vpp"] == il["config"]["vpp"] == 2  # torchtitan's default for a looped schedule
     assert 0 < zb["throughput"]["breakdown_s"]["pp_bubble"] < il["throughput"]["breakdown_s"]["pp_bubble"]
     assert zb["throughput"]["tokens_per_sec_per_gpu"] > il["throughput"]["tokens_per_sec_per_gpu"]
-    assert zb["memory"]["peak_gib"] == il["memory"]["peak_gib"]  # ZB1P holds what 1F1B holds
+    # fewer microbatches in flight on the first stage, the weight gradients' inputs held longer on the others
+    assert abs(zb["memory"]["peak_gib"] / il["memory"]["peak_gib"] - 1) < 0.1
     out = cli("estimate", "--model", "llama3-70b", "--gpus", "32", "--tp", "8", "--pp", "4", "--compile",
               "--pp-schedule", "InterleavedZeroBubble")
     assert out.returncode == 2 and "Traceback" not in out.stderr
@@ -227,3 +247,23 @@ def test_plan_pins_the_schedule_stages_and_compile(cli):
                           "stack nanotron does not run the InterleavedZeroBubble pipeline schedule")):
         out = cli("plan", "--model", "llama3-8b", "--gpus", "16", *args)
         assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+IN_FLIGHT = [(p, v, m) for p in (2, 3, 4, 8) for v in (2, 3, 4) for m in range(1, 3 * p + 1) if m <= p or m % p == 0]
+
+
+@pytest.mark.parametrize("p,v,m", IN_FLIGHT)
+def test_microbatches_in_flight_are_torchs_own(p, v, m):
+    """The activations each rank holds at its peak, as torch's looped schedules order their actions: interleaved
+    1F1B's forwards not yet through their backward; the zero bubble's not yet through their weight gradient (their
+    linears' inputs stay until then: counted whole, an upper bound)."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+
+    from meshplan.estimator.physics.pipeline import microbatches_in_flight
+
+    for schedule, name, pick in ((ScheduleInterleaved1F1B, "Interleaved1F1B", 0),
+                                 (ScheduleInterleavedZeroBubble, "InterleavedZeroBubble", 1)):
+        lay = layout(p, v, m, name)
+        torch_peaks = [peak[pick] for peak in peak_in_flight(schedule, p, v, m)]
+        ours = [float(microbatches_in_flight(lay, np.array([float(k)]))[0]) * v for k in range(p)]
+        assert ours == pytest.approx(torch_peaks), (name, p, v, m)

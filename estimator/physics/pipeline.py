@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.estimator import xp
-from meshplan.estimator.config import Schedule, looped
+from meshplan.estimator.config import Schedule
 from meshplan.estimator.hardware import HardwareProfile
 from meshplan.estimator.physics.layout import Layout
 from meshplan.estimator.physics.links import inter_node_bytes_per_s, intra_node_bytes_per_s
@@ -13,17 +13,24 @@ from meshplan.estimator.stack import StackProfile
 
 
 def microbatches_in_flight(lay: Layout, stage: np.ndarray) -> np.ndarray:
-    """Microbatches whose activations pipeline stage `stage` (0-based) holds at the end of its forwards, in whole
-    passes over its blocks: 1F1B keeps min(m, pp - k) on stage k, interleaved 1F1B adds (pp - 1 - k) / vpp more
-    (chunk-microbatches over vpp, at most every one of them), GPipe keeps all m. Without PP: the one microbatch.
-    InterleavedZeroBubble (ZB1P) keeps what interleaved 1F1B keeps: its weight gradients run within the slots the
-    schedule gives them, so its peak activation memory is 1F1B's (DeepSeek-V3 technical report, arXiv 2412.19437,
-    Table 2, and the deepseek-ai/DualPipe README: activation memory PP for both 1F1B and ZB1P)."""
+    """Microbatches whose activations pipeline stage `stage` (0-based rank k) holds at its peak, in whole passes over
+    its blocks (chunk-microbatches over vpp): 1F1B keeps min(m, pp - k), GPipe all m. The looped schedules as torch's
+    own action order has them (torch.distributed.pipelining `_get_warmup_ops`: (vpp - 1) x the microbatches of a
+    round, r = m // max(1, m // pp), plus (pp - 1 - k) forwards ahead, twice for interleaved 1F1B, once for the zero
+    bubble's), at most vpp x m chunk-microbatches: interleaved 1F1B peaks at (vpp - 1) r + 2 (pp - 1 - k) + 1;
+    InterleavedZeroBubble holds (vpp - 1) r + pp - k whole and, until their weight gradients run, the linears' inputs
+    of (vpp - 1) r + pp on every rank, counted whole here (an upper bound: those inputs are part of a chunk's saved
+    tensors). Both replayed from torch's order in tests/test_pipeline_fill.py. Without PP: the one microbatch."""
     p, v, m = lay.pp, lay.vpp, lay.microbatches
     ahead = xp.minimum(m, p - stage)
-    inter = xp.minimum(v * ahead + (p - 1 - stage), v * m) / v
+    per_round = xp.floor(m / xp.maximum(1.0, xp.floor(m / p)))
+    warm = (v - 1) * per_round
+    inter = xp.minimum(warm + 2 * (p - 1 - stage) + 1, v * m) / v
+    zero_bubble = xp.minimum(warm + p, v * m) / v
     sched = lay.schedule
-    by_schedule = xp.where(sched == int(Schedule.GPIPE), m, xp.where(looped(sched), inter, ahead))
+    by_schedule = xp.where(sched == int(Schedule.GPIPE), m,
+                           xp.where(sched == int(Schedule.INTERLEAVED_1F1B), inter,
+                                    xp.where(sched == int(Schedule.INTERLEAVED_ZERO_BUBBLE), zero_bubble, ahead)))
     return xp.where(lay.single_stage, 1.0, by_schedule)
 
 
