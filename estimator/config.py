@@ -102,7 +102,10 @@ class FineTune(IntEnum):
 
 def looped(schedule):
     """Whether schedule codes (an int, or the estimator's array of them) are looped schedules (LOOPED_SCHEDULES)."""
-    return (schedule == int(Schedule.INTERLEAVED_1F1B)) | (schedule == int(Schedule.INTERLEAVED_ZERO_BUBBLE))
+    first, *rest = (schedule == PP_SCHEDULES.index(name) for name in LOOPED_SCHEDULES)
+    for other in rest:
+        first = first | other
+    return first
 
 
 def compile_mask(components) -> int:

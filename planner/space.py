@@ -35,6 +35,7 @@ from meshplan.estimator.config import (
     LORA_TARGETS,
     PP_SCHEDULES,
     RESHARD_POLICIES,
+    looped,
     lora_mask,
 )
 from meshplan.estimator.errors import InputError
@@ -222,7 +223,6 @@ def enumerate_space(
 
     rows = []
     tol = max(float(sp.batch_tolerance), 0.0)
-    looped_codes = {PP_SCHEDULES.index(s) for s in LOOPED_SCHEDULES}
     for dr, ds, cp, tp, pp, ep in structural:
         # micro-batches up to the local batch (at the most the tolerance allows)
         local = int(global_batch * (1 + tol)) // (dr * ds)
@@ -235,7 +235,7 @@ def enumerate_space(
         fsdp_only = tp == 1 and pp == 1 and ep == 1 and sp.finetune != "none" and runs.cpu_offload
         offs = [int(o) for o in sp.cpu_offload] if sp.cpu_offload is not None else ([0, 1] if fsdp_only else [0])
         for (sc, v), mb in itertools.product(scheds, mbs_opts):
-            gb = nearest_batch(global_batch, dr * ds, mb, pp, sc in looped_codes, tol)
+            gb = nearest_batch(global_batch, dr * ds, mb, pp, bool(looped(sc)), tol)
             rows.append((dr, ds, cp, tp, pp, v, sc, mb, atps, ep, offs, gb))
     # cross the per-structure rows with AC x float8 x compile (x async TP, x CPU offload) in numpy
     base = []

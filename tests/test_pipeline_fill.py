@@ -17,6 +17,14 @@ from meshplan.estimator.physics.pipeline import bubble_s
 T_FWD, T_BWD = 1.0, 2.0  # a chunk's forward and backward, in the same time unit
 
 
+def torch_actions(schedule: type, p: int, v: int, m: int) -> dict[int, list]:
+    """Each rank's actions (forward, full / input / weight backward of a chunk and microbatch) in the order torch's
+    looped `schedule` computes them for pp `p`, vpp `v` and `m` microbatches (its bubbles left out)."""
+    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
+                           microbatches_per_round=m // max(1, m // p))
+    return {r: [a for a in schedule._calculate_single_rank_operations(fake, r) if a is not None] for r in range(p)}
+
+
 def replay(schedule: type, p: int, v: int, m: int, f: float = T_FWD, i: float = T_BWD, w: float = 0.0) -> float:
     """The step length of a torch.distributed.pipelining looped schedule (its own per-rank action order; vpp = 1
     is plain 1F1B's order) when each action starts as soon as its rank is free and its input arrived: forwards take
@@ -24,9 +32,7 @@ def replay(schedule: type, p: int, v: int, m: int, f: float = T_FWD, i: float = 
     the replay finds by itself."""
     from torch.distributed.pipelining.schedules import _ComputationType as Op
 
-    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
-                           microbatches_per_round=m // max(1, m // p))
-    ops = {r: [a for a in schedule._calculate_single_rank_operations(fake, r) if a is not None] for r in range(p)}
+    ops = torch_actions(schedule, p, v, m)
     stages, done, free, nxt = p * v, {}, [0.0] * p, [0] * p
     moved = True
     while moved:
@@ -71,12 +77,10 @@ def peak_in_flight(schedule: type, p: int, v: int, m: int) -> list[tuple[int, in
     gradient (a full backward for interleaved 1F1B), and not yet through their weight gradient, in its action order."""
     from torch.distributed.pipelining.schedules import _ComputationType as Op
 
-    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
-                           microbatches_per_round=m // max(1, m // p))
     out = []
-    for r in range(p):
+    for actions in torch_actions(schedule, p, v, m).values():
         to_input = to_weight = most_input = most_weight = 0
-        for a in (a for a in schedule._calculate_single_rank_operations(fake, r) if a is not None):
+        for a in actions:
             kind = a.computation_type
             to_input += 1 if kind == Op.FORWARD else -1 if kind in (Op.FULL_BACKWARD, Op.BACKWARD_INPUT) else 0
             to_weight += 1 if kind == Op.FORWARD else -1 if kind in (Op.FULL_BACKWARD, Op.BACKWARD_WEIGHT) else 0

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.commands import finetune_options as ft
-from meshplan.estimator.config import COMPILE_COMPONENTS, TrainConfig, compile_label
+from meshplan.estimator.config import COMPILE_COMPONENTS, PP_SCHEDULES, TrainConfig, compile_label
 from meshplan.estimator.errors import ConfigError
 from meshplan.estimator.framework_runs import as_replicas, refusal
 from meshplan.estimator.hardware import load_hardware
@@ -22,12 +22,9 @@ from meshplan.estimator.stack import load_stack
 from meshplan.planner.labels import model_size
 from meshplan.planner.plan_file import load_plan, make_plan, profile_kept, save_plan
 
-
-class Schedule(StrEnum):
-    gpipe = "GPipe"
-    one_f_one_b = "1F1B"
-    interleaved = "Interleaved1F1B"
-    interleaved_zero_bubble = "InterleavedZeroBubble"
+# the --pp-schedule choices: the estimator's schedules, one list (estimator.config.PP_SCHEDULES)
+Schedule = StrEnum("Schedule", [(name, name) for name in PP_SCHEDULES])
+DEFAULT_SCHEDULE = Schedule("1F1B")
 
 
 class AC(StrEnum):
@@ -55,7 +52,7 @@ def estimate_cmd(
     cp: int = typer.Option(1, "--cp", min=1, help="context parallel degree"),
     ep: int = typer.Option(1, "--ep", min=1, help="expert parallel degree (MoE models): experts / ep per GPU, ranks "
                                                  "carved from dp_shard x cp x tp"),
-    pp_schedule: Schedule = typer.Option(Schedule.one_f_one_b, "--pp-schedule", help="pipeline schedule"),
+    pp_schedule: Schedule = typer.Option(DEFAULT_SCHEDULE, "--pp-schedule", help="pipeline schedule"),
     vpp: int = typer.Option(None, "--vpp", min=1, help="stages per pipeline rank [default: 2 for the looped schedules Interleaved1F1B and InterleavedZeroBubble]"),
     pp_first_stage_less_layers: int = typer.Option(
         1, "--pp-first-stage-less-layers", help="torchtitan's pipeline split: the embedding counts as this many "

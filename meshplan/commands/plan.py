@@ -46,6 +46,12 @@ def _str_list(text: str | None, name: str, allowed: tuple[str, ...]) -> list[str
     return values
 
 
+def _on_off(text: str | None, name: str) -> list[bool] | None:
+    """A feature's pin (`on`, `off` or `on,off`) as the search space's booleans; None: not pinned."""
+    values = _str_list(text, name, ("on", "off"))
+    return None if values is None else [v == "on" for v in values]
+
+
 def cluster_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     """(nodes, GPUs per node) for `gpus` GPUs on nodes of at most `gpus_per_node`: one partial node when they fit
     on one, else the fewest nodes that hold them with the same count on each (torchrun's --nproc-per-node is one
@@ -188,8 +194,7 @@ def plan_cmd(
         ac=_str_list(ac, "ac", ("none", "selective", "full")),
         float8=_str_list(float8, "float8", ("none", "tensorwise", "rowwise", "mxfp8")),
         pp_schedule=_str_list(pp_schedule, "pp-schedule", PP_SCHEDULES), vpp=_int_list(vpp, "vpp"),
-        compile=[v == "on" for v in _str_list(compile_, "compile", ("on", "off"))] if compile_ else None,
-        cpu_offload=[v == "on" for v in _str_list(cpu_offload, "cpu-offload", ("on", "off"))] if cpu_offload else None,
+        compile=_on_off(compile_, "compile"), cpu_offload=_on_off(cpu_offload, "cpu-offload"),
         allow_tp_across_nodes=allow_tp_across_nodes, batch_tolerance=batch_tolerance, dtype=dtype.value,
         fsdp_reshard_after_forward=fsdp_reshard_after_forward.value,
         expert_parallel_comm_backend=ep_comm_backend.value, document_tokens=document_tokens,
