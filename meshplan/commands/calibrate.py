@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from meshplan.commands.table_fit import print_table
 from meshplan.estimator.errors import MeshplanError
 
 
@@ -71,7 +72,7 @@ def calibrate_cmd(
         table.add_column(col, justify="left" if col == "constant" else "right")
     for p, (b, f) in cal.values().items():
         table.add_row(p, f"{b:.4g}", f"{f:.4g}")
-    out.print(table)
+    print_table(out, table)
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.1%}"
@@ -81,7 +82,7 @@ def calibrate_cmd(
         err.add_column(col, justify="right")
     err.add_row("tokens/s/GPU", pct(cal.before["tps"]), pct(cal.in_sample["tps"]), pct(cal.cross_validated["tps"]))
     err.add_row("peak memory", pct(cal.before["mem"]), pct(cal.in_sample["mem"]), pct(cal.cross_validated["mem"]))
-    out.print(err)
+    print_table(out, err)
     for p, why in cal.choice.left.items():
         out.print(f"not fitted: {p}: {why}", highlight=False)
     ref = str(output) if output.parent != Path(".") else f"./{output}"

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from meshplan.commands.table_fit import print_table
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
 from meshplan.estimator.limits import MAX_NODES, MAX_SEQ_LEN, check_size, token_budget
@@ -68,7 +69,8 @@ def capacity_cmd(
     console = Console()
     table = Table(title=f"{spec.name}: {tokens:.3g} tokens, seq {seq_len}, {global_batch_tokens:,} tokens per step")
     for col in ("hardware", "nodes", "GPUs", "best configuration", "peak GiB", "tok/s/GPU", "days", "GPU-hours", "cost $"):
-        table.add_column(col, justify="left" if col in ("hardware", "best configuration") else "right")
+        table.add_column(col, justify="left" if col in ("hardware", "best configuration") else "right",
+                         no_wrap=col == "hardware")
     for o in opts:
         if not o.fits:
             table.add_row(o.hardware, str(o.nodes), str(o.gpus), "[red]does not fit[/]", "", "", "", "", "")
@@ -76,7 +78,7 @@ def capacity_cmd(
         table.add_row(o.hardware, str(o.nodes), str(o.gpus), o.summary, f"{o.peak_gib:.1f}",
                       f"{o.tokens_per_sec_per_gpu:,.0f}", f"{o.days:,.1f}", f"{o.gpu_hours:,.0f}",
                       f"{o.cost_usd:,.0f}" if o.cost_usd is not None else "-")
-    console.print(table)
+    print_table(console, table)
 
     def line(label: str, o: dict | None, none_text: str) -> None:
         if o is None:

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.commands.table_fit import print_table
 from meshplan.estimator.hardware import hardware_names, load_hardware
 from meshplan.estimator.model_spec import load_model, preset_names
 
@@ -28,7 +29,7 @@ def models_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON"))
             mlp = f"{s.moe.experts}x{s.moe.expert_ffn_hidden} top-{s.moe.top_k}" + ("+sh" if s.moe.shared_ffn_hidden else "")
         table.add_row(s.name, f"{s.params / 1e9:.2f}", f"{s.active_params / 1e9:.2f}", str(s.layers), str(s.hidden),
                       mlp)
-    Console().print(table)
+    print_table(Console(), table)
 
 
 def hardware_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
@@ -39,11 +40,11 @@ def hardware_cmd(as_json: bool = typer.Option(False, "--json", help="print JSON"
         return
     table = Table(title="hardware profiles (also: a path to a profile YAML)")
     for col in ("id", "bf16 TF", "fp8 TF", "usable GiB", "HBM TB/s", "GPUs/node", "NVLink GB/s", "net Gb/s", "$/GPU-h"):
-        table.add_column(col, justify="left" if col == "id" else "right")
+        table.add_column(col, justify="left" if col == "id" else "right", no_wrap=col == "id")
     for p in profiles:
         table.add_row(
             p.id, f"{p.peak_tflops_bf16:g}", f"{p.peak_tflops_fp8:g}" if p.peak_tflops_fp8 else "-",
             f"{p.usable_hbm_gib:.1f}", f"{p.hbm_bandwidth_tbs:g}", str(p.gpus_per_node), f"{p.intra_node_gbs:g}",
             f"{p.inter_node_gbps:g}", f"{p.price.usd_per_gpu_hour:.2f}" if p.price else "-",
         )
-    Console().print(table)
+    print_table(Console(), table)

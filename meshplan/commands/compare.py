@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.commands.table_fit import print_table
 from meshplan.launcher.compare import append_measurement, measurement_row, summarize_run
 
 
@@ -47,7 +48,7 @@ def compare_cmd(
     table.add_row("peak memory GiB", f"{p['peak_gib']:.2f}", f"{m['peak_gib']:.2f}", f"{s.mem_error:+.1%}")
     table.add_row("MFU", f"{p['mfu'] * 100:.1f}%", f"{m['mfu'] * 100:.1f}%" if m["mfu"] is not None else "-", "")
     table.add_row("final loss", "", f"{m['final_loss']:.4f}", "")
-    console.print(table)
+    print_table(console, table)
     terms = s.terms()
     if terms:
         console.print("which terms of the estimate were furthest off (largest share of the error first)")
@@ -58,7 +59,7 @@ def compare_cmd(
             err = f"{t['error']:+.1%}" if t["error"] is not None else "-"
             parts.add_row(t["term"], f"{t['predicted']:.3f} {t['unit']}", f"{t['measured']:.3f} {t['unit']}", err,
                           f"{t['share']:+.1%}")
-        console.print(parts)
+        print_table(console, parts)
         console.print(f"furthest off: {terms[0]['term']}")
     if not s.device.startswith("cuda"):
         console.print(f"note: measured on {s.device}; the prediction is for {s.plan.hardware.id}.")

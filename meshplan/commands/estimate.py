@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.commands import finetune_options as ft
+from meshplan.commands.table_fit import print_table
 from meshplan.estimator.config import COMPILE_COMPONENTS, PP_SCHEDULES, TrainConfig, compile_label
 from meshplan.estimator.errors import ConfigError
 from meshplan.estimator.framework_runs import as_replicas, refusal
@@ -230,7 +231,7 @@ def render(result: dict, console: Console | None = None) -> None:
 
     for k, v in mem["breakdown_gib"].items():
         table.add_row(MEMORY_STYLE[k].label if k in MEMORY_STYLE else k, f"{v:.2f}")
-    console.print(table)
+    print_table(console, table)
     lo, hi = mem["peak_gib_interval"]
     console.print(f"peak, 80 % interval: {lo:.1f}-{hi:.1f} GiB; fits with probability {mem['fit_probability']:.0%} "
                   "(from the estimator's cross-validated error on published runs)")
@@ -247,7 +248,7 @@ def render(result: dict, console: Console | None = None) -> None:
     for k, v in thr["breakdown_s"].items():
         if v > 0:
             ttable.add_row(TIME_STYLE[k].label if k in TIME_STYLE else k, f"{v:.4f}")
-    console.print(ttable)
+    print_table(console, ttable)
     share = thr.get("fsdp_overhead_share", 0.0)
     if share >= 0.005:
         console.print(f"of the overhead, {share * thr['step_time_s']:.4f} s ({share:.0%} of the step) is the stack's "

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.commands import finetune_options as ft
+from meshplan.commands.table_fit import print_table
 from meshplan.estimator.config import PP_SCHEDULES
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import load_hardware
@@ -292,7 +293,7 @@ def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float
             t = train_time(tokens, e["throughput"]["tokens_per_sec_per_gpu"], res.world, price)
             row += [f"{t['days']:.1f}", f"{t['cost_usd']:,.0f}" if t["cost_usd"] is not None else "-"]
         table.add_row(*row, style="bold green" if k == 1 else None)
-    console.print(table)
+    print_table(console, table)
     console.print("[bold]decision tree[/]")
     console.print(tree_text(tree), highlight=False, markup=False)
     if output is not None:

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.commands.table_fit import print_table
 from meshplan.estimator.errors import MeshplanError
 from meshplan.planner.plan_file import load_plan
 
@@ -98,7 +99,7 @@ def render(report: dict, console: Console | None = None) -> None:
                               ("total", "CPU offload: GPU tensor memory at peak")):
                 t, a, e = off["traced"][key], off["analytical"][key], off["error"][key]
                 table.add_row(name, f"{t / div:.3f}", f"{a / div:.3f}", f"{e:+.1%}" if t else "-")
-        console.print(table)
+        print_table(console, table)
         peak = ", ".join(f"{k.replace('_', ' ')} {v / div:.2f}" for k, v in row["peak"].items() if v)
         console.print(f"  at the peak: {peak} {unit}")
         if row["unmodelled_embedding_gradient"]:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.commands.table_fit import print_table
 from meshplan.estimator.errors import MeshplanError
 from meshplan.estimator.hardware import hardware_label
 from meshplan.estimator.row_corrections import corrections_path
@@ -105,7 +106,8 @@ def validate_cmd(
     console = Console()
     table = Table(title=f"{csv_path}: predicted vs measured")
     for col in ("id", "framework", "model", "hardware", "tok/s/GPU pred", "meas", "err", "GiB pred", "meas", "err"):
-        table.add_column(col, justify="right" if col not in ("id", "framework", "model", "hardware") else "left")
+        table.add_column(col, justify="right" if col not in ("id", "framework", "model", "hardware") else "left",
+                         no_wrap=col == "id")
     for r in results:
         if r.error:
             table.add_row(r.id, r.framework, r.model, hardware_label(r.hardware), f"[red]{r.error}[/]", "", "", "", "", "")
@@ -116,7 +118,7 @@ def validate_cmd(
             pct(r.tps_err), f"{r.predicted_mem_gib:.1f}",
             f"{r.measured_mem_gib:.1f}" if r.measured_mem_gib else "-", pct(r.mem_err),
         )
-    console.print(table)
+    print_table(console, table)
     stable = Table(title="summary: mean absolute percentage error (MAPE)")
     for col in ("framework", "rows", "failed", "tok/s MAPE", "worst", "row", "memory MAPE", "worst", "row"):
         stable.add_column(col)
@@ -128,7 +130,7 @@ def validate_cmd(
             f"{s['mem']['mape'] * 100:.1f}% (n={s['mem']['n']})" if s["mem"]["n"] else "-",
             f"{s['mem']['max_ape'] * 100:.1f}%" if s["mem"]["n"] else "-", s["worst_mem_row"] or "-",
         )
-    console.print(stable)
+    print_table(console, stable)
     if len(summary["by_hardware"]) > 1:
         htable = Table(title="by hardware part (bias: the mean signed error; + predicts more than measured)")
         for col in ("hardware", "rows", "failed", "tok/s MAPE", "bias", "memory MAPE", "bias"):
@@ -139,7 +141,7 @@ def validate_cmd(
                 f"{s['tps']['mape'] * 100:.1f}%" if s["tps"]["n"] else "-", pct(s["tps"]["bias"]),
                 f"{s['mem']['mape'] * 100:.1f}% (n={s['mem']['n']})" if s["mem"]["n"] else "-", pct(s["mem"]["bias"]),
             )
-        console.print(htable)
+        print_table(console, htable)
     cov = summary["all"]
     fit = cov.get("fit_agreement")
     if fit and fit["oom_rows"]:
