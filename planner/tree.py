@@ -343,9 +343,9 @@ def batch_note(res: SearchResult, i: int) -> str:
             + f" (tolerance ±{tol:.0%})")
 
 
-def tree_text(steps: list[dict]) -> str:
-    """The tree as indented text for terminals."""
-    lines = []
+def tree_entries(steps: list[dict]) -> list[tuple[str, str]]:
+    """Each step as (its headline: number, [x] taken or [-] not, label and best configuration; its reason)."""
+    out = []
     for k, s in enumerate(steps, 1):
         taken = bool(s.get("taken") and s["best"])
         head = f"{k}. [{'x' if taken else '-'}] {s['label']}"
@@ -354,6 +354,6 @@ def tree_text(steps: list[dict]) -> str:
             head += f": best with it {fb['summary']} | {fb['peak_gib']:.1f} GiB, {fb['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
         elif s["best"]:
             head += f": {s['best']['summary']} | {s['best']['peak_gib']:.1f} GiB, {s['best']['tokens_per_sec_per_gpu']:,.0f} tok/s/GPU"
-        lines.append(head)
-        lines.append(f"      {s['reason']}")
-    return "\n".join(lines)
+        out.append((head, s["reason"]))
+    return out
+

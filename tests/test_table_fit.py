@@ -95,3 +95,21 @@ def test_too_narrow_for_the_numbers_is_left_to_rich():
     t = _table(1)
     fit_table(t, 20)
     assert all(c.max_width is None for c in t.columns)
+
+
+def test_plan_on_80_columns_numbers_whole_and_tree_indented(cli):
+    """`meshplan plan` on an 80-column terminal: the ranked table's numbers whole, and the decision tree's wrapped
+    lines start under the text they continue (a headline's under its label, a reason's at its 6-cell indent), none
+    at the margin, none wider than the terminal."""
+    args = ("plan", "--model", "llama3-70b", "--nodes", "8", "--tokens", "1e12", "--top", "3")
+    out = cli(*args, env=NARROW)
+    assert out.returncode == 0, out.stderr
+    assert "…" not in out.stdout
+    plans = json.loads(cli(*args, "--json").stdout)["plans"]
+    for p in plans:
+        assert f"{p['estimate']['throughput']['tokens_per_sec_per_gpu']:,.0f}" in out.stdout
+    tree = out.stdout.split("decision tree\n", 1)[1].split("\nwrote ", 1)[0].splitlines()
+    assert len(tree) > 10 and max(len(line) for line in tree) <= 80
+    for line in tree:
+        assert re.match(r"\d+\. \[[x-]\] ", line) or line.startswith("   "), line
+        assert line == line.rstrip(), "no trailing padding"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import typer
@@ -21,7 +22,7 @@ from meshplan.estimator.stack import load_stack
 from meshplan.planner.capacity import train_time
 from meshplan.planner.search import OBJECTIVES, SearchResult, explain_empty, plan_search, short_config
 from meshplan.planner.space import DEFAULT_BATCH_TOLERANCE, SearchSpace
-from meshplan.planner.tree import decision_tree, tree_text
+from meshplan.planner.tree import decision_tree, tree_entries
 from meshplan.planner.views import add_nodes_hint, sweep_csv
 
 
@@ -295,6 +296,18 @@ def render(res: SearchResult, plans: list[dict], tree: list[dict], tokens: float
         table.add_row(*row, style="bold green" if k == 1 else None)
     print_table(console, table)
     console.print("[bold]decision tree[/]")
-    console.print(tree_text(tree), highlight=False, markup=False)
+    print_tree(console, tree)
     if output is not None:
         console.print(f"wrote {output} (launch: meshplan launch {output} --backend torchrun|slurm|mpirun)")
+
+
+def print_tree(console: Console, tree: list[dict]) -> None:
+    """The decision tree, each step's headline and reason wrapped to the terminal under their own indent (a narrow
+    terminal's wrapped lines start under the text they continue, not at the margin)."""
+    width = max(console.width, 40)
+    for head, reason in tree_entries(tree):
+        number = head.split(" ", 1)[0]
+        text = textwrap.fill(head, width, subsequent_indent=" " * (len(number) + 1), break_on_hyphens=False)
+        text += "\n" + textwrap.fill(reason, width, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                     break_on_hyphens=False)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
