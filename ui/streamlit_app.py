@@ -96,6 +96,12 @@ st.markdown(
     .block-container {padding-top: 1.6rem; padding-bottom: 1rem; max-width: 1800px;}
     h1 {font-size: 2.0rem !important; padding-top: 0.2rem !important;}
     [data-testid="stMetricValue"] {font-size: 1.45rem;}
+    /* the plan's figures: on a narrow window the row wraps (each figure >= 7rem) instead of cutting its numbers
+       to "68.…" and "$1,…"; labels and chips wrap instead of ending in an ellipsis */
+    .st-key-plan_metrics [data-testid="stHorizontalBlock"] {flex-wrap: wrap; row-gap: 0.6rem;}
+    .st-key-plan_metrics [data-testid="stColumn"] {flex: 1 1 7rem; min-width: 7rem;}
+    .st-key-plan_metrics .stMarkdownEllipsis, .st-key-plan_metrics .stMarkdownEllipsis p {
+        white-space: normal; overflow: visible; text-overflow: clip;}
     [data-testid="stSidebar"] [data-testid="stCaptionContainer"] p {margin-bottom: 0.1rem;}
     </style>""",
     unsafe_allow_html=True,
@@ -390,7 +396,7 @@ def show_metrics(ctx: Context) -> None:
     RAM per node."""
     mem, thr, hw, tokens = ctx.mem, ctx.thr, ctx.hw, ctx.tokens
     ttt = time_to_train(tokens, thr["tokens_per_sec_per_gpu"], ctx.job.world, ctx.price)
-    m = st.columns(7)
+    m = st.container(key="plan_metrics").columns(7)  # the key names the CSS that lets the row wrap
     lo, hi = mem["peak_gib_interval"]
     m[0].metric("peak / GPU", f"{mem['peak_gib']:.1f} GiB",
                 # the probability first: at 1440 px the column cuts the end of the chip

@@ -152,3 +152,34 @@ def test_change_model_updates_chart_and_table(web_server, tmp_path):
             assert shot.stat().st_size > 10_000
         finally:
             browser.close()
+
+
+METRIC_JS = """() => Array.from(document.querySelectorAll('[data-testid="stMetric"]')).map(m => {
+    const c = m.querySelector('[data-testid="stMetricValue"] [data-testid="stMarkdownContainer"]');
+    return {text: c.innerText, top: Math.round(m.getBoundingClientRect().top), cut: c.scrollWidth > c.clientWidth + 1};
+})"""
+
+
+def test_the_plan_figures_are_whole_on_a_narrow_window(web_server):
+    """The chosen plan's seven figures on a half-screen window (820 px): the row wraps instead of cutting the
+    numbers to "68.…" and "$1,…" (each value's box as wide as its text); on a 1400 px laptop screen they stay one
+    row."""
+    require(Path(CHROMIUM).exists(), f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    sync_api = require_module("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            for width, rows in ((820, None), (1400, 1)):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                page.set_default_timeout(120_000)
+                page.goto(f"{web_server}/?model=llama3-70b&hardware=h100-sxm")
+                sync_api.expect(page.get_by_test_id("stMetricValue").nth(6)).to_be_visible(timeout=120_000)
+                page.wait_for_timeout(1000)  # the row's layout after the fonts load
+                figures = page.evaluate(METRIC_JS)
+                assert len(figures) == 7 and all(f["text"] for f in figures), figures
+                assert not [f["text"] for f in figures if f["cut"]], (width, figures)
+                if rows is not None:
+                    assert len({f["top"] for f in figures}) == rows, (width, figures)
+                page.close()
+        finally:
+            browser.close()
