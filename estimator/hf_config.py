@@ -47,6 +47,15 @@ ARCHS: dict[str, Arch] = {
     "deepseek_v2": Arch(moe="deepseek", mla=True),
     "deepseek_v3": Arch(moe="deepseek", mla=True),
     "llama4_text": Arch(moe="llama4"),  # use_qk_norm is an L2 norm without weights: no parameters
+    "kimi_k2": Arch(moe="deepseek", mla=True),  # Kimi K2 / K2.5's text model: DeepSeek-V3's architecture
+    "qwen3_vl_text": Arch(qk_norm=True),  # Qwen3-VL's language model: Qwen3's blocks
+    "qwen3_vl_moe_text": Arch(qk_norm=True, moe="qwen"),  # Qwen3-VL-MoE's: Qwen3-MoE's blocks
+    # gpt-oss: every layer MoE, intermediate_size the expert's width; q/k/v/o, experts and router carry biases
+    # (attention_bias; the experts' and router's are not counted: < 0.05 % of the parameters)
+    "gpt_oss": Arch(moe="mixtral"),
+    # MiniMax-M2: every layer MoE (num_local_experts, intermediate_size the expert's width), sigmoid routing with a
+    # bias, QK-norm over the whole q and k projections
+    "minimax_m2": Arch(qk_norm=True, moe="mixtral"),
 }
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
@@ -59,11 +68,11 @@ def _language_model(obj: dict, name: str) -> tuple[dict, list[str], int]:
     if not isinstance(text, dict):
         return obj, [], 0
     vision = obj.get("vision_config")
-    tower = (vision.get("model_type") if isinstance(vision, dict) else None) or "a vision tower"
+    tower = vision.get("model_type") if isinstance(vision, dict) else None
     vparams = vision_params(vision, text) if isinstance(vision, dict) else 0
-    size = f", {vparams / 1e9:.2f} B parameters" if vparams else ""
+    about = ", ".join(x for x in (tower, f"{vparams / 1e9:.2f} B parameters" if vparams else "", "vision_config") if x)
     note = (f"{name} is multimodal ({obj.get('model_type', 'no model_type')}): the language model (text_config) is"
-            f" planned; its vision tower ({tower}{size}, vision_config) is reported, not planned")
+            f" planned; its vision tower ({about}) is reported, not planned")
     return {"tie_word_embeddings": obj.get("tie_word_embeddings"), **text}, [note], vparams
 
 
@@ -103,15 +112,15 @@ def _refuse_unmodelled(obj: dict, name: str, arch: Arch | None) -> None:
             if isinstance(obj.get(key), int) and obj[key] > 1:
                 raise MeshplanError(
                     f"config.json for '{name}' is a mixture-of-experts model ({key} = {obj[key]}) but model_type "
-                    f"'{kind}' is not one whose experts meshplan reads (mixtral, qwen2_moe, qwen3_moe, deepseek_v2, "
-                    "deepseek_v3, llama4); it will not plan it as a dense one"
+                    f"'{kind}' is not one whose experts meshplan reads ("
+                    f"{', '.join(sorted(k for k, a in ARCHS.items() if a.moe))}); it will not plan it as a dense one"
                 )
     if not arch.mla:
         for key in MLA_KEYS:
             if obj.get(key):
                 raise MeshplanError(
                     f"config.json for '{name}' uses multi-head latent attention ({key} = {obj[key]}) but model_type "
-                    f"'{kind}' is not a DeepSeek one (deepseek_v2, deepseek_v3) whose attention meshplan reads"
+                    f"'{kind}' is not one whose attention meshplan reads ({', '.join(sorted(k for k, a in ARCHS.items() if a.mla))})"
                 )
 
 
@@ -128,9 +137,15 @@ def _moe(obj: dict, arch: Arch, name: str, notes: list[str]) -> tuple[dict | Non
     family, layers = arch.moe, obj.get("num_hidden_layers") or 0
     if family is None:
         return None, None
-    if family == "mixtral":  # every layer MoE; intermediate_size is the expert's width
+    if family == "mixtral":  # every layer MoE; intermediate_size is the expert's width (Mixtral, gpt-oss, MiniMax)
+        if obj.get("use_mtp"):
+            notes.append(f"{name}'s multi-token-prediction modules (num_mtp_modules = {obj.get('num_mtp_modules')}) "
+                         "are not planned: meshplan trains the main model")
+        shared = obj.get("shared_intermediate_size") or 0
         return {"experts": _int(obj, "num_local_experts", name), "top_k": _int(obj, "num_experts_per_tok", name, 2),
-                "expert_ffn_hidden": _int(obj, "intermediate_size", name)}, None
+                "expert_ffn_hidden": _int(obj, "intermediate_size", name), "shared_ffn_hidden": shared,
+                "score_func": "sigmoid" if obj.get("scoring_func") == "sigmoid" else "softmax",
+                "router_bias": bool(obj.get("use_routing_bias"))}, None
     if family == "qwen":  # Qwen2-MoE / Qwen3-MoE: intermediate_size is the dense (mlp_only) layers' width
         shared = obj.get("shared_expert_intermediate_size") or 0
         return {"experts": _int(obj, "num_experts", name), "top_k": _int(obj, "num_experts_per_tok", name),

@@ -52,6 +52,41 @@ LLAMA4_SCOUT = {"model_type": "llama4", "vision_config": LLAMA4_VISION, "text_co
 LLAMA4_MAVERICK = {"model_type": "llama4", "vision_config": LLAMA4_VISION, "text_config": {
     **LLAMA4_SCOUT["text_config"], "interleave_moe_layer_step": 2, "num_local_experts": 128, "use_qk_norm": False}}
 
+
+# Families read since 2026-11-28, their architecture keys transcribed from the published config.json files as
+# ai-dynamo/aiconfigurator vendors them (aic-core/src/aiconfigurator_core/model_configs/, commit 095f58a5; token
+# ids, RoPE, dtypes and quantization keys left out, the distractors kept). gpt-oss alternates sliding and full
+# attention layer by layer (its `layer_types`, 36 / 24 entries).
+def _alternating(pairs: int) -> list[str]:
+    return ["sliding_attention", "full_attention"] * pairs
+
+
+GPT_OSS_120B = {"attention_bias": True, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+                "hidden_size": 2880, "intermediate_size": 2880, "layer_types": _alternating(18), "model_type": "gpt_oss",
+                "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 36, "num_key_value_heads": 8,
+                "num_local_experts": 128, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+                "vocab_size": 201088}
+GPT_OSS_20B = {**GPT_OSS_120B, "layer_types": _alternating(12), "num_hidden_layers": 24, "num_local_experts": 32}
+KIMI_K2 = {"attention_bias": False, "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 7168,
+           "intermediate_size": 18432, "kv_lora_rank": 512, "model_type": "kimi_k2", "moe_intermediate_size": 2048,
+           "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 384, "n_shared_experts": 1, "norm_topk_prob": True,
+           "num_attention_heads": 64, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 64,
+           "num_nextn_predict_layers": 0, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 1,
+           "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 163840}
+MINIMAX_M2_5 = {"head_dim": 128, "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 1536,
+                "model_type": "minimax_m2", "mtp_transformer_layers": 1, "num_attention_heads": 48,
+                "num_experts_per_tok": 8, "num_hidden_layers": 62, "num_key_value_heads": 8, "num_local_experts": 256,
+                "num_mtp_modules": 3, "qk_norm_type": "per_layer", "rotary_dim": 64, "scoring_func": "sigmoid",
+                "shared_intermediate_size": 0, "tie_word_embeddings": False, "use_mtp": True, "use_qk_norm": True,
+                "use_routing_bias": True, "vocab_size": 200064}
+QWEN3_VL_8B = {"model_type": "qwen3_vl", "tie_word_embeddings": False,
+               "text_config": {"attention_bias": False, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+                               "intermediate_size": 12288, "model_type": "qwen3_vl_text", "num_attention_heads": 32,
+                               "num_hidden_layers": 36, "num_key_value_heads": 8, "vocab_size": 151936},
+               "vision_config": {"model_type": "qwen3_vl", "depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                                 "num_heads": 16, "out_hidden_size": 4096, "patch_size": 16}}
+
 # (config, total published, active published, tolerance on the total): model cards; Llama 4's totals include its
 # vision tower (reported beside the language model: 3 %); DeepSeek counts activated parameters without the input
 # embedding (its card: 37 B; DeepSeek-V2-Lite's 2.4 B likewise)
@@ -63,7 +98,13 @@ PUBLISHED = {
     "Llama-4-Scout-17B-16E": (LLAMA4_SCOUT, 109.68e9, 17e9, 0.03),  # 109,676,279,296 in transformers' printout
     "Llama-4-Maverick-17B-128E": (LLAMA4_MAVERICK, 400e9, 17e9, 0.03),
     "gemma-2-9b": (GEMMA2_9B, 9.24e9, 9.24e9, 0.01),
+    # OpenAI's gpt-oss card (116.8 B / 5.1 B, 20.9 B / 3.6 B), Moonshot's Kimi K2 card (1 T, rounded / 32 B)
+    "gpt-oss-120b": (GPT_OSS_120B, 116.8e9, 5.1e9, 0.005),
+    "gpt-oss-20b": (GPT_OSS_20B, 20.9e9, 3.6e9, 0.005),
+    "Kimi-K2-Instruct": (KIMI_K2, 1.0e12, 32e9, 0.03),
 }
+# the cards that count activated parameters without the input embedding (gpt-oss takes the unembedding only)
+WITHOUT_EMBEDDING = ("DeepSeek", "gpt-oss", "Kimi")
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -71,7 +112,7 @@ def test_published_configs_give_the_published_totals(name):
     cfg, total, active, tol = PUBLISHED[name]
     m = from_hf_config(cfg, name)
     assert abs((m.params + m.vision_params) / total - 1) < tol
-    counted = m.active_params - (m.embedding_params if name.startswith("DeepSeek") else 0)
+    counted = m.active_params - (m.embedding_params if name.startswith(WITHOUT_EMBEDDING) else 0)
     # the cards state active counts to two significant figures, truncated (Qwen3-30B-A3B's 3.35 B is "3.3B")
     assert abs(counted / active - 1) < 0.02, counted
 
@@ -164,3 +205,43 @@ def test_a_multimodal_config_plans_its_language_model_and_names_the_tower():
     moe = {"model_type": "llama4", "text_config": {**QWEN3_8B, "model_type": "llama4_text", "num_local_experts": 16}}
     m = from_hf_config(moe, "Llama-4-like")  # a MoE language model inside text_config is read as one
     assert m.moe.experts == 16 and m.moe.top_k == 1 and m.moe_layers == 36
+
+
+def test_gpt_oss_is_a_mixture_of_experts_with_biased_attention_and_alternating_windows():
+    m = from_hf_config(GPT_OSS_120B, "gpt-oss-120b")
+    assert (m.moe.experts, m.moe.top_k, m.moe.expert_ffn_hidden, m.moe.shared_ffn_hidden) == (128, 4, 2880, 0)
+    assert m.moe_layers == 36 and m.qkv_bias and (m.d_head, m.q_dim, m.kv_heads) == (64, 4096, 8)
+    assert (m.attention_window, m.window_kind, m.window_layer_share) == (128, "sliding", 0.5)
+
+
+def test_kimi_k2_reads_as_deepseek_v3s_architecture():
+    k = from_hf_config(KIMI_K2, "kimi-k2")
+    assert (k.moe.experts, k.moe.top_k, k.moe.first_dense_layers, k.moe_layers) == (384, 8, 1, 60)
+    assert k.mla is not None and k.mla.kv_lora_rank == 512 and (k.moe.score_func, k.moe.router_bias) == ("sigmoid", True)
+    assert (k.moe.expert_groups, k.moe.group_limited) == (1, False)  # n_group 1: no group-limited routing
+
+
+def test_minimax_m2_reads_sigmoid_routing_qk_norm_and_names_its_mtp_modules():
+    m = from_hf_config(MINIMAX_M2_5, "MiniMax-M2.5")
+    assert (m.moe.experts, m.moe.top_k, m.moe.expert_ffn_hidden, m.moe_layers) == (256, 8, 1536, 62)
+    assert (m.moe.score_func, m.moe.router_bias, m.qk_norm) == ("sigmoid", True, True)
+    assert any("multi-token-prediction modules (num_mtp_modules = 3)" in n for n in m.notes)
+    # MiniMax-M2's card (NVIDIA's NIM page): 230 B total, 10 B active (one significant figure)
+    assert abs(m.params / 230e9 - 1) < 0.01
+    assert 9.5e9 < m.active_params - m.embedding_params < 10.5e9
+
+
+def test_qwen3_vl_plans_its_language_model_as_qwen3():
+    vl = from_hf_config(QWEN3_VL_8B, "Qwen3-VL-8B")
+    base = from_hf_config(QWEN3_8B, "Qwen3-8B")
+    assert vl.params == base.params and vl.qk_norm and vl.vision_params == 0
+    assert any("vision tower (qwen3_vl, vision_config) is reported, not planned" in n for n in vl.notes)
+    moe = from_hf_config({"model_type": "qwen3_vl_moe", "text_config": {**QWEN3_30B_A3B, "model_type": "qwen3_vl_moe_text"},
+                          "vision_config": {"model_type": "qwen3_vl_moe"}}, "Qwen3-VL-30B-A3B")
+    assert moe.params == from_hf_config(QWEN3_30B_A3B, "q").params and moe.moe.experts == 128
+
+
+def test_a_vision_tower_without_a_model_type_is_named_once():
+    cfg = {"model_type": "kimi_k25", "text_config": KIMI_K2, "vision_config": {"vt_hidden_size": 1152}}
+    m = from_hf_config(cfg, "Kimi-K2.5")
+    assert any("its vision tower (vision_config) is reported" in n for n in m.notes)
