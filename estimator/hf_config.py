@@ -27,6 +27,7 @@ class Arch:
     qkv_bias: bool = False  # attention_bias when the key is absent
     moe: str | None = None  # which family's mixture-of-experts keys it reads (MOE_READERS)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3)
+    sigmoid_router: bool = False  # sigmoid scores with a selection bias where the config has no scoring_func key
 
 
 ARCHS: dict[str, Arch] = {
@@ -48,6 +49,9 @@ ARCHS: dict[str, Arch] = {
     "deepseek_v3": Arch(moe="deepseek", mla=True),
     "llama4_text": Arch(moe="llama4"),  # use_qk_norm is an L2 norm without weights: no parameters
     "kimi_k2": Arch(moe="deepseek", mla=True),  # Kimi K2 / K2.5's text model: DeepSeek-V3's architecture
+    # GLM-4.5 / 4.6 / 4.7: DeepSeek-V3's MoE keys (its router always sigmoid with a correction bias) on grouped-query
+    # attention with q/k/v biases; QK-norm where use_qk_norm
+    "glm4_moe": Arch(moe="deepseek", qkv_bias=True, sigmoid_router=True),
     "qwen3_vl_text": Arch(qk_norm=True),  # Qwen3-VL's language model: Qwen3's blocks
     "qwen3_vl_moe_text": Arch(qk_norm=True, moe="qwen"),  # Qwen3-VL-MoE's: Qwen3-MoE's blocks
     # gpt-oss: every layer MoE, intermediate_size the expert's width; q/k/v/o, experts and router carry biases
@@ -153,6 +157,7 @@ def _moe(obj: dict, arch: Arch, name: str, notes: list[str]) -> tuple[dict | Non
                 "shared_gate": bool(shared), "layer_step": obj.get("decoder_sparse_step") or 1,
                 "dense_layer_ids": tuple(obj.get("mlp_only_layers") or ())}, None
     if family == "deepseek":
+        sigmoid = "sigmoid" if arch.sigmoid_router else None
         k, freq = obj.get("first_k_dense_replace") or 0, obj.get("moe_layer_freq") or 1
         dense = tuple(i for i in range(k, layers) if i % freq) if freq != 1 else ()
         if obj.get("num_nextn_predict_layers"):
@@ -164,8 +169,8 @@ def _moe(obj: dict, arch: Arch, name: str, notes: list[str]) -> tuple[dict | Non
                 "expert_ffn_hidden": _int(obj, "moe_intermediate_size", name),
                 "shared_ffn_hidden": (obj.get("n_shared_experts") or 0) * _int(obj, "moe_intermediate_size", name),
                 "first_dense_layers": k, "dense_layer_ids": dense,
-                "score_func": "sigmoid" if obj.get("scoring_func") == "sigmoid" else "softmax",
-                "router_bias": obj.get("topk_method") == "noaux_tc"}, None
+                "score_func": "sigmoid" if obj.get("scoring_func", sigmoid) == "sigmoid" else "softmax",
+                "router_bias": obj.get("topk_method", "noaux_tc" if arch.sigmoid_router else None) == "noaux_tc"}, None
     # llama4: every interleave_moe_layer_step-th layer is MoE (or the explicit moe_layers list), with one shared
     # expert as wide as a routed one; the dense layers' MLP is intermediate_size_mlp
     explicit = obj.get("moe_layers")
@@ -263,7 +268,8 @@ def from_hf_config(obj: dict, name: str) -> ModelSpec:
         notes.append(f"{name} attends within {'a sliding window' if kind == 'sliding' else 'chunks'} of {window} "
                      f"tokens in {share:.0%} of its layers: the attention's time counts only those scores, its "
                      "model FLOPs (MFU) count full attention, as torchtitan does")
-    extra = [label for on, label in ((arch.block_norms > 2, "sandwich norms"), (arch.qk_norm, "QK-norm")) if on]
+    qk_norm = bool(obj.get("use_qk_norm", arch.qk_norm)) if obj.get("model_type") == "glm4_moe" else arch.qk_norm
+    extra = [label for on, label in ((arch.block_norms > 2, "sandwich norms"), (qk_norm, "QK-norm")) if on]
     if extra:
         notes.append(f"{name}'s extra norms ({', '.join(extra)}) are counted in parameters but their saved "
                      "activations are not (a few per cent of a block's)")
@@ -272,7 +278,7 @@ def from_hf_config(obj: dict, name: str) -> ModelSpec:
         kv_heads=heads if mla else pick("num_key_value_heads", "n_kv_heads", default=heads),
         ffn_hidden=ffn, vocab=vocab, head_dim=None if mla else pick("head_dim"),
         tied_embeddings=bool(pick("tie_word_embeddings", default=arch.tied)), mlp=mlp,
-        norm="layernorm" if mlp == "gelu" else arch.norm, block_norms=arch.block_norms, qk_norm=arch.qk_norm,
+        norm="layernorm" if mlp == "gelu" else arch.norm, block_norms=arch.block_norms, qk_norm=qk_norm,
         qkv_bias=bool(pick("attention_bias", "qkv_bias", default=arch.qkv_bias)), moe=moe, mla=mla,
         vision_params=vparams, notes=tuple(notes), **local,
     )

@@ -245,3 +245,38 @@ def test_a_vision_tower_without_a_model_type_is_named_once():
     cfg = {"model_type": "kimi_k25", "text_config": KIMI_K2, "vision_config": {"vt_hidden_size": 1152}}
     m = from_hf_config(cfg, "Kimi-K2.5")
     assert any("its vision tower (vision_config) is reported" in n for n in m.notes)
+
+
+# GLM-4.5-Air as transformers 4.54.1 prints its Glm4MoeConfig (zai-org/GLM-4.5-Air, in a public ms-swift conversion
+# log), and GLM-4.7's architecture keys as ai-dynamo/aiconfigurator vendored them (src/aiconfigurator/model_configs/,
+# commit 19d098a; no bias or QK-norm keys there: transformers' defaults, no bias, no QK-norm)
+GLM_4_5_AIR = {"attention_bias": True, "first_k_dense_replace": 1, "head_dim": 128, "hidden_act": "silu",
+               "hidden_size": 4096, "intermediate_size": 10944, "model_type": "glm4_moe", "moe_intermediate_size": 1408,
+               "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "norm_topk_prob": True,
+               "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46, "num_key_value_heads": 8,
+               "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "routed_scaling_factor": 1.0,
+               "tie_word_embeddings": False, "topk_group": 1, "use_qk_norm": False, "vocab_size": 151552}
+GLM_4_7 = {"model_type": "glm4_moe", "num_hidden_layers": 92, "hidden_size": 5120, "num_attention_heads": 96,
+           "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151552,
+           "n_routed_experts": 160, "n_shared_experts": 1, "num_experts_per_tok": 8, "moe_intermediate_size": 1536,
+           "first_k_dense_replace": 3, "routed_scaling_factor": 2.5, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize(("cfg", "total", "active"), [(GLM_4_5_AIR, 106e9, 12e9), (GLM_4_7, 355e9, 32e9)])
+def test_glm4_moe_gives_its_cards_totals(cfg, total, active):
+    """GLM-4.5's card: 355 B total / 32 B active, GLM-4.5-Air 106 B / 12 B (GLM-4.7 keeps GLM-4.5's shapes); the cards
+    count active parameters without the embedding and the output head. Its router is sigmoid with a correction bias
+    (transformers' Glm4MoeTopkRouter, no config key), its attention grouped-query with q/k/v biases."""
+    m = from_hf_config(cfg, "glm")
+    assert abs(m.params / total - 1) < 0.01, m.params
+    assert abs((m.active_params - 2 * m.embedding_params) / active - 1) < 0.02, m.active_params
+    assert (m.moe.score_func, m.moe.router_bias, m.mla) == ("sigmoid", True, None)
+    assert m.moe.shared_ffn_hidden == cfg["moe_intermediate_size"] and m.moe.first_dense_layers == cfg["first_k_dense_replace"]
+
+
+def test_glm4_moe_reads_its_qk_norm_and_bias_keys():
+    air = from_hf_config(GLM_4_5_AIR, "air")
+    assert (air.qkv_bias, air.qk_norm) == (True, False)
+    assert any("multi-token-prediction module" in n for n in air.notes)
+    full = from_hf_config({**GLM_4_5_AIR, "use_qk_norm": True}, "glm-4.5")
+    assert full.qk_norm and full.params > air.params
