@@ -460,3 +460,23 @@ def test_the_toml_export_refuses_ddp_beside_tp_which_0_2_2_raises_on(tmp_path):
     out = cli("export", str(path), "-f", "torchtitan-toml", "-o", str(tmp_path / "job.toml"))
     assert out.returncode != 0 and "1D parallelism" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "job.toml").exists()
+
+
+def test_a_plan_from_a_config_json_exports_as_the_torchtitan_flavor_of_its_shapes():
+    """Planned from Qwen3-30B-A3B's Hugging Face config.json (or Llama 3.1 8B's) rather than the preset's name, the
+    model is still torchtitan's 30B-A3B (8B) flavor: the exports said "none has the shapes of config" and wrote a
+    'custom' llama3 flavor. Every line below the header is the preset plan's."""
+    from torchtitan_support import HF_QWEN3_30B, plan
+
+    from meshplan.planner.export import render
+    from meshplan.planner.export._common import preset_of
+
+    kw = dict(global_batch_size=32, seq_len=4096, ep=8, ac="full")
+    from_json, from_preset = plan(str(HF_QWEN3_30B), 16, **kw), plan("qwen3-30b-a3b", 16, **kw)
+    assert preset_of(from_json) == "qwen3-30b-a3b"
+    for fmt in ("torchtitan-toml", "torchtitan-py"):
+        a, b = render(from_json, fmt, "plan.yaml"), render(from_preset, fmt, "plan.yaml")
+        body = [line for line in a.splitlines() if not line.startswith("#") and "qwen3-30b-a3b" not in line.lower()
+                and "config.json" not in line]
+        assert body and all(line in b.splitlines() for line in body), fmt
+        assert ('flavor = "30B-A3B"' if fmt == "torchtitan-toml" else "model_registry('30B-A3B'") in a, fmt

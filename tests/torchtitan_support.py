@@ -23,6 +23,7 @@ from meshplan.planner.plan_file import LRSchedule, Optimizer, Plan, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ROOT / ".engines"
+HF_QWEN3_30B = ROOT / "tests" / "fixtures" / "hf" / "Qwen3-30B-A3B" / "config.json"  # its architecture keys
 PROBE = Path(__file__).with_name("torchtitan_probe.py")
 INSTALL = ".ci/install-torchtitan.sh .venv/bin/python"
 MARK = "MESHPLAN_PROBE_JSON "
@@ -76,6 +77,10 @@ def cases(float8_tensorwise: bool) -> dict[str, Plan]:
                                     ep=8, float8=f8, compile=True),
         "qwen3-30b-ep8-full-ac": plan("qwen3-30b-a3b", 16, decay="linear", global_batch_size=32, seq_len=4096,
                                       ep=8, ac="full"),
+        # the same model planned from its Hugging Face config.json (not the preset's name): torchtitan's flavor by
+        # its shapes
+        "qwen3-30b-from-config-json": plan(str(HF_QWEN3_30B), 16, global_batch_size=32, seq_len=4096, ep=8,
+                                           ac="full"),
         # a dense model whose attention is wider than its stream (64 heads of 128 over 5120, QK-norm)
         "qwen3-32b-fsdp-tp4": plan("qwen3-32b", 32, tp=4, global_batch_size=32, seq_len=4096, ac="full"),
         # training dtype bfloat16 (bf16 parameters, gradients and AdamW state), TP without FSDP as the planner ranks it

@@ -111,21 +111,28 @@ def safe_token(text: str) -> str:
 
 def preset_of(plan: Plan) -> str | None:
     """The meshplan preset with a torchtitan model (TITAN_MODELS) this plan's model IS (the same shapes), else
-    None."""
+    None: the preset the plan names, or any of them whose shapes the plan's model has (a plan made from a Hugging
+    Face config.json of Qwen3-30B-A3B or Llama 3.1 8B is that flavor, whatever the file was called)."""
+    named = [n for n in (plan.model_source, plan.model.name) if n in TITAN_MODELS]
+    for name in [*named, *(n for n in TITAN_MODELS if n not in named)]:
+        if _same_shapes(name, plan):
+            return name
+    return None
+
+
+# the shapes a torchtitan flavor fixes: not the names, nor how tokens pick experts (node-limited routing is the
+# flavor's, whatever the plan says)
+_IGNORED = {"name": True, "description": True, "notes": True, "moe": {"expert_groups": True, "limited_groups": True}}
+
+
+def _same_shapes(preset: str, plan: Plan) -> bool:
     from meshplan.estimator.model_spec import load_model
 
-    for name in (plan.model_source, plan.model.name):
-        if name in TITAN_MODELS:
-            try:
-                ref = load_model(name)
-            except MeshplanError:
-                return None
-            # the shapes: how tokens pick experts (node-limited routing) is the flavor's, whatever the plan says
-            ignore = {"name": True, "description": True, "notes": True,
-                      "moe": {"expert_groups": True, "limited_groups": True}}
-            if ref.model_dump(exclude=ignore) == plan.model.model_dump(exclude=ignore):
-                return name
-    return None
+    try:
+        ref = load_model(preset)
+    except MeshplanError:
+        return False
+    return ref.model_dump(exclude=_IGNORED) == plan.model.model_dump(exclude=_IGNORED)
 
 
 def estimated_with_fsdp_everywhere(plan: Plan) -> bool | None:
