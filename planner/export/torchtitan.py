@@ -138,7 +138,8 @@ def titan_moe_problem(plan: Plan, release: str) -> str | None:
     if preset is None:
         known = ", ".join(f"{k} ({v.name} {v.flavor})" for k, v in TITAN_MODELS.items() if v.name != "llama3")
         return (f"torchtitan {release} builds mixture-of-experts and MLA models from its own flavors only, and none "
-                f"has the shapes of {plan.model.name}; plan one of {known}")
+                f"of those meshplan exports to has the shapes of {plan.model.name} (its other models, such as "
+                f"gpt_oss, are not mapped by meshplan yet); plan one of {known}")
     return deepep_problem(plan, release)
 
 

@@ -80,8 +80,9 @@ def preset_or_error(plan: Plan, what: str) -> str:
     shipped = [k for k, v in TITAN_MODELS.items() if v.config]
     if preset is None:
         raise MeshplanError(
-            f"{what}: the plan's model ({plan.model.name}) is not one of the models torchtitan {RELEASE} ships "
-            f"({', '.join(shipped)}); torchtitan {RELEASE} builds models from its own registry only"
+            f"{what}: the plan's model ({plan.model.name}) has the shapes of none of the torchtitan {RELEASE} models "
+            f"meshplan exports to ({', '.join(shipped)}); torchtitan {RELEASE} builds models from its own registry "
+            "only (its other models, such as gpt_oss, are not mapped by meshplan yet)"
         )
     if TITAN_MODELS[preset].config is None:
         raise MeshplanError(
