@@ -155,9 +155,12 @@ QWEN3_32B = {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64
 def test_presets_match_their_configs():
     for preset, cfg in (("qwen3-32b", QWEN3_32B), ("mixtral-8x7b", MIXTRAL_8X7B), ("qwen3-30b-a3b", QWEN3_30B_A3B),
                         ("qwen3-235b-a22b", QWEN3_235B_A22B), ("deepseek-v3", DEEPSEEK_V3),
-                        ("llama4-scout", LLAMA4_SCOUT), ("llama4-maverick", LLAMA4_MAVERICK)):
+                        ("llama4-scout", LLAMA4_SCOUT), ("llama4-maverick", LLAMA4_MAVERICK),
+                        ("gpt-oss-20b", GPT_OSS_20B), ("gpt-oss-120b", GPT_OSS_120B)):
         p, m = load_model(preset), from_hf_config(cfg, preset)
         assert (p.params, p.active_params, p.vision_params) == (m.params, m.active_params, m.vision_params), preset
+        assert (p.attention_window, p.window_kind, p.window_layer_share) == (m.attention_window, m.window_kind,
+                                                                              m.window_layer_share), preset
     assert load_model("deepseek-v3-16b").params == 15_706_484_224  # torchtitan's logged count for its 16B flavor
 
 
