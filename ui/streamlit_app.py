@@ -100,8 +100,9 @@ st.markdown(
        to "68.…" and "$1,…"; labels and chips wrap instead of ending in an ellipsis */
     .st-key-plan_metrics [data-testid="stHorizontalBlock"] {flex-wrap: wrap; row-gap: 0.6rem;}
     .st-key-plan_metrics [data-testid="stColumn"] {flex: 1 1 7rem; min-width: 7rem;}
-    .st-key-plan_metrics .stMarkdownEllipsis, .st-key-plan_metrics .stMarkdownEllipsis p {
-        white-space: normal; overflow: visible; text-overflow: clip;}
+    .st-key-plan_metrics .stMarkdownEllipsis, .st-key-plan_metrics .stMarkdownEllipsis p,
+    .st-key-export_files .stMarkdownEllipsis, .st-key-export_files .stMarkdownEllipsis p {
+        white-space: normal; overflow: visible; text-overflow: clip;}  /* the export buttons' names wrap too */
     [data-testid="stSidebar"] [data-testid="stCaptionContainer"] p {margin-bottom: 0.1rem;}
     </style>""",
     unsafe_allow_html=True,
