@@ -96,8 +96,9 @@ def fit_table(table: Table, width: int) -> Table:
     """Set `table`'s column widths so that it fits `width` cells with every number and identifier whole: those
     columns take their widest cell, the text columns share what is left, widest first. Tried in turn until one
     fits (ATTEMPTS): boxed; without vertical rules (a space between columns); with the numbers' headers folding
-    within their width; with the text folding inside its words (never below MIN_TEXT). A table that fits already,
-    or one whose whole columns alone are too wide, is left to rich. Returns the table (changed in place)."""
+    within their width; with the text folding inside its words (never below MIN_TEXT). A table that fits already
+    is left as it is; one whose whole columns alone are too wide is left to rich's own shrinking (without its
+    vertical rules by then). Returns the table (changed in place)."""
     if not table.columns:
         return table
     natural, whole = _natural(table, header_words=True)
