@@ -28,6 +28,7 @@ class Arch:
     moe: str | None = None  # which family's mixture-of-experts keys it reads (MOE_READERS)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3)
     sigmoid_router: bool = False  # sigmoid scores with a selection bias where the config has no scoring_func key
+    reads_qk_norm: bool = False  # QK-norm as the config's use_qk_norm says (qk_norm: its default)
 
 
 ARCHS: dict[str, Arch] = {
@@ -51,7 +52,7 @@ ARCHS: dict[str, Arch] = {
     "kimi_k2": Arch(moe="deepseek", mla=True),  # Kimi K2 / K2.5's text model: DeepSeek-V3's architecture
     # GLM-4.5 / 4.6 / 4.7: DeepSeek-V3's MoE keys (its router always sigmoid with a correction bias) on grouped-query
     # attention with q/k/v biases; QK-norm where use_qk_norm
-    "glm4_moe": Arch(moe="deepseek", qkv_bias=True, sigmoid_router=True),
+    "glm4_moe": Arch(moe="deepseek", qkv_bias=True, sigmoid_router=True, reads_qk_norm=True),
     "qwen3_vl_text": Arch(qk_norm=True),  # Qwen3-VL's language model: Qwen3's blocks
     "qwen3_vl_moe_text": Arch(qk_norm=True, moe="qwen"),  # Qwen3-VL-MoE's: Qwen3-MoE's blocks
     # gpt-oss: every layer MoE, intermediate_size the expert's width; q/k/v/o, experts and router carry biases
@@ -268,7 +269,7 @@ def from_hf_config(obj: dict, name: str) -> ModelSpec:
         notes.append(f"{name} attends within {'a sliding window' if kind == 'sliding' else 'chunks'} of {window} "
                      f"tokens in {share:.0%} of its layers: the attention's time counts only those scores, its "
                      "model FLOPs (MFU) count full attention, as torchtitan does")
-    qk_norm = bool(obj.get("use_qk_norm", arch.qk_norm)) if obj.get("model_type") == "glm4_moe" else arch.qk_norm
+    qk_norm = bool(obj.get("use_qk_norm", arch.qk_norm)) if arch.reads_qk_norm else arch.qk_norm
     extra = [label for on, label in ((arch.block_norms > 2, "sandwich norms"), (qk_norm, "QK-norm")) if on]
     if extra:
         notes.append(f"{name}'s extra norms ({', '.join(extra)}) are counted in parameters but their saved "

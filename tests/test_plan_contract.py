@@ -11,6 +11,7 @@ from meshplan.estimator.stack import load_stack
 from meshplan.launcher.core.config import RunConfig
 from meshplan.launcher.plan_run import run_config_fields
 from meshplan.planner.export import render
+from meshplan.planner.export._common import preset_of
 from meshplan.planner.plan_file import Plan, make_plan
 from meshplan.planner.search import plan_search
 
@@ -30,6 +31,9 @@ SEARCHES = [  # (model, nodes, hardware, seq_len)
     ("deepseek-v3-16b", 2, "h100-sxm", 4096),
     ("qwen3-235b-a22b", 16, "h100-sxm", 4096),
     ("deepseek-v3", 64, "h100-sxm", 4096),
+    # a MoE model with no torchtitan flavor meshplan maps (gpt-oss: biased attention, sliding windows): the core
+    # and the torchrun launch take its plans
+    ("gpt-oss-20b", 1, "h100-sxm", 4096),
 ]
 
 
@@ -59,7 +63,9 @@ def test_top_plans_pass_the_core_and_export(search):
         p = plan.parallel
         qwen3_pp = plan.model.name.startswith("qwen3") and p.pp > 1
         ddp_beside = p.dp_replicate > 1 and p.dp_shard * p.cp == 1 and p.tp * p.pp > 1
-        render(plan, "torchtitan-cli" if qwen3_pp or ddp_beside else "torchtitan-toml", "p.yaml")
+        titan = preset_of(plan) is not None
+        render(plan, "torchrun" if not titan else "torchtitan-cli" if qwen3_pp or ddp_beside else "torchtitan-toml",
+               "p.yaml")
     assert not refused, "\n".join(refused)
 
 
